@@ -1,0 +1,69 @@
+"""Helpers shared by every strict kernel and launcher.
+
+Triton's CPU interpreter computes bf16 arithmetic wrongly (STACK.md): a bf16 ``tl.dot``
+multiplies raw bit patterns, bf16 adds/compares are wrong, and fp32->bf16 casts truncate. bf16
+loads, stores and ``.to(tl.float32)`` are exact. Every strict kernel therefore:
+  * upcasts to fp32 right after loading;
+  * feeds ``tl.dot`` operands in ``DOT_DTYPE`` (a launcher constexpr: bf16 on GPU, fp32 under
+    the interpreter; a bf16 x bf16 product is exact in fp32, so the products agree);
+  * rounds fp32 -> bf16 through :func:`round_bf16`, which is RNE on both.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from rlk.determinism import FP_FUSION, interpreter_active
+
+
+def dot_dtype_for(device: torch.device):
+    """The ``tl.dot`` operand dtype for bf16 inputs on ``device`` (a launcher constexpr)."""
+    return tl.float32 if interpreter_active() or device.type == "cpu" else tl.bfloat16
+
+
+def launch_options() -> dict:
+    """Options every strict launch passes explicitly (never toolchain defaults)."""
+    # The interpreter does not accept compiler options; fusion is moot there (numpy arithmetic).
+    return {} if interpreter_active() else {"enable_fp_fusion": FP_FUSION}
+
+
+def interpret_flag() -> bool:
+    return interpreter_active()
+
+
+@triton.jit
+def round_bf16(x, INTERPRET: tl.constexpr):
+    """fp32 -> bf16 with round-to-nearest-even on GPU and under the interpreter.
+
+    On GPU ``x.to(tl.bfloat16)`` is RNE. Under the interpreter the cast truncates, so the RNE
+    step is done on the integer bits first (NaN kept NaN; the cast of the rounded value is exact).
+    """
+    if INTERPRET:
+        bits = x.to(tl.uint32, bitcast=True)
+        lsb = (bits >> 16) & 1
+        rounded = (bits + 0x7FFF + lsb) & 0xFFFF0000
+        is_nan = (bits & 0x7FFFFFFF) > 0x7F800000
+        bits = tl.where(is_nan, bits | 0x00400000, rounded)
+        return bits.to(tl.float32, bitcast=True).to(tl.bfloat16)
+    else:
+        return x.to(tl.bfloat16)
+
+
+def check_tensor(name: str, t: torch.Tensor, *, dtype=None, dim=None, device=None, contiguous_last=True):
+    """Raises ``UnsupportedConfigError`` with a clear message before any launch."""
+    from rlk.errors import UnsupportedConfigError
+
+    if not isinstance(t, torch.Tensor):
+        raise UnsupportedConfigError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if dtype is not None:
+        allowed = dtype if isinstance(dtype, (tuple, list)) else (dtype,)
+        if t.dtype not in allowed:
+            raise UnsupportedConfigError(f"{name}: dtype {t.dtype} not supported (allowed: {list(allowed)})")
+    if dim is not None and t.dim() != dim:
+        raise UnsupportedConfigError(f"{name}: expected {dim} dims, got shape {tuple(t.shape)}")
+    if device is not None and t.device != device:
+        raise UnsupportedConfigError(f"{name}: on {t.device}, expected {device}")
+    if contiguous_last and t.dim() > 0 and t.numel() > 0 and t.stride(-1) != 1:
+        raise UnsupportedConfigError(f"{name}: last dimension must be contiguous (stride {t.stride()})")

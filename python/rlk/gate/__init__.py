@@ -1,0 +1,1 @@
+"""The release gate: ladder levels registered by the code, run per profile, reported."""

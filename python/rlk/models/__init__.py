@@ -1,0 +1,1 @@
+"""Models built only from rlk modules."""

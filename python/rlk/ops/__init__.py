@@ -1,0 +1,1 @@
+"""Autograd functions and torch.library registrations of rlk ops (one module per op)."""

@@ -1,0 +1,154 @@
+"""The release gate: runs the ladder levels registered by the code, for one profile.
+
+    ./ci/bazel run //ci:release_gate                       # cpu profile (the main job)
+    python -m rlk.gate.release_gate --profile h200 --out out/gate_h200
+
+Every level the profile requires must have at least one registered check that ran and passed;
+a required level with no check is reported MISSING and fails the gate. The gate never reports
+success for a level that did not run. Reports: ``<out>/release_gate.md`` and
+``<out>/release_gate.json`` (with the provenance record).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+import time
+import traceback
+
+from absl import app, flags
+
+FLAGS = flags.FLAGS
+flags.DEFINE_enum("profile", "cpu", ["cpu", "h200", "mi300x-8"], "Hardware profile to qualify.")
+flags.DEFINE_string("out", None, "Report folder (default: <workspace>/out/release_gate_<profile>).")
+flags.DEFINE_list("levels", None, "Run only these levels (a partial run never passes the gate).")
+
+
+def _default_out(profile: str) -> str:
+    base = os.environ.get("BUILD_WORKSPACE_DIRECTORY") or os.getcwd()
+    return os.path.join(base, "out", f"release_gate_{profile}")
+
+
+def _prepare_env(profile: str) -> None:
+    from rlk import determinism
+
+    determinism.apply_strict_env()
+    if profile == "cpu":
+        import torch
+
+        if not torch.cuda.is_available():
+            determinism.configure_cpu_interpreter()
+
+
+def run_gate(profile: str, out_dir: str, levels=None, progress=print) -> dict:
+    """Runs the gate and writes the reports; returns the JSON report (``passed`` inside)."""
+    _prepare_env(profile)
+    from rlk import provenance
+    from rlk.gate import registry
+
+    os.makedirs(out_dir, exist_ok=True)
+    rows = []
+    for mod in registry.CHECK_MODULES:
+        try:
+            importlib.import_module(mod)
+        except Exception as e:
+            rows.append({"level": "L0", "check": f"import {mod}", "result": "FAIL", "seconds": 0.0,
+                         "detail": f"{type(e).__name__}: {e}", "metrics": {}})
+    checks = registry.checks_for(profile)
+    if levels:
+        checks = [c for c in checks if c.level in levels]
+    ctx = registry.GateContext(profile=profile, out_dir=out_dir, progress=progress)
+    for i, c in enumerate(checks, 1):
+        progress(f"[{i}/{len(checks)}] {c.level} {c.name} ...")
+        t0 = time.perf_counter()
+        try:
+            res = c.fn(ctx)
+            result = "PASS" if res.passed else "FAIL"
+            detail, metrics = res.detail, res.metrics
+        except Exception as e:
+            result, detail, metrics = "FAIL", f"{type(e).__name__}: {e}", {"traceback": traceback.format_exc()[-2000:]}
+        dt = time.perf_counter() - t0
+        progress(f"[{i}/{len(checks)}] {c.level} {c.name}: {result} ({dt:.1f} s) {detail[:160]}")
+        rows.append({"level": c.level, "check": c.name, "result": result, "seconds": round(dt, 2),
+                     "detail": detail, "metrics": metrics})
+    required = registry.REQUIRED_LEVELS[profile]
+    if levels:
+        required = tuple(l for l in required if l in levels)
+    for lvl in required:
+        if not any(r["level"] == lvl and r["result"] in ("PASS", "FAIL") and not r["check"].startswith("import ")
+                   for r in rows):
+            rows.append({"level": lvl, "check": "(no check registered)", "result": "MISSING", "seconds": 0.0,
+                         "detail": f"level {lvl} is required by profile {profile} but nothing implements it",
+                         "metrics": {}})
+    rows.sort(key=lambda r: (r["level"], r["check"]))
+    passed = bool(rows) and all(r["result"] == "PASS" for r in rows) and not levels
+    report = {
+        "profile": profile,
+        "passed": passed,
+        "partial": bool(levels),
+        "counts": {k: sum(r["result"] == k for r in rows) for k in ("PASS", "FAIL", "MISSING")},
+        "rows": rows,
+        "provenance": provenance.capability_record(route="strict", extra={"gate_profile": profile}),
+    }
+    with open(os.path.join(out_dir, "release_gate.json"), "w") as f:
+        json.dump(report, f, indent=2, default=str)
+    with open(os.path.join(out_dir, "release_gate.md"), "w") as f:
+        f.write(render_markdown(report))
+    return report
+
+
+def render_markdown(report: dict) -> str:
+    prov = report["provenance"]
+    lines = [
+        f"# rlk release gate — profile `{report['profile']}`: {'PASSED' if report['passed'] else 'FAILED'}",
+        "",
+        f"Device: {prov['device'].get('name')} ({prov['device'].get('kind')}); torch {prov['toolchain']['torch']}, "
+        f"triton {prov['toolchain']['triton']}; image {prov['image'].get('tag') or '(none)'}; "
+        f"fingerprint `{prov['fingerprint'][:16]}`.",
+        "",
+        "| level | check | result | time (s) | detail |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for r in report["rows"]:
+        detail = r["detail"].replace("|", "\\|").replace("\n", " ")[:200]
+        lines.append(f"| {r['level']} | {r['check']} | {r['result']} | {r['seconds']:.1f} | {detail} |")
+    c = report["counts"]
+    lines += ["", f"{c['PASS']} passed, {c['FAIL']} failed, {c['MISSING']} missing.", ""]
+    return "\n".join(lines)
+
+
+def _print_table(report: dict) -> None:
+    try:
+        from rich.console import Console
+        from rich.table import Table
+
+        t = Table(title=f"rlk release gate ({report['profile']})")
+        for col in ("level", "check", "result", "time (s)", "detail"):
+            t.add_column(col, overflow="fold")
+        for r in report["rows"]:
+            t.add_row(r["level"], r["check"], r["result"], f"{r['seconds']:.1f}", r["detail"][:120])
+        Console(width=160).print(t)
+    except ImportError:  # rich is pinned; plain text if it is absent anyway
+        for r in report["rows"]:
+            print(f"{r['level']:3} {r['check']:40} {r['result']:8} {r['seconds']:7.1f}  {r['detail'][:100]}")
+
+
+def main(argv) -> int:
+    del argv
+    out = FLAGS.out or _default_out(FLAGS.profile)
+    report = run_gate(FLAGS.profile, out, levels=FLAGS.levels)
+    _print_table(report)
+    c = report["counts"]
+    print(f"gate {'PASSED' if report['passed'] else 'FAILED'}: {c['PASS']} passed, {c['FAIL']} failed, "
+          f"{c['MISSING']} missing; reports in {out}")
+    return 0 if report["passed"] else 1
+
+
+def run() -> None:
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()

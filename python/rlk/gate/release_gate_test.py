@@ -1,0 +1,72 @@
+import json
+import os
+
+import pytest
+
+from rlk.gate import registry, release_gate
+
+
+@pytest.fixture
+def fake_checks(monkeypatch):
+    monkeypatch.setattr(registry, "_CHECKS", {})
+    monkeypatch.setattr(registry, "CHECK_MODULES", [])
+    monkeypatch.setattr(registry, "REQUIRED_LEVELS", {"cpu": ("L0", "L1"), "h200": ("L0",), "mi300x-8": ("L0",)})
+    return registry
+
+
+def _run(tmp_path, **kw):
+    return release_gate.run_gate("cpu", str(tmp_path), progress=lambda s: None, **kw)
+
+
+def test_all_required_levels_passing_passes(fake_checks, tmp_path):
+    fake_checks.register_check("L0", "a")(lambda ctx: registry.CheckResult(True, "ok", {"n": 1}))
+    fake_checks.register_check("L1", "b")(lambda ctx: registry.CheckResult(True, "ok"))
+    rep = _run(tmp_path)
+    assert rep["passed"] and rep["counts"] == {"PASS": 2, "FAIL": 0, "MISSING": 0}
+    on_disk = json.load(open(os.path.join(tmp_path, "release_gate.json")))
+    assert on_disk["passed"] and on_disk["provenance"]["fingerprint"]
+    md = open(os.path.join(tmp_path, "release_gate.md")).read()
+    assert "| L0 | a | PASS |" in md and "2 passed, 0 failed, 0 missing." in md
+
+
+def test_missing_level_fails_the_gate(fake_checks, tmp_path):
+    fake_checks.register_check("L0", "a")(lambda ctx: registry.CheckResult(True))
+    rep = _run(tmp_path)
+    assert not rep["passed"]
+    assert [r["result"] for r in rep["rows"] if r["level"] == "L1"] == ["MISSING"]
+
+
+def test_failing_and_raising_checks_fail(fake_checks, tmp_path):
+    fake_checks.register_check("L0", "a")(lambda ctx: registry.CheckResult(False, "mismatch_count=3"))
+
+    def boom(ctx):
+        raise RuntimeError("kernel exploded")
+
+    fake_checks.register_check("L1", "b")(boom)
+    rep = _run(tmp_path)
+    res = {r["check"]: r for r in rep["rows"]}
+    assert res["a"]["result"] == "FAIL" and res["b"]["result"] == "FAIL"
+    assert "kernel exploded" in res["b"]["detail"] and not rep["passed"]
+
+
+def test_import_failure_of_a_check_module_fails(fake_checks, tmp_path, monkeypatch):
+    monkeypatch.setattr(registry, "CHECK_MODULES", ["rlk.no_such_module_for_test"])
+    fake_checks.register_check("L0", "a")(lambda ctx: registry.CheckResult(True))
+    fake_checks.register_check("L1", "b")(lambda ctx: registry.CheckResult(True))
+    rep = _run(tmp_path)
+    assert not rep["passed"]
+    assert any(r["check"].startswith("import rlk.no_such") and r["result"] == "FAIL" for r in rep["rows"])
+
+
+def test_partial_run_never_passes(fake_checks, tmp_path):
+    fake_checks.register_check("L0", "a")(lambda ctx: registry.CheckResult(True))
+    rep = _run(tmp_path, levels=["L0"])
+    assert rep["partial"] and not rep["passed"]
+
+
+def test_checks_are_filtered_by_profile(fake_checks):
+    fake_checks.register_check("L0", "gpu-only", profiles=("h200",))(lambda ctx: registry.CheckResult(True))
+    assert registry.checks_for("cpu") == []
+    assert [c.name for c in registry.checks_for("h200")] == ["gpu-only"]
+    with pytest.raises(ValueError):
+        registry.register_check("L9", "x")

@@ -1,0 +1,143 @@
+"""Qwen3 weights: random with a seed, or loaded from local safetensors (Hugging Face naming).
+
+The Hugging Face names (``model.layers.N.self_attn.q_proj.weight``, ...) are the exchange
+format; :mod:`rlk.models.qwen3.layouts` converts them to the fused internal layout (vLLM's:
+``qkv_proj = [Q|K|V]``, ``gate_up_proj = [gate|up]``) and to megatron-core's.
+No hub downloads: a checkpoint is a local file or folder.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import math
+import os
+
+import torch
+
+from rlk.errors import UnsupportedConfigError
+from rlk.models.qwen3.config import Qwen3Config
+
+LAYER_KEYS = (
+    "self_attn.q_proj.weight",
+    "self_attn.k_proj.weight",
+    "self_attn.v_proj.weight",
+    "self_attn.o_proj.weight",
+    "self_attn.q_norm.weight",
+    "self_attn.k_norm.weight",
+    "input_layernorm.weight",
+    "post_attention_layernorm.weight",
+    "mlp.gate_proj.weight",
+    "mlp.up_proj.weight",
+    "mlp.down_proj.weight",
+)
+
+
+def hf_shapes(cfg: Qwen3Config) -> dict[str, tuple[int, ...]]:
+    """Every Hugging Face tensor name with its shape (``lm_head`` absent when tied)."""
+    H, F, D = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    out = {"model.embed_tokens.weight": (cfg.vocab_size, H)}
+    per = {
+        "self_attn.q_proj.weight": (cfg.q_size, H),
+        "self_attn.k_proj.weight": (cfg.kv_size, H),
+        "self_attn.v_proj.weight": (cfg.kv_size, H),
+        "self_attn.o_proj.weight": (H, cfg.q_size),
+        "self_attn.q_norm.weight": (D,),
+        "self_attn.k_norm.weight": (D,),
+        "input_layernorm.weight": (H,),
+        "post_attention_layernorm.weight": (H,),
+        "mlp.gate_proj.weight": (F, H),
+        "mlp.up_proj.weight": (F, H),
+        "mlp.down_proj.weight": (H, F),
+    }
+    for i in range(cfg.num_hidden_layers):
+        for k in LAYER_KEYS:
+            out[f"model.layers.{i}.{k}"] = per[k]
+    out["model.norm.weight"] = (H,)
+    if not cfg.tie_word_embeddings:
+        out["lm_head.weight"] = (cfg.vocab_size, H)
+    return out
+
+
+def random_weights(cfg: Qwen3Config, seed: int, dtype=torch.bfloat16, device="cpu") -> dict[str, torch.Tensor]:
+    """Seeded random weights in Hugging Face naming.
+
+    Scale keeps bf16 activations sane at any depth: a projection with fan-in ``n`` draws
+    ``N(0, 1/n)`` (unit-variance outputs); ``o_proj``/``down_proj`` are further scaled by
+    ``1/sqrt(2 L)`` so the residual stream grows slowly; the embedding is ``N(0, 1)``; norm
+    weights are ``1 + 0.1 N(0, 1)`` (not all ones, so a wrong norm weight shows).
+    Tensors are drawn in the order of :func:`hf_shapes` from one ``torch.Generator`` on
+    ``device`` (the same seed on another device type gives other values: record both).
+    """
+    dev = torch.device(device)
+    g = torch.Generator(device=dev)
+    g.manual_seed(int(seed))
+    resid_scale = 1.0 / math.sqrt(2.0 * cfg.num_hidden_layers)
+    out = {}
+    for name, shape in hf_shapes(cfg).items():
+        t = torch.randn(shape, generator=g, device=dev, dtype=torch.float32)
+        if name.endswith("norm.weight") or name.endswith("layernorm.weight"):
+            t = 1.0 + 0.1 * t
+        elif name != "model.embed_tokens.weight":
+            t = t / math.sqrt(shape[1])
+            if name.endswith(("o_proj.weight", "down_proj.weight")):
+                t = t * resid_scale
+        out[name] = t.to(dtype).contiguous()
+    return out
+
+
+def check_hf_weights(cfg: Qwen3Config, w: dict[str, torch.Tensor]) -> None:
+    """Raises ``UnsupportedConfigError`` on a missing, extra or misshapen tensor."""
+    want = hf_shapes(cfg)
+    missing = sorted(set(want) - set(w))
+    extra = sorted(set(w) - set(want) - ({"lm_head.weight"} if cfg.tie_word_embeddings else set()))
+    bad = sorted(k for k in want if k in w and tuple(w[k].shape) != want[k])
+    if missing or extra or bad:
+        raise UnsupportedConfigError(
+            f"weights do not match config {cfg.name}: missing {missing[:5]}, extra {extra[:5]}, "
+            f"misshapen {[(k, tuple(w[k].shape), want[k]) for k in bad[:5]]}")
+
+
+def load_safetensors(path: str, cfg: Qwen3Config, dtype=torch.bfloat16, device="cpu") -> dict[str, torch.Tensor]:
+    """Loads a local Hugging Face checkpoint (one ``.safetensors`` file or a folder of shards)."""
+    from safetensors.torch import load_file
+
+    files = sorted(glob.glob(os.path.join(path, "*.safetensors"))) if os.path.isdir(path) else [path]
+    if not files:
+        raise UnsupportedConfigError(f"no .safetensors files under {path}")
+    w = {}
+    for f in files:
+        w.update(load_file(f, device=str(device)))
+    if cfg.tie_word_embeddings:
+        w.pop("lm_head.weight", None)
+    check_hf_weights(cfg, w)
+    return {k: v.to(dtype).contiguous() for k, v in w.items()}
+
+
+def save_safetensors(w: dict[str, torch.Tensor], path: str) -> None:
+    from safetensors.torch import save_file
+
+    save_file({k: v.detach().contiguous().cpu() for k, v in w.items()}, path)
+
+
+def file_sha256(path: str) -> str:
+    """sha256 of a checkpoint file, or of the sorted shard hashes of a folder."""
+    if os.path.isdir(path):
+        parts = [file_sha256(f) for f in sorted(glob.glob(os.path.join(path, "*.safetensors")))]
+        return hashlib.sha256("".join(parts).encode()).hexdigest()
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def weights_sha256(w: dict[str, torch.Tensor]) -> str:
+    """sha256 over names and raw bytes (sorted names); for small models (copies to the host)."""
+    h = hashlib.sha256()
+    for k in sorted(w):
+        t = w[k].detach().contiguous().cpu()
+        h.update(k.encode())
+        h.update(str(t.dtype).encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()

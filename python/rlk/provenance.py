@@ -1,0 +1,217 @@
+"""Provenance: the capability record every run carries, and its fingerprint.
+
+The record names what can change bits: architecture, contract IDs and their bit hashes, the
+sha256 of every strict kernel's source and of every checked-in tuning table, toolchain versions
+(torch, triton, CUDA/ROCm, driver, Python), the determinism environment, and the container image
+tag and digest when set (``RLK_IMAGE_TAG``, ``RLK_IMAGE_DIGEST``). Its fingerprint is the sha256
+of the canonical JSON of every field except the volatile ones (``created_at``, ``fingerprint``).
+Paired benchmark arms must have identical records apart from ``route``.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import platform
+import sys
+from typing import Any, Iterable, Mapping
+
+from rlk.errors import ProvenanceError
+
+SCHEMA = "rlk.provenance.v1"
+VOLATILE_FIELDS = ("created_at", "fingerprint")
+
+
+def _sha256_file(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _kernels_root() -> str | None:
+    try:
+        import rlk.kernels
+
+        return os.path.dirname(rlk.kernels.__file__)
+    except Exception:  # pragma: no cover - kernels root missing is reported as None
+        return None
+
+
+def tuning_table_hashes() -> dict[str, str]:
+    """sha256 of every checked-in table ``kernels/rlk/kernels/<op>/configs/*.json``."""
+    root = _kernels_root()
+    if root is None:
+        return {}
+    out = {}
+    for p in sorted(glob.glob(os.path.join(root, "*", "configs", "*.json"))):
+        out[os.path.relpath(p, root)] = _sha256_file(p)
+    return out
+
+
+def kernel_source_hashes() -> dict[str, str]:
+    """sha256 of every registered strict kernel's source, plus every ``kernel.py`` file."""
+    out = {}
+    root = _kernels_root()
+    if root is not None:
+        for p in sorted(glob.glob(os.path.join(root, "*", "*.py"))):
+            if os.path.basename(p) in ("kernel.py", "launch.py", "config.py"):
+                out[os.path.relpath(p, root)] = _sha256_file(p)
+    try:
+        from rlk.kernels.registry import all_kernels
+
+        for k in all_kernels():
+            out[f"jit:{k.name}"] = k.source_sha256()
+    except Exception as e:  # registry import failure is itself recorded
+        out["jit:error"] = f"{type(e).__name__}: {e}"
+    return out
+
+
+def _device_info() -> dict[str, Any]:
+    import torch
+
+    info: dict[str, Any] = {"kind": "cpu", "name": platform.processor() or platform.machine()}
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        info = {
+            "kind": "rocm" if torch.version.hip else "cuda",
+            "name": p.name,
+            "count": torch.cuda.device_count(),
+            "arch": getattr(p, "gcnArchName", None) or f"sm_{p.major}{p.minor}",
+            "sm_count": p.multi_processor_count,
+            "memory_gib": round(p.total_memory / 2**30, 1),
+        }
+    return info
+
+
+def _driver_version() -> str | None:
+    try:
+        with open("/proc/driver/nvidia/version") as f:
+            first = f.readline()
+        for tok in first.split():
+            if tok.count(".") >= 1 and tok.replace(".", "").isdigit():
+                return tok
+    except OSError:
+        pass
+    return None
+
+
+def toolchain() -> dict[str, Any]:
+    import torch
+    import triton
+
+    out = {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cuda": torch.version.cuda,
+        "hip": torch.version.hip,
+        "driver": _driver_version(),
+    }
+    for mod in ("numpy", "megatron.core", "vllm", "safetensors"):
+        try:
+            m = __import__(mod, fromlist=["__version__"])
+            out[mod] = getattr(m, "__version__", None)
+        except Exception:
+            pass
+    return out
+
+
+def capability_record(
+    route: str | None = None,
+    contract_ids: Iterable[str] | None = None,
+    extra: Mapping[str, Any] | None = None,
+    load_contracts: bool = True,
+) -> dict[str, Any]:
+    """The capability record of this process, with its fingerprint.
+
+    Args:
+      route: ``"strict"`` (R/R), ``"native"`` (P/P) or None.
+      contract_ids: the contracts the run uses (default: every registered contract).
+      extra: run-specific fields (model, topology, ...) included in the fingerprint.
+      load_contracts: import every contract module first (errors are recorded, not raised, so
+        a record can still be written; the gate's L0 check is what fails on them).
+    """
+    import datetime
+
+    from rlk import __version__, contracts, determinism
+
+    load_error = None
+    if load_contracts:
+        try:
+            contracts.load_all()
+        except Exception as e:
+            load_error = f"{type(e).__name__}: {e}"
+    registered = {c.id: c.bit_hash() for c in contracts.all_contracts()}
+    ids = sorted(registered) if contract_ids is None else sorted(contract_ids)
+    missing = [i for i in ids if i not in registered]
+    rec: dict[str, Any] = {
+        "schema": SCHEMA,
+        "rlk_version": __version__,
+        "route": route,
+        "device": _device_info(),
+        "toolchain": toolchain(),
+        "contracts": {i: registered.get(i) for i in ids},
+        "kernel_sources": kernel_source_hashes(),
+        "tuning_tables": tuning_table_hashes(),
+        "environment": determinism.snapshot(),
+        "image": {"tag": os.environ.get("RLK_IMAGE_TAG"), "digest": os.environ.get("RLK_IMAGE_DIGEST")},
+        "extra": dict(extra or {}),
+    }
+    if load_error or missing:
+        rec["errors"] = [e for e in [load_error, *(f"unregistered contract {m}" for m in missing)] if e]
+    rec["created_at"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    rec["fingerprint"] = fingerprint(rec)
+    return rec
+
+
+def _canonical(rec: Mapping[str, Any], ignore: Iterable[str] = ()) -> str:
+    skip = set(VOLATILE_FIELDS) | set(ignore)
+    return json.dumps({k: v for k, v in rec.items() if k not in skip}, sort_keys=True, default=str)
+
+
+def fingerprint(rec: Mapping[str, Any], ignore: Iterable[str] = ()) -> str:
+    """sha256 of the record's canonical JSON without volatile fields (and ``ignore``)."""
+    return hashlib.sha256(_canonical(rec, ignore).encode()).hexdigest()
+
+
+def differences(a: Mapping[str, Any], b: Mapping[str, Any], ignore: Iterable[str] = ()) -> list[str]:
+    """Dotted paths of fields that differ between two records (volatile fields skipped)."""
+    skip = set(VOLATILE_FIELDS) | set(ignore)
+    out: list[str] = []
+
+    def walk(x, y, path):
+        if isinstance(x, Mapping) and isinstance(y, Mapping):
+            for k in sorted(set(x) | set(y)):
+                if not path and k in skip:
+                    continue
+                walk(x.get(k), y.get(k), f"{path}.{k}" if path else str(k))
+        elif x != y:
+            out.append(path)
+
+    walk(a, b, "")
+    return out
+
+
+def require_paired(a: Mapping[str, Any], b: Mapping[str, Any]) -> None:
+    """Two benchmark arms: identical records apart from the route, or ProvenanceError."""
+    diff = differences(a, b, ignore=("route",))
+    if diff:
+        raise ProvenanceError("paired arms differ in provenance: " + ", ".join(diff))
+
+
+def dumps(rec: Mapping[str, Any]) -> str:
+    return json.dumps(rec, sort_keys=True, indent=2, default=str)
+
+
+def loads(text: str) -> dict[str, Any]:
+    """Parses a record and verifies its fingerprint (ProvenanceError when stale or edited)."""
+    rec = json.loads(text)
+    if rec.get("schema") != SCHEMA:
+        raise ProvenanceError(f"unknown provenance schema {rec.get('schema')!r}")
+    if rec.get("fingerprint") != fingerprint(rec):
+        raise ProvenanceError("provenance fingerprint does not match its fields (edited or stale)")
+    return rec

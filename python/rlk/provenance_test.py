@@ -1,0 +1,65 @@
+import json
+
+import pytest
+
+from rlk import provenance
+from rlk.errors import ProvenanceError
+
+
+@pytest.fixture(scope="module")
+def rec():
+    return provenance.capability_record(route="strict", extra={"model": "tiny"}, load_contracts=False)
+
+
+def test_record_has_the_fields_that_change_bits(rec):
+    for key in ("device", "toolchain", "contracts", "kernel_sources", "tuning_tables", "environment", "image"):
+        assert key in rec
+    assert rec["toolchain"]["torch"] and rec["toolchain"]["triton"]
+    assert len(rec["fingerprint"]) == 64
+
+
+def test_same_inputs_same_fingerprint(rec):
+    again = provenance.capability_record(route="strict", extra={"model": "tiny"}, load_contracts=False)
+    assert again["fingerprint"] == rec["fingerprint"]
+
+
+@pytest.mark.parametrize("path", [("route",), ("toolchain", "triton"), ("device", "name"), ("extra", "model"),
+                                  ("image", "tag"), ("environment", "TRITON_INTERPRET")])
+def test_any_changed_field_changes_fingerprint(rec, path):
+    other = json.loads(json.dumps(rec))
+    node = other
+    for k in path[:-1]:
+        node = node[k]
+    node[path[-1]] = "changed"
+    assert provenance.fingerprint(other) != rec["fingerprint"]
+
+
+def test_volatile_fields_do_not_count(rec):
+    other = dict(rec, created_at="1970-01-01T00:00:00+00:00")
+    assert provenance.fingerprint(other) == rec["fingerprint"]
+
+
+def test_json_round_trip_and_tamper_detection(rec):
+    text = provenance.dumps(rec)
+    assert provenance.loads(text) == rec
+    bad = json.loads(text)
+    bad["toolchain"]["torch"] = "0.0"
+    with pytest.raises(ProvenanceError, match="fingerprint"):
+        provenance.loads(json.dumps(bad))
+    with pytest.raises(ProvenanceError, match="schema"):
+        provenance.loads(json.dumps({**rec, "schema": "other"}))
+
+
+def test_image_fields_come_from_the_environment(monkeypatch):
+    monkeypatch.setenv("RLK_IMAGE_TAG", "rlk-cpu:0.1.0")
+    monkeypatch.setenv("RLK_IMAGE_DIGEST", "sha256:abc")
+    r = provenance.capability_record(load_contracts=False)
+    assert r["image"] == {"tag": "rlk-cpu:0.1.0", "digest": "sha256:abc"}
+
+
+def test_paired_arms_may_differ_only_in_route(rec):
+    native = provenance.capability_record(route="native", extra={"model": "tiny"}, load_contracts=False)
+    provenance.require_paired(rec, native)
+    other = provenance.capability_record(route="native", extra={"model": "other"}, load_contracts=False)
+    with pytest.raises(ProvenanceError, match="extra.model"):
+        provenance.require_paired(rec, other)

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Every GPU check and benchmark of rlk on one H200, in one call (device time is scarce).
+#
+#   STAGES="tests gemm_bench ..." bash ci/h200_check.sh        # default: all stages below
+#
+# Runs from the repository root on the GPU machine with its own python3 (torch/triton there);
+# rlk is used from the source roots through PYTHONPATH, wheels in .whl/ (if carried) go to
+# /tmp/site. Each stage has its own time limit and log; a failing stage does not stop the rest.
+# Everything lands in $OUT/results.tgz (logs, JSON, PNG) plus $OUT/summary.txt.
+set -uo pipefail
+OUT=${OUT:-$PWD/out/h200}
+R=$OUT/r
+mkdir -p "$R"
+export PYTHONPATH=$PWD/python:$PWD/kernels:$PWD/collectives:$PWD/integrations${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export CUBLAS_WORKSPACE_CONFIG=:4096:8 TRITON_CACHE_DIR=/tmp/triton-cache
+if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=$PYTHONPATH:/tmp/site
+fi
+STAGES=${STAGES:-"env tests gemm_sweep gemm_bench rowops_bench attention_sweep attention_bench logp_bench replay e2e gate"}
+SUMMARY=$OUT/summary.txt
+: > "$SUMMARY"
+
+stage() {  # stage NAME LIMIT_S CMD...
+  local name=$1 limit=$2; shift 2
+  case " $STAGES " in *" $name "*) ;; *) return 0 ;; esac
+  local t0=$SECONDS
+  echo "=== $name (limit ${limit}s): $*"
+  timeout --kill-after=10 "$limit" "$@" > "$R/$name.log" 2>&1
+  local rc=$?
+  echo "$name rc=$rc $((SECONDS - t0))s" | tee -a "$SUMMARY"
+  tail -n 25 "$R/$name.log"
+}
+
+stage env 60 bash -c 'nvidia-smi; python3 -c "import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name())"'
+stage tests 420 python3 -m pytest -m gpu -q -p no:cacheprovider kernels python -x --timeout=400
+stage gemm_sweep 240 python3 -m rlk.kernels.gemm.gemm_invariance_sweep --out "$R/gemm_invariance_sm90.json"
+stage gemm_bench 300 python3 -m rlk.kernels.gemm.gemm_bench --out "$R/gemm_h200.json"
+stage rowops_bench 240 python3 -m rlk.kernels.rowops.rowops_bench --out "$R/rowops_h200.json"
+stage attention_sweep 240 python3 -m rlk.kernels.attention.attention_invariance_sweep --out "$R/attention_invariance_sm90.json"
+stage attention_bench 300 python3 -m rlk.kernels.attention.attention_bench --out "$R/attention_h200.json"
+stage logp_bench 300 python3 -m rlk.kernels.linear_logp.linear_logp_bench --out "$R/linear_logp_h200.json"
+stage replay 540 python3 -m rlk.replay h200 --out "$R"
+stage e2e 540 python3 -m rlk.bench e2e --out "$R/e2e"
+stage gate 300 python3 -m rlk.gate.release_gate --profile h200 --out "$R/gate_h200"
+
+tar czf "$OUT/results.tgz" -C "$R" .
+echo "results: $OUT/results.tgz"; cat "$SUMMARY"

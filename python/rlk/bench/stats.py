@@ -1,0 +1,55 @@
+"""Statistics of paired benchmark arms: medians, p95, paired bootstrap of the R/R / P/P ratio."""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Sequence
+
+
+def median(xs: Sequence[float]) -> float:
+    s = sorted(xs)
+    if not s:
+        raise ValueError("median of an empty sequence")
+    n = len(s)
+    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+
+
+def percentile(xs: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile, q in [0, 100]."""
+    s = sorted(xs)
+    if not s:
+        raise ValueError("percentile of an empty sequence")
+    pos = (len(s) - 1) * q / 100.0
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def ratio_of_medians(strict: Sequence[float], native: Sequence[float]) -> float:
+    return median(strict) / median(native)
+
+
+def paired_bootstrap_ratio(
+    strict: Sequence[float],
+    native: Sequence[float],
+    n_boot: int = 10000,
+    seed: int = 0,
+    alpha: float = 0.05,
+) -> tuple[float, float, float]:
+    """Ratio of medians of paired samples and its percentile-bootstrap (1-alpha) interval.
+
+    ``strict[i]`` and ``native[i]`` are one pair (same repetition and step index). Pairs are
+    resampled together, so drifts shared by both arms cancel. Returns (ratio, low, high).
+    """
+    if len(strict) != len(native) or not strict:
+        raise ValueError("paired samples must be non-empty and of equal length")
+    rng = random.Random(seed)
+    n = len(strict)
+    boots = []
+    for _ in range(n_boot):
+        idx = [rng.randrange(n) for _ in range(n)]
+        boots.append(median([strict[i] for i in idx]) / median([native[i] for i in idx]))
+    boots.sort()
+    lo = boots[int(math.floor(alpha / 2 * n_boot))]
+    hi = boots[min(n_boot - 1, int(math.ceil((1 - alpha / 2) * n_boot)) - 1)]
+    return ratio_of_medians(strict, native), lo, hi

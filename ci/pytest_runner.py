@@ -1,0 +1,81 @@
+"""Main of every `rlk_py_test` (rlk.bzl): runs pytest on the test's files, prints its summary.
+
+    pytest_runner.py --rlk-variant=cpu|gpu FILE... [PYTEST_ARGS...]
+
+cpu: `-m "not gpu"` under Triton's CPU interpreter (TRITON_INTERPRET=1, set here as well as in
+the Bazel test env, before pytest imports conftest.py or any kernel module). gpu: `-m gpu`, no
+interpreter. HOME and TRITON_CACHE_DIR default to the test's private $TEST_TMPDIR. pytest runs
+with the workspace's pyproject.toml, rootdir = the runfiles workspace (so the root conftest.py
+applies), `--import-mode=importlib` with namespace packages considered, so that a test module
+under kernels/rlk/kernels/<op>/ is imported as `rlk.kernels.<op>.<mod>` (pytest's default
+`prepend` mode would import it a second time as `kernels.<op>.<mod>`). JUnit XML goes to
+$XML_OUTPUT_FILE, where Bazel (and ci/bazel's pass/fail count) reads it.
+
+Exit status is pytest's, except 5 (no test selected, e.g. a file whose tests are all GPU tests
+in the cpu variant), which becomes 0 with a line saying so.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+VARIANTS = {"cpu": "not gpu", "gpu": "gpu"}
+
+
+def _workspace_dir() -> str:
+    srcdir, ws = os.environ.get("TEST_SRCDIR"), os.environ.get("TEST_WORKSPACE")
+    if srcdir and ws and os.path.isdir(os.path.join(srcdir, ws)):
+        return os.path.join(srcdir, ws)
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _prepare_env(variant: str) -> None:
+    tmp = os.environ.get("TEST_TMPDIR")
+    if tmp:
+        os.environ.setdefault("HOME", tmp)
+        os.environ.setdefault("TRITON_CACHE_DIR", os.path.join(tmp, "triton-cache"))
+        os.environ.setdefault("MPLCONFIGDIR", os.path.join(tmp, "mpl"))
+    if variant == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def build_args(argv: list[str], workspace: str) -> tuple[str, list[str]]:
+    variant, rest = "cpu", []
+    for a in argv:
+        if a.startswith("--rlk-variant="):
+            variant = a.split("=", 1)[1]
+        else:
+            rest.append(a)
+    if variant not in VARIANTS:
+        raise SystemExit(f"pytest_runner: unknown --rlk-variant={variant!r} (cpu or gpu)")
+    args = rest + ["-m", VARIANTS[variant], "-p", "no:cacheprovider", "--rootdir", workspace,
+                   "--import-mode=importlib", "-o", "consider_namespace_packages=true"]
+    cfg = os.path.join(workspace, "pyproject.toml")
+    if os.path.exists(cfg):
+        args += ["-c", cfg]
+    xml = os.environ.get("XML_OUTPUT_FILE")
+    if xml:
+        args += ["--junitxml", xml]
+    return variant, args
+
+
+def main(argv: list[str]) -> int:
+    workspace = _workspace_dir()
+    variant, args = build_args(argv, workspace)
+    _prepare_env(variant)
+    os.chdir(workspace)
+    sys.dont_write_bytecode = True  # runfiles are not ours to litter
+    import pytest
+
+    print(f"pytest_runner: variant={variant} workspace={workspace}", flush=True)
+    rc = int(pytest.main(args))
+    if rc == int(pytest.ExitCode.NO_TESTS_COLLECTED):
+        print(f"pytest_runner: no test selected by -m {VARIANTS[variant]!r} in {variant} variant: 0 run")
+        return 0
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,281 @@
+"""Host side of ``attn.v1``: checks, fixed schedule lookup, grids, launches.
+
+Every launch takes its block sizes from the per-architecture table (never from batch size or
+sequence length). Value checks that need device data (lengths vs cache capacity, block ids)
+read it back to the host; pass ``validate=False`` inside CUDA-graph capture (the default skips
+them while a capture is active).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+
+from rlk.errors import UnsupportedConfigError
+from rlk.kernels.attention import config
+from rlk.kernels.attention.kernel import attn_fwd_kernel, attn_merge_kernel, write_kv_kernel
+from rlk.kernels.attention.kernel_bwd import bwd_delta_kernel, bwd_dkdv_kernel, bwd_dq_kernel
+from rlk.kernels.common import check_tensor, dot_dtype_for, interpret_flag, launch_options
+
+LOG2E = 1.4426950408889634
+_ACT = (torch.bfloat16,)
+
+
+def qk_scale_of(scale: float) -> float:
+    """fp32(scale * log2(e)): the float64 product rounded once (RNE) to fp32."""
+    if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+        raise UnsupportedConfigError(f"attention: scale must be a finite positive float, got {scale!r}")
+    return torch.tensor(float(scale) * LOG2E, dtype=torch.float64).to(torch.float32).item()
+
+
+def _opts(sched: dict) -> dict:
+    out = dict(launch_options())
+    if out:  # GPU: the table's warps/stages are part of the launch
+        for k in ("num_warps", "num_stages"):
+            if k in sched:
+                out[k] = sched[k]
+    return out
+
+
+def _should_validate(validate) -> bool:
+    if validate is not None:
+        return bool(validate)
+    return not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+
+
+def _check_heads(q, k, v, what_q="q", what_k="k"):
+    check_tensor(what_q, q, dtype=_ACT, dim=3)
+    check_tensor(what_k, k, dtype=_ACT, dim=q.dim() if what_k == "k" else 4, device=q.device)
+    check_tensor("v", v, dtype=_ACT, dim=k.dim(), device=q.device)
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise UnsupportedConfigError(f"attention: q/k/v dtypes differ ({q.dtype}, {k.dtype}, {v.dtype})")
+    if tuple(k.shape) != tuple(v.shape):
+        raise UnsupportedConfigError(f"attention: k {tuple(k.shape)} and v {tuple(v.shape)} differ")
+    hq, d = q.shape[1], q.shape[2]
+    hk, dk = k.shape[-2], k.shape[-1]
+    if d not in config.HEAD_DIMS:
+        raise UnsupportedConfigError(f"attention: head_dim {d} not supported (allowed {config.HEAD_DIMS})")
+    if dk != d:
+        raise UnsupportedConfigError(f"attention: q head_dim {d} != kv head_dim {dk}")
+    if hk == 0 or hq % hk:
+        raise UnsupportedConfigError(f"attention: Hq={hq} must be a multiple of Hk={hk}")
+    return hq, hk, d
+
+
+def _check_cu(name, cu, device, n_tokens, validate):
+    check_tensor(name, cu, dtype=torch.int32, dim=1, device=device)
+    if cu.numel() < 1:
+        raise UnsupportedConfigError(f"{name}: needs B+1 >= 1 entries")
+    if validate:
+        c = cu.cpu()
+        if int(c[0]) != 0 or int(c[-1]) != n_tokens or bool((c[1:] < c[:-1]).any()):
+            raise UnsupportedConfigError(f"{name}: must start at 0, be non-decreasing and end at {n_tokens}, got {c.tolist()}")
+        return c
+    return None
+
+
+def prefill(q, k, v, cu_seqlens, max_seqlen, scale, *, contract="attn.v1", validate=None):
+    """Packed causal varlen attention.
+
+    Args: q [T, Hq, D], k/v [T, Hk, D] bf16 (D in 16/32/64/128, Hq % Hk == 0); cu_seqlens
+      [B+1] int32; max_seqlen (int, >= every length); scale (float).
+    Returns: out [T, Hq, D] bf16, lse [T, Hq] fp32 (natural log).
+    Determinism: contract ``attn.v1``: each row's bytes equal ``paged`` for the same position,
+    for any batch composition, page layout, chunking; run-to-run bitwise.
+    """
+    val = _should_validate(validate)
+    c = config.contract(contract)
+    hq, hk, d = _check_heads(q, k, v)
+    if k.shape[0] != q.shape[0]:
+        raise UnsupportedConfigError(f"attention: q has {q.shape[0]} tokens, k has {k.shape[0]}")
+    cu = _check_cu("cu_seqlens", cu_seqlens, q.device, q.shape[0], val)
+    max_seqlen = int(max_seqlen)
+    if cu is not None and cu.numel() > 1 and int((cu[1:] - cu[:-1]).max()) > max_seqlen:
+        raise UnsupportedConfigError(f"attention: a sequence is longer than max_seqlen={max_seqlen}")
+    out = torch.empty_like(q)
+    lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
+    nb = cu_seqlens.numel() - 1
+    if q.shape[0] == 0 or nb == 0 or max_seqlen == 0:
+        return out, lse
+    s = config.schedule("prefill", q.device)
+    g = hq // hk
+    gp = s.get("GP", 1)
+    grid = (triton.cdiv(max_seqlen, s["BLOCK_M"] // gp), hk * (g // gp), nb)
+    _fwd(out, lse, q, k, v, cu_seqlens, cu_seqlens, cu_seqlens, scale, c, grid, g, gp, s,
+         paged=False, split=1, page=16)
+    return out, lse
+
+
+def _fwd(out, lse, q, k, v, bt, cu_q, kv_len, scale, c, grid, g, gp, s, *, paged, split, page, ws=None):
+    dummy = lse
+    ws_m, ws_l, ws_acc = ws if ws is not None else (dummy, dummy, dummy)
+    kb = k.stride(0) if paged else 0
+    vb = v.stride(0) if paged else 0
+    kt = k.stride(1) if paged else k.stride(0)
+    vt = v.stride(1) if paged else v.stride(0)
+    attn_fwd_kernel[grid](
+        out, lse, ws_m, ws_l, ws_acc, q, k, v, bt, cu_q, kv_len,
+        qk_scale_of(scale), split,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
+        kt, k.stride(-2), kb, vt, v.stride(-2), vb, bt.stride(0) if paged else 0,
+        ws_m.stride(0) if ws else 0, ws_m.stride(1) if ws else 0, ws_m.stride(2) if ws else 0,
+        G=g, GP=gp, BLOCK_M=s["BLOCK_M"], HEAD_DIM=q.shape[2], KV_CHUNK=c.bit_fields["kv_chunk"],
+        SEG=c.bit_fields["segment"], PAGE=page, PAGED=paged, SPLIT=ws is not None,
+        DOT_DTYPE=dot_dtype_for(q.device), INTERPRET=interpret_flag(), **_opts(s))
+
+
+def paged(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens_kv, scale, *,
+          max_seqlen_q=None, contract="attn.v1", validate=None):
+    """Attention of new queries against a paged KV cache (chunked prefill / decode).
+
+    Args: q [Tq, Hq, D] bf16; k_cache/v_cache [num_blocks, block_size, Hk, D] bf16
+      (block_size in 16/32/64/128/256); block_tables [B, nb] int32 (pages in any order);
+      cu_seqlens_q [B+1] int32; seq_lens_kv [B] int32 (KV length including the new queries,
+      whose K/V must already be written); max_seqlen_q (int; read back from the device if None).
+      Query i of sequence b sits at position seq_lens_kv[b] - q_len_b + i.
+      A sequence with kv length 0 (padding slot) gives out 0 and lse -inf for its rows.
+    Returns: out [Tq, Hq, D] bf16, lse [Tq, Hq] fp32.
+    Determinism: contract ``attn.v1``: rows byte-identical to ``prefill`` at the same position,
+    whatever the batch, page size, page order, chunking or split; run-to-run bitwise.
+    """
+    val = _should_validate(validate)
+    c = config.contract(contract)
+    hq, hk, d = _check_heads(q, k_cache, v_cache, what_k="k_cache")
+    page = k_cache.shape[1]
+    if page not in config.PAGE_SIZES:
+        raise UnsupportedConfigError(f"attention: page size {page} not supported (allowed {config.PAGE_SIZES})")
+    check_tensor("block_tables", block_tables, dtype=torch.int32, dim=2, device=q.device)
+    check_tensor("seq_lens_kv", seq_lens_kv, dtype=torch.int32, dim=1, device=q.device)
+    nb_seq = seq_lens_kv.numel()
+    if cu_seqlens_q.numel() != nb_seq + 1 or block_tables.shape[0] < nb_seq:
+        raise UnsupportedConfigError(
+            f"attention: cu_seqlens_q has {cu_seqlens_q.numel()} entries, seq_lens_kv {nb_seq}, "
+            f"block_tables {block_tables.shape[0]} rows (need B+1, B, >= B)")
+    cu = _check_cu("cu_seqlens_q", cu_seqlens_q, q.device, q.shape[0], val)
+    capacity = block_tables.shape[1] * page
+    if val:
+        kl = seq_lens_kv.cpu().long()
+        ql = (cu[1:] - cu[:-1]).long()
+        if bool((kl > capacity).any()):
+            b = int(torch.nonzero(kl > capacity)[0])
+            raise UnsupportedConfigError(f"attention: seq_lens_kv[{b}]={int(kl[b])} beyond the block table "
+                                         f"capacity {block_tables.shape[1]} pages x {page}")
+        bad = (kl > 0) & (kl < ql)
+        if bool(bad.any()):
+            b = int(torch.nonzero(bad)[0])
+            raise UnsupportedConfigError(f"attention: sequence {b} has q_len {int(ql[b])} > kv length {int(kl[b])}")
+        bt = block_tables[:nb_seq].cpu().long()
+        need = (kl + page - 1) // page
+        used = torch.arange(bt.shape[1])[None, :] < need[:, None]
+        if bool(((bt < 0) | (bt >= k_cache.shape[0]))[used].any()):
+            raise UnsupportedConfigError(f"attention: block_tables hold ids outside [0, {k_cache.shape[0]}) "
+                                         "for pages in use")
+        if max_seqlen_q is None:
+            max_seqlen_q = int(ql.max()) if nb_seq else 0
+    if max_seqlen_q is None:
+        raise UnsupportedConfigError("attention: pass max_seqlen_q when validate=False")
+    max_seqlen_q = int(max_seqlen_q)
+    out = torch.empty_like(q)
+    lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
+    if q.shape[0] == 0 or nb_seq == 0 or max_seqlen_q == 0:
+        return out, lse
+    g = hq // hk
+    decode = max_seqlen_q == 1
+    s = config.schedule("paged_decode" if decode else "paged_chunk", q.device)
+    if g > s["BLOCK_M"]:
+        raise UnsupportedConfigError(f"attention: GQA group {g} larger than the tile ({s['BLOCK_M']} rows)")
+    tiles = triton.cdiv(max_seqlen_q, s["BLOCK_M"] // g)
+    n_seg = triton.cdiv(capacity, c.bit_fields["segment"])
+    ws = None
+    if decode and n_seg > 1:
+        # Split-KV: one program per segment; partials folded in order by the merge kernel.
+        ws_m = torch.empty((q.shape[0], hq, n_seg), dtype=torch.float32, device=q.device)
+        ws = (ws_m, torch.empty_like(ws_m), torch.empty((q.shape[0], hq, n_seg, d), dtype=torch.float32, device=q.device))
+    split = n_seg if ws is not None else 1
+    _fwd(out, lse, q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens_kv, scale, c,
+         (tiles * split, hk, nb_seq), g, g, s, paged=True, split=split, page=page, ws=ws)
+    if ws is not None:
+        sm = config.schedule("merge", q.device)
+        attn_merge_kernel[(max_seqlen_q, hk, nb_seq)](
+            out, lse, ws[0], ws[1], ws[2], cu_seqlens_q, seq_lens_kv,
+            out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
+            ws[0].stride(0), ws[0].stride(1), ws[0].stride(2),
+            G=g, BLOCK_G=triton.next_power_of_2(g), HEAD_DIM=d, SEG=c.bit_fields["segment"],
+            INTERPRET=interpret_flag(), **_opts(sm))
+    return out, lse
+
+
+def write_kv(k, v, k_cache, v_cache, slot_mapping, *, validate=None):
+    """Exact copy of k, v [T, Hk, D] into k_cache, v_cache [num_blocks, block_size, Hk, D] at
+    slots slot_mapping [T] int64 (slot = block * block_size + offset; -1 = skip).
+    Determinism: bytes copied unchanged (contract ``attn.v1``); duplicate slots are an error."""
+    check_tensor("k", k, dtype=_ACT, dim=3)
+    check_tensor("v", v, dtype=_ACT, dim=3, device=k.device)
+    check_tensor("k_cache", k_cache, dtype=k.dtype, dim=4, device=k.device)
+    check_tensor("v_cache", v_cache, dtype=k.dtype, dim=4, device=k.device)
+    check_tensor("slot_mapping", slot_mapping, dtype=torch.int64, dim=1, device=k.device)
+    if tuple(k.shape) != tuple(v.shape) or tuple(k_cache.shape) != tuple(v_cache.shape):
+        raise UnsupportedConfigError("write_kv: k/v or k_cache/v_cache shapes differ")
+    if k.shape[1:] != k_cache.shape[2:] or slot_mapping.numel() != k.shape[0]:
+        raise UnsupportedConfigError(f"write_kv: k {tuple(k.shape)}, cache {tuple(k_cache.shape)}, "
+                                     f"slot_mapping {tuple(slot_mapping.shape)} do not fit")
+    page = k_cache.shape[1]
+    if page not in config.PAGE_SIZES or k.shape[2] not in config.HEAD_DIMS:
+        raise UnsupportedConfigError(f"write_kv: page size {page} / head_dim {k.shape[2]} not supported")
+    if _should_validate(validate) and slot_mapping.numel():
+        sl = slot_mapping.cpu()
+        if int(sl.max()) >= k_cache.shape[0] * page or int(sl.min()) < -1:
+            raise UnsupportedConfigError(f"write_kv: slot ids outside [-1, {k_cache.shape[0] * page})")
+        pos = sl[sl >= 0]
+        if pos.unique().numel() != pos.numel():
+            raise UnsupportedConfigError("write_kv: duplicate slots (the winner would be unordered)")
+    if k.shape[0] == 0:
+        return
+    s = config.schedule("write_kv", k.device)
+    write_kv_kernel[(k.shape[0],)](
+        k, v, k_cache, v_cache, slot_mapping, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        HK=k.shape[1], BLOCK_H=triton.next_power_of_2(k.shape[1]), HEAD_DIM=k.shape[2], PAGE=page,
+        **_opts(s))
+
+
+def backward(do, q, k, v, out, lse, cu_seqlens, max_seqlen, scale):
+    """Gradients of ``prefill``: (dq [T, Hq, D], dk [T, Hk, D], dv [T, Hk, D]) bf16.
+    Determinism: contract ``attn.v1`` backward: no atomics, fixed loop orders; run-to-run bitwise
+    (not batch-invariant across packings)."""
+    hq, hk, d = _check_heads(q, k, v)
+    check_tensor("do", do, dtype=q.dtype, dim=3, device=q.device)
+    check_tensor("out", out, dtype=q.dtype, dim=3, device=q.device)
+    check_tensor("lse", lse, dtype=torch.float32, dim=2, device=q.device)
+    if do.shape != q.shape or out.shape != q.shape or tuple(lse.shape) != tuple(q.shape[:2]):
+        raise UnsupportedConfigError("attention backward: do/out/lse shapes do not match q")
+    lse = lse.contiguous()
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    nb = cu_seqlens.numel() - 1
+    if q.shape[0] == 0 or nb <= 0 or max_seqlen == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    dk.zero_(), dv.zero_(), dq.zero_()  # tokens outside every sequence keep 0
+    delta = torch.empty_like(lse)
+    s = config.schedule("bwd_delta", q.device)
+    bwd_delta_kernel[(triton.cdiv(q.shape[0], s["BLOCK_M"]), hq)](
+        delta, out, do, q.shape[0], out.stride(0), out.stride(1), do.stride(0), do.stride(1),
+        delta.stride(0), delta.stride(1), BLOCK_M=s["BLOCK_M"], HEAD_DIM=d, **_opts(s))
+    g = hq // hk
+    common = dict(HEAD_DIM=d, DOT_DTYPE=dot_dtype_for(q.device), INTERPRET=interpret_flag())
+    strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+               do.stride(0), do.stride(1), lse.stride(0), lse.stride(1))
+    qs = qk_scale_of(scale)
+    s = config.schedule("bwd_dkdv", q.device)
+    bwd_dkdv_kernel[(triton.cdiv(max_seqlen, s["BLOCK_N"]), hk, nb)](
+        dk, dv, q, k, v, do, lse, delta, cu_seqlens, qs, float(scale), *strides,
+        dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
+        G=g, BLOCK_M=s["BLOCK_M"], BLOCK_N=s["BLOCK_N"], **common, **_opts(s))
+    s = config.schedule("bwd_dq", q.device)
+    bwd_dq_kernel[(triton.cdiv(max_seqlen, s["BLOCK_M"]), hq, nb)](
+        dq, q, k, v, do, lse, delta, cu_seqlens, qs, float(scale), *strides,
+        dq.stride(0), dq.stride(1),
+        G=g, BLOCK_M=s["BLOCK_M"], BLOCK_N=s["BLOCK_N"], **common, **_opts(s))
+    return dq, dk, dv

@@ -1,0 +1,173 @@
+"""Contract ``logp.v1`` (fused LM head + selected-token log-prob) and its config tables.
+
+Every block size below is a bit field (it fixes tl.max/tl.sum trees and MMA shapes); none is
+ever chosen from the number of tokens T. Tables: ``configs/sm90.json`` (GPU, embedded in the
+contract so its hash covers them) and ``CPU_TABLE`` (Triton interpreter, tests only).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+
+import torch
+
+from rlk import contracts
+from rlk.determinism import FP_FUSION
+from rlk.errors import UnsupportedConfigError
+from rlk.kernels import registry
+from rlk.kernels.linear_logp import kernel as K
+
+CONTRACT_ID = "logp.v1"
+BLOCK_K = 64  # the gemm.bf16.v1 K chunk
+_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
+TABLE_FILES = {"sm_90": "sm90.json", "gfx942": "gfx942.json"}
+
+# Vocabulary segmentation (bit fields). Columns are cut into "alignment blocks" of ALIGN global
+# columns; each block into segments of SEG_V columns (the last one shorter when SEG_V does not
+# divide ALIGN). A tensor-parallel shard must start on a block boundary and hold whole blocks
+# (only the shard holding the last real column may end inside a block); then the segments of
+# ranks 0..N-1 in order are exactly the segments of the unsharded vocabulary, and logp/lse are
+# byte-identical for every such shard count.
+# Production: Qwen3's padded vocabulary 151936 = 8 x 18992, so TP 1, 2, 4, 8 all align.
+DEFAULT_SEGMENTATION = (18992, 512)
+# (ALIGN, SEG_V) pairs the contract defines. Small ones exist so that interpreter tests can run
+# several blocks, segments and shards; (128, 48) has a short last segment per block.
+ALLOWED_SEGMENTATIONS = ((18992, 512), (64, 32), (128, 48), (128, 128))
+
+CPU_TABLE = {
+    "arch": "cpu-interpreter",
+    "fwd": {"BLOCK_T": 16, "BLOCK_V": 32, "BLOCK_K": 64, "num_warps": 4, "num_stages": 1},
+    "merge": {"BLOCK": 64, "num_warps": 4, "num_stages": 1},
+    "bwd_grad": {"BLOCK_T": 16, "BLOCK_V": 32, "BLOCK_K": 64, "num_warps": 4, "num_stages": 1},
+    "gemm": {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4, "num_stages": 1},
+    "V_CHUNK": 64,
+}
+
+
+@functools.lru_cache(maxsize=None)
+def load_table(arch: str) -> dict:
+    if arch == "cpu-interpreter":
+        return CPU_TABLE
+    if arch not in TABLE_FILES:
+        raise UnsupportedConfigError(f"{CONTRACT_ID}: no config table for arch {arch!r} "
+                                     f"(have {sorted(TABLE_FILES)} and 'cpu-interpreter')")
+    with open(os.path.join(_DIR, TABLE_FILES[arch])) as f:
+        t = json.load(f)
+    for name in ("fwd", "bwd_grad", "gemm"):
+        if t[name]["BLOCK_K"] != BLOCK_K:
+            raise UnsupportedConfigError(f"{TABLE_FILES[arch]}: {name}.BLOCK_K must be {BLOCK_K}")
+    if t["V_CHUNK"] % BLOCK_K:
+        raise UnsupportedConfigError(f"{TABLE_FILES[arch]}: V_CHUNK must be a multiple of {BLOCK_K}")
+    return t
+
+
+def arch_of(device: torch.device) -> str:
+    from rlk.determinism import interpreter_active
+
+    if device.type == "cpu" or interpreter_active():
+        return "cpu-interpreter"
+    if torch.version.hip:
+        return "gfx942"
+    major, minor = torch.cuda.get_device_capability(device)
+    if (major, minor) != (9, 0):
+        raise UnsupportedConfigError(f"{CONTRACT_ID}: sm_{major}{minor} has no config table (sm_90 only)")
+    return "sm_90"
+
+
+def check_segmentation(align: int, seg_v: int) -> None:
+    if (align, seg_v) not in ALLOWED_SEGMENTATIONS:
+        raise UnsupportedConfigError(f"{CONTRACT_ID}: segmentation (align={align}, seg_v={seg_v}) is not "
+                                     f"defined by the contract (allowed: {list(ALLOWED_SEGMENTATIONS)})")
+
+
+CONTRACT = contracts.register(contracts.Contract(
+    id=CONTRACT_ID,
+    summary="fused LM head + selected-token log-prob: no full logits, fixed segment merge, "
+            "vocab-parallel by concatenating segment stats in rank order",
+    bit_fields={
+        "fp_fusion": FP_FUSION,
+        "dtypes": {"hidden": "bf16", "weight": "bf16", "targets": "int64", "accumulator": "fp32",
+                   "logits": "fp32 (never rounded to bf16)", "stats/logp/lse/entropy": "fp32",
+                   "grad_logits": "bf16", "grad_hidden": "bf16", "grad_weight": "bf16"},
+        "accumulation": "acc = tl.dot(h, w^T, acc), fp32, K (hidden) in chunks of 64 ascending, no "
+                        "split (equals gemm.bf16.v1 wherever its split_k(K, N) == 1, e.g. 4096x37984)",
+        "temperature": "x = acc * inv_t, inv_t = fp32(1 / float64(temperature)) computed on the host",
+        "masking": "columns >= vocab_real (global) or >= V_local give x = -inf, exactly 0 in every sum",
+        "segmentation": {"default": list(DEFAULT_SEGMENTATION),
+                         "allowed": [list(p) for p in ALLOWED_SEGMENTATIONS],
+                         "rule": "alignment blocks of ALIGN global columns, segments of SEG_V within "
+                                 "a block; shards start at a multiple of ALIGN and hold whole blocks "
+                                 "(the last real shard may end inside one)"},
+        "rounding": ["logits fp32 (returned as computed)",
+                     "lse = M + log(S); logp = x_target - lse; entropy = lse - div_rn(E, S)",
+                     "backward: dL/dacc rounded once to bf16 (RNE); dH, dW fp32 chains rounded once"],
+        "reduction_order": {
+            "tile": "per token, the segment's BLOCK_V tiles ascending, online rule m' = max(m, "
+                    "max x); s' = s*exp(m-m') + sum exp(x-m'); e' = e*exp(m-m') + sum exp(x-m')*x "
+                    "(factor 1 exactly when m' == m)",
+            "merge": "M = max over segments; S = sum_k s_k*exp(m_k - M) over global segments "
+                     "0..S-1 ascending (terms with m_k = -inf are 0); same for E",
+            "ranks": "segment stats of ranks 0..N-1 concatenated in rank order, then the merge",
+            "grad_hidden": "vocab columns ascending in one chain (chunks of 64), fp32, one rounding",
+            "grad_weight": "tokens ascending in one chain (chunks of 64), fp32, one rounding",
+        },
+        "exp_log": "Triton 3.6 tl.exp / tl.log lowering (toolchain pinned in provenance)",
+        "backward_formula": "dL/dx = dlogp*(onehot - p) + dlse*p - dent*p*((x - lse) + entropy), "
+                            "p = exp(x - lse); dL/dacc = dL/dx * inv_t",
+        "tables": {"sm_90": load_table("sm_90"), "cpu-interpreter": CPU_TABLE},
+    },
+    targets=("sm_90", "cpu-interpreter"),
+    kernels=("linear_logp.fwd_stats", "linear_logp.merge", "linear_logp.bwd_grad", "linear_logp.gemm"),
+))
+
+
+def _register_kernels() -> None:
+    t = load_table("sm_90")
+    ptr = "*fp32"
+    regs = [
+        ("fwd_stats", K.fwd_stats_kernel,
+         {"m_ptr": ptr, "s_ptr": ptr, "e_ptr": ptr, "tg_ptr": ptr, "logits_ptr": ptr,
+          "h_ptr": "*bf16", "w_ptr": "*bf16", "tgt_ptr": "*i64", "T": "i32", "V_local": "i32",
+          "H": "i32", "vocab_start": "i32", "vocab_real": "i32", "stride_ht": "i32",
+          "stride_wv": "i32", "stride_lt": "i32", "inv_temp": "fp32"},
+         {"ALIGN": DEFAULT_SEGMENTATION[0], "SEG_V": DEFAULT_SEGMENTATION[1], "WITH_ENTROPY": True,
+          "WITH_LOGITS": True, **t["fwd"]}),
+        ("merge", K.merge_kernel,
+         {"logp_ptr": ptr, "lse_ptr": ptr, "ent_ptr": ptr, "m_ptr": ptr, "s_ptr": ptr, "e_ptr": ptr,
+          "tg_ptr": ptr, "S": "i32", "R": "i32", "T": "i32"},
+         {"WITH_ENTROPY": True, **t["merge"]}),
+        ("bwd_grad", K.bwd_grad_kernel,
+         {"g_ptr": "*bf16", "h_ptr": "*bf16", "w_ptr": "*bf16", "tgt_ptr": "*i64", "lse_ptr": ptr,
+          "ent_ptr": ptr, "dlogp_ptr": ptr, "dlse_ptr": ptr, "dent_ptr": ptr, "T": "i32",
+          "V_local": "i32", "H": "i32", "col0": "i32", "vocab_start": "i32", "vocab_real": "i32",
+          "stride_ht": "i32", "stride_wv": "i32", "stride_gt": "i32", "inv_temp": "fp32"},
+         {"V_CHUNK": t["V_CHUNK"], "HAS_DLSE": True, "HAS_DENT": True, "INTERPRET": False,
+          **t["bwd_grad"]}),
+        ("gemm", K.gemm_kernel,
+         {"c_ptr": ptr, "a_ptr": "*bf16", "b_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32",
+          "stride_am": "i32", "stride_ak": "i32", "stride_bk": "i32", "stride_bn": "i32",
+          "stride_cm": "i32", "stride_cn": "i32"},
+         {"ACC_IN": True, "OUT_BF16": False, "INTERPRET": False, **t["gemm"]}),
+    ]
+    for name, fn, sig, cfg in regs:
+        sig, cfg = dict(sig), dict(cfg)
+        # GPU values of the interpreter-only constexprs (kernel.py: loop bounds).
+        for k in ("INTERPRET", "H_I", "S_I", "R_I", "K_I"):
+            if k in fn.arg_names:
+                cfg[k] = False if k == "INTERPRET" else 0
+        if "DOT_DTYPE" in fn.arg_names:
+            cfg["DOT_DTYPE"] = "bf16"
+        for k in cfg:
+            if k not in ("num_warps", "num_stages"):
+                sig[k] = "constexpr"
+        missing = [a for a in fn.arg_names if a not in sig]
+        if missing:
+            raise RuntimeError(f"linear_logp.{name}: signature lacks {missing}")
+        registry.register_kernel(registry.KernelEntry(
+            name=f"linear_logp.{name}", contract_id=CONTRACT_ID, fn=fn, signature=sig,
+            configs=(cfg,), expects_mma=name != "merge"))
+
+
+_register_kernels()

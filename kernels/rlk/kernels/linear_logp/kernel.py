@@ -1,0 +1,218 @@
+"""Triton kernels of ``logp.v1`` (fused LM head + selected-token log-prob). ``@triton.jit`` only.
+
+Host code (checks, tables, grids) is in ``launch.py``; the arithmetic contract is written out in
+``config.py``. Every kernel loads bf16, upcasts to fp32 at once, feeds ``tl.dot`` in ``DOT_DTYPE``
+(bf16 on GPU, fp32 under the CPU interpreter) and rounds to bf16 only through ``round_bf16``.
+"""
+
+import triton
+import triton.language as tl
+
+from rlk.kernels.common import round_bf16
+
+
+# Loop bounds: Triton 3.6's interpreter with numpy 2.x cannot use a runtime scalar as a range()
+# bound (it is a 1-element array), so under the interpreter every runtime loop bound is also
+# passed as a constexpr (*_I, free there: nothing is compiled) and picked by a static ternary (an assignment in a static if would
+# be turned into a runtime tensor by the interpreter). On GPU
+# the *_I constexprs are 0 and the runtime value is used (one compiled kernel for every size).
+
+
+@triton.jit
+def _tile_ptrs(h_ptr, w_ptr, rows, cols, T, col_hi, stride_ht, stride_wv):
+    """Base pointers and masks of one [BLOCK_T, BLOCK_V] logits tile."""
+    h_base = h_ptr + rows.to(tl.int64)[:, None] * stride_ht
+    w_base = w_ptr + cols.to(tl.int64)[None, :] * stride_wv
+    return h_base, w_base, (rows < T)[:, None], (cols < col_hi)[None, :]
+
+
+@triton.jit
+def _k_step(acc, h_base, w_base, rmask, cmask, k0, BLOCK_K: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    """acc = tl.dot(h[:, k0:k0+64], w[:, k0:k0+64]^T, acc); rows >= T / columns >= col_hi read 0."""
+    ks = k0 + tl.arange(0, BLOCK_K)
+    a = tl.load(h_base + ks[None, :], mask=rmask, other=0.0).to(tl.float32).to(DOT_DTYPE)
+    b = tl.load(w_base + ks[:, None], mask=cmask, other=0.0).to(tl.float32).to(DOT_DTYPE)
+    return tl.dot(a, b, acc)
+
+
+@triton.jit
+def fwd_stats_kernel(m_ptr, s_ptr, e_ptr, tg_ptr, logits_ptr,
+                     h_ptr, w_ptr, tgt_ptr,
+                     T, V_local, H, vocab_start, vocab_real,
+                     stride_ht, stride_wv, stride_lt, inv_temp,
+                     ALIGN: tl.constexpr, SEG_V: tl.constexpr,
+                     BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
+                     DOT_DTYPE: tl.constexpr, WITH_ENTROPY: tl.constexpr, WITH_LOGITS: tl.constexpr,
+                     INTERPRET: tl.constexpr, H_I: tl.constexpr):
+    """Per-(segment, token) statistics of one token tile over one vocabulary segment.
+
+    Grid: (cdiv(T, BLOCK_T), n_segments_local). Segment g of this shard covers local columns
+    [b*ALIGN + j*SEG_V, min(b*ALIGN + (j+1)*SEG_V, (b+1)*ALIGN, V_local)) with
+    b = g // cdiv(ALIGN, SEG_V), j = g % cdiv(ALIGN, SEG_V).
+    Outputs (fp32, [S_local, T]): running max m, sum of exp(x - m) s, sum of exp(x - m) * x e
+    (WITH_ENTROPY); tg [T] gets the target logit from the one program owning the target column.
+    """
+    SEGS_PER_BLOCK: tl.constexpr = (ALIGN + SEG_V - 1) // SEG_V
+    pid_t = tl.program_id(0)
+    g = tl.program_id(1)
+    rows = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    rmask = rows < T
+    blk = g // SEGS_PER_BLOCK
+    seg_lo = blk * ALIGN + (g % SEGS_PER_BLOCK) * SEG_V
+    seg_hi = tl.minimum(tl.minimum(seg_lo + SEG_V, (blk + 1) * ALIGN), V_local)
+    real_hi = tl.minimum(seg_hi, vocab_real - vocab_start)
+    tcol = tl.load(tgt_ptr + rows, mask=rmask, other=-1) - vocab_start
+
+    m = tl.full((BLOCK_T,), float("-inf"), tl.float32)
+    s = tl.zeros((BLOCK_T,), tl.float32)
+    e = tl.zeros((BLOCK_T,), tl.float32)
+    tg = tl.full((BLOCK_T,), float("-inf"), tl.float32)
+    # Reduction order (per token): the segment's BLOCK_V tiles ascending, online rule
+    # m' = max(m, max_tile x); s' = s * exp(m - m') + sum_tile exp(x - m') (same for e with
+    # exp(x - m') * x); within a tile tl.max / tl.sum over BLOCK_V columns (tree fixed by BLOCK_V
+    # and num_warps, both pinned by the contract). Masked columns give exactly 0.
+    for j0 in range(0, SEG_V, BLOCK_V):
+        cols = seg_lo + j0 + tl.arange(0, BLOCK_V)
+        h_base, w_base, lrm, lcm = _tile_ptrs(h_ptr, w_ptr, rows, cols, T, seg_hi, stride_ht, stride_wv)
+        acc = tl.zeros((BLOCK_T, BLOCK_V), dtype=tl.float32)
+        # Reduction order: K (hidden) in chunks of BLOCK_K=64 ascending, one fp32 accumulator
+        # chained through tl.dot (the gemm.bf16.v1 K walk); H % 64 == 0 (checked by the launcher).
+        for k0 in range(0, H_I if INTERPRET else H, BLOCK_K):
+            acc = _k_step(acc, h_base, w_base, lrm, lcm, k0, BLOCK_K, DOT_DTYPE)
+        # Temperature: one fp32 multiply by the fp32 reciprocal computed on the host; no bf16 rounding.
+        x = acc * inv_temp
+        valid = (cols < real_hi)[None, :]
+        x = tl.where(valid, x, float("-inf"))
+        if WITH_LOGITS:
+            lp = logits_ptr + rows.to(tl.int64)[:, None] * stride_lt + cols[None, :]
+            tl.store(lp, x, mask=rmask[:, None] & (cols < seg_hi)[None, :])
+        m_new = tl.maximum(m, tl.max(x, axis=1))
+        alpha = tl.where(m_new == m, 1.0, tl.exp(m - m_new))
+        p = tl.where(valid, tl.exp(x - m_new[:, None]), 0.0)
+        s = s * alpha + tl.sum(p, axis=1)
+        if WITH_ENTROPY:
+            e = e * alpha + tl.sum(tl.where(valid, p * x, 0.0), axis=1)
+        hit = valid & (cols[None, :] == tcol[:, None])
+        tg = tl.maximum(tg, tl.max(tl.where(hit, x, float("-inf")), axis=1))
+        m = m_new
+    off = g.to(tl.int64) * T + rows
+    tl.store(m_ptr + off, m, mask=rmask)
+    tl.store(s_ptr + off, s, mask=rmask)
+    if WITH_ENTROPY:
+        tl.store(e_ptr + off, e, mask=rmask)
+    own = rmask & (tcol >= seg_lo) & (tcol < real_hi)
+    tl.store(tg_ptr + rows, tg, mask=own)
+
+
+@triton.jit
+def merge_kernel(logp_ptr, lse_ptr, ent_ptr, m_ptr, s_ptr, e_ptr, tg_ptr, S, R, T,
+                 WITH_ENTROPY: tl.constexpr, BLOCK: tl.constexpr, INTERPRET: tl.constexpr,
+                 S_I: tl.constexpr, R_I: tl.constexpr):
+    """Folds per-segment statistics [S, T] (segments in ascending global order) into
+    lse, logp (and entropy) [T]; tg is [R, T] (one row per shard, -inf where not owned)."""
+    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    rmask = rows < T
+    big_m = tl.full((BLOCK,), float("-inf"), tl.float32)
+    # Reduction order: max over segments (exact, order-free).
+    for k in range(0, S_I if INTERPRET else S):
+        big_m = tl.maximum(big_m, tl.load(m_ptr + k * T + rows, mask=rmask, other=float("-inf")))
+    tgt = tl.full((BLOCK,), float("-inf"), tl.float32)
+    for r in range(0, R_I if INTERPRET else R):
+        tgt = tl.maximum(tgt, tl.load(tg_ptr + r * T + rows, mask=rmask, other=float("-inf")))
+    ssum = tl.zeros((BLOCK,), tl.float32)
+    esum = tl.zeros((BLOCK,), tl.float32)
+    # Reduction order: segments 0..S-1 ascending, ssum += s_k * exp(m_k - M) (a term whose
+    # m_k is -inf, an all-padding segment, is exactly 0); esum likewise with e_k.
+    for k in range(0, S_I if INTERPRET else S):
+        mk = tl.load(m_ptr + k * T + rows, mask=rmask, other=float("-inf"))
+        scale = tl.where(mk == float("-inf"), 0.0, tl.exp(mk - big_m))
+        ssum = ssum + tl.load(s_ptr + k * T + rows, mask=rmask, other=0.0) * scale
+        if WITH_ENTROPY:
+            esum = esum + tl.load(e_ptr + k * T + rows, mask=rmask, other=0.0) * scale
+    ssum = tl.where(rmask, ssum, 1.0)  # rows past T: keep log() quiet; never stored
+    lse = big_m + tl.log(ssum)
+    tl.store(lse_ptr + rows, lse, mask=rmask)
+    tl.store(logp_ptr + rows, tgt - lse, mask=rmask)
+    if WITH_ENTROPY:
+        tl.store(ent_ptr + rows, lse - tl.math.div_rn(esum, ssum), mask=rmask)
+
+
+@triton.jit
+def bwd_grad_kernel(g_ptr, h_ptr, w_ptr, tgt_ptr, lse_ptr, ent_ptr, dlogp_ptr, dlse_ptr, dent_ptr,
+                    T, V_local, H, col0, vocab_start, vocab_real,
+                    stride_ht, stride_wv, stride_gt, inv_temp,
+                    V_CHUNK: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr,
+                    BLOCK_K: tl.constexpr, DOT_DTYPE: tl.constexpr, HAS_DLSE: tl.constexpr,
+                    HAS_DENT: tl.constexpr, INTERPRET: tl.constexpr, H_I: tl.constexpr):
+    """Recomputes logits of local columns [col0, col0 + V_CHUNK) and writes the bf16 gradient
+    w.r.t. the pre-temperature logits (dL/dacc) into g [T, V_CHUNK].
+
+    With x the temperature-scaled logit, p = exp(x - lse):
+      dL/dx = dlogp * (onehot - p) + dlse * p - dent * p * (x - lse + entropy);
+      dL/dacc = dL/dx * inv_temp, rounded once to bf16 (RNE). Masked columns give 0.
+    Grid: (cdiv(T, BLOCK_T), cdiv(V_CHUNK, BLOCK_V)).
+    """
+    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    lc = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
+    cols = col0 + lc
+    rmask = rows < T
+    col_hi = tl.minimum(col0 + V_CHUNK, V_local)
+    h_base, w_base, lrm, lcm = _tile_ptrs(h_ptr, w_ptr, rows, cols, T, col_hi, stride_ht, stride_wv)
+    acc = tl.zeros((BLOCK_T, BLOCK_V), dtype=tl.float32)
+    # Reduction order: K (hidden) in chunks of BLOCK_K=64 ascending, one fp32 accumulator
+    # chained through tl.dot (the gemm.bf16.v1 K walk); H % 64 == 0 (checked by the launcher).
+    for k0 in range(0, H_I if INTERPRET else H, BLOCK_K):
+        acc = _k_step(acc, h_base, w_base, lrm, lcm, k0, BLOCK_K, DOT_DTYPE)
+    # Temperature: one fp32 multiply by the fp32 reciprocal computed on the host; no bf16 rounding.
+    x = acc * inv_temp
+    valid = (cols < tl.minimum(col_hi, vocab_real - vocab_start))[None, :] & rmask[:, None]
+    lse = tl.load(lse_ptr + rows, mask=rmask, other=0.0)
+    p = tl.where(valid, tl.exp(x - lse[:, None]), 0.0)
+    dl = tl.load(dlogp_ptr + rows, mask=rmask, other=0.0)
+    tcol = tl.load(tgt_ptr + rows, mask=rmask, other=-1) - vocab_start
+    onehot = cols[None, :] == tcol[:, None]
+    gx = tl.where(onehot, dl[:, None], 0.0) - dl[:, None] * p
+    if HAS_DLSE:
+        gx = gx + tl.load(dlse_ptr + rows, mask=rmask, other=0.0)[:, None] * p
+    if HAS_DENT:
+        ent = tl.load(ent_ptr + rows, mask=rmask, other=0.0)
+        de = tl.load(dent_ptr + rows, mask=rmask, other=0.0)
+        gx = gx - de[:, None] * (p * ((x - lse[:, None]) + ent[:, None]))
+    gx = tl.where(valid, gx, 0.0) * inv_temp
+    gp = g_ptr + rows.to(tl.int64)[:, None] * stride_gt + lc[None, :]
+    tl.store(gp, round_bf16(gx, INTERPRET), mask=rmask[:, None] & (cols < col_hi)[None, :])
+
+
+@triton.jit
+def gemm_kernel(c_ptr, a_ptr, b_ptr, M, N, K,
+                stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+                ACC_IN: tl.constexpr, OUT_BF16: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                DOT_DTYPE: tl.constexpr, INTERPRET: tl.constexpr, K_I: tl.constexpr):
+    """C[M, N] = A[M, K] @ B[K, N] (any strides). With ACC_IN, C holds fp32 partial sums and the
+    K walk continues from them (bitwise the same chain as one longer walk). Grid:
+    (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N))."""
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cmask = (rm < M)[:, None] & (rn < N)[None, :]
+    c_ptrs = c_ptr + rm.to(tl.int64)[:, None] * stride_cm + rn.to(tl.int64)[None, :] * stride_cn
+    if ACC_IN:
+        acc = tl.load(c_ptrs, mask=cmask, other=0.0)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    a_base = a_ptr + rm.to(tl.int64)[:, None] * stride_am
+    b_base = b_ptr + rn.to(tl.int64)[None, :] * stride_bn
+    # Reduction order: K in chunks of BLOCK_K=64 ascending, fp32 accumulator chained through
+    # tl.dot; the K tail is zero-filled (adds exact zeros).
+    for k0 in range(0, K_I if INTERPRET else K, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        kk = ks.to(tl.int64)
+        a = tl.load(a_base + kk[None, :] * stride_ak, mask=(rm < M)[:, None] & (ks < K)[None, :],
+                    other=0.0).to(tl.float32).to(DOT_DTYPE)
+        b = tl.load(b_base + kk[:, None] * stride_bk, mask=(ks < K)[:, None] & (rn < N)[None, :],
+                    other=0.0).to(tl.float32).to(DOT_DTYPE)
+        acc = tl.dot(a, b, acc)
+    if OUT_BF16:
+        tl.store(c_ptrs, round_bf16(acc, INTERPRET), mask=cmask)
+    else:
+        tl.store(c_ptrs, acc, mask=cmask)

@@ -1,0 +1,279 @@
+"""Host side of contract ``logp.v1``: input checks, config lookup, grids and launches.
+
+Forward: :func:`segment_stats` (per-(segment, token) statistics of one vocabulary shard, and the
+logits if asked) then :func:`merge_segment_stats` (ranks' statistics in rank order -> logp, lse,
+entropy). :func:`linear_logp_fwd` does both for a single shard. Backward: :func:`linear_logp_bwd`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple, Optional, Sequence
+
+import torch
+import triton
+
+from rlk.errors import UnsupportedConfigError
+from rlk.kernels.common import check_tensor, dot_dtype_for, interpret_flag, launch_options
+from rlk.kernels.linear_logp import config as cfgmod
+from rlk.kernels.linear_logp import kernel as K
+
+CONTRACT_ID = cfgmod.CONTRACT_ID
+
+
+class SegmentStats(NamedTuple):
+    """Statistics of one shard, segments in ascending global order (all fp32, contiguous).
+
+    m, s: [S_local, T] running max and sum of exp(x - m); e: [S_local, T] sum of exp(x - m) * x
+    or None; tg: [T] target logit where this shard owns the target, else -inf.
+    """
+
+    m: torch.Tensor
+    s: torch.Tensor
+    e: Optional[torch.Tensor]
+    tg: torch.Tensor
+
+
+def _inv_temp(temperature) -> float:
+    try:
+        t = float(temperature)
+    except (TypeError, ValueError):
+        raise UnsupportedConfigError(f"{CONTRACT_ID}: temperature must be a number, got {temperature!r}")
+    if not (math.isfinite(t) and t > 0.0):
+        raise UnsupportedConfigError(f"{CONTRACT_ID}: temperature must be finite and > 0, got {t}")
+    # fp32(1 / float64(temperature)): the contract's single host-side rounding.
+    return float(torch.tensor(1.0 / t, dtype=torch.float32).item())
+
+
+def _bound(n: int) -> int:
+    """A runtime loop bound as a constexpr under the interpreter only (see kernel.py); 0 on GPU
+    so that one compiled kernel serves every size."""
+    return int(n) if interpret_flag() else 0
+
+
+def _check_device(t: torch.Tensor) -> None:
+    if t.device.type == "cpu":
+        if not interpret_flag():
+            raise UnsupportedConfigError(f"{CONTRACT_ID}: CPU tensors need the Triton interpreter "
+                                         "(TRITON_INTERPRET=1)")
+    elif t.device.type != "cuda":
+        raise UnsupportedConfigError(f"{CONTRACT_ID}: device {t.device} not supported")
+
+
+def check_inputs(hidden, weight, targets, vocab_start: int, vocab_real: int,
+                 align: int, seg_v: int, validate_targets: bool = True) -> None:
+    """Raises ``UnsupportedConfigError`` for anything outside the contract (before any launch)."""
+    check_tensor("hidden", hidden, dtype=torch.bfloat16, dim=2)
+    check_tensor("weight", weight, dtype=torch.bfloat16, dim=2, device=hidden.device)
+    check_tensor("targets", targets, dtype=torch.int64, dim=1, device=hidden.device)
+    _check_device(hidden)
+    T, H = hidden.shape
+    V_local = weight.shape[0]
+    if T == 0:
+        raise UnsupportedConfigError(f"{CONTRACT_ID}: empty hidden (T == 0)")
+    if V_local == 0:
+        raise UnsupportedConfigError(f"{CONTRACT_ID}: empty weight shard (V_local == 0)")
+    if weight.shape[1] != H:
+        raise UnsupportedConfigError(f"{CONTRACT_ID}: hidden {tuple(hidden.shape)} and weight "
+                                     f"{tuple(weight.shape)} disagree on H (expected weight [V_local, H])")
+    if H % cfgmod.BLOCK_K:
+        raise UnsupportedConfigError(f"{CONTRACT_ID}: H={H} is not a multiple of {cfgmod.BLOCK_K}")
+    if targets.shape[0] != T:
+        raise UnsupportedConfigError(f"{CONTRACT_ID}: targets has {targets.shape[0]} entries, hidden has T={T}")
+    if targets.stride(0) != 1:
+        raise UnsupportedConfigError(f"{CONTRACT_ID}: targets must be contiguous")
+    if vocab_start < 0 or vocab_real < 1:
+        raise UnsupportedConfigError(f"{CONTRACT_ID}: need vocab_start >= 0 and vocab_real >= 1 "
+                                     f"(got {vocab_start}, {vocab_real})")
+    if align is None:  # backward: no segmentation involved
+        pass
+    elif cfgmod.check_segmentation(align, seg_v) or vocab_start % align:
+        raise UnsupportedConfigError(f"{CONTRACT_ID}: vocab_start={vocab_start} is not a multiple of the "
+                                     f"alignment block {align}: shard boundaries must fall on blocks")
+    elif V_local % align and vocab_start + V_local < vocab_real:
+        raise UnsupportedConfigError(
+            f"{CONTRACT_ID}: shard [{vocab_start}, {vocab_start + V_local}) ends inside alignment block "
+            f"of {align} columns but is not the last shard (vocab_real={vocab_real}); only the shard "
+            "holding the last real column may hold a partial block")
+    if max(T, V_local, H) >= 2**31 or T * max(H, V_local) >= 2**62:
+        raise UnsupportedConfigError(f"{CONTRACT_ID}: sizes too large")
+    if validate_targets and targets.numel():
+        # One device sync; engines that capture graphs validate their token ids upstream.
+        bad = (targets < 0) | (targets >= vocab_real)
+        if bool(bad.any()):
+            i = int(torch.nonzero(bad)[0].item())
+            raise UnsupportedConfigError(f"{CONTRACT_ID}: targets[{i}] = {int(targets[i])} outside "
+                                         f"[0, vocab_real={vocab_real})")
+
+
+def num_segments(V_local: int, align: int, seg_v: int) -> int:
+    return triton.cdiv(V_local, align) * triton.cdiv(align, seg_v)
+
+
+def segment_stats(hidden, weight, targets, vocab_start: int = 0, vocab_real: Optional[int] = None,
+                  temperature: float = 1.0, return_entropy: bool = False, return_logits: bool = False,
+                  segmentation=None, validate_targets: bool = True):
+    """Per-segment statistics of one vocabulary shard.
+
+    hidden [T, H] bf16, weight [V_local, H] bf16 (global columns [vocab_start, vocab_start +
+    V_local)), targets [T] int64 (global ids). Returns (SegmentStats, logits [T, V_local] fp32 or
+    None). Logits are the temperature-scaled fp32 values the statistics use; padded columns
+    (>= vocab_real) hold -inf.
+
+    Determinism: logp.v1; rows independent of T; bitwise run to run.
+    """
+    vocab_real = int(weight.shape[0] + vocab_start if vocab_real is None else vocab_real)
+    align, seg_v = cfgmod.DEFAULT_SEGMENTATION if segmentation is None else tuple(segmentation)
+    check_inputs(hidden, weight, targets, int(vocab_start), vocab_real, align, seg_v, validate_targets)
+    inv_t = _inv_temp(temperature)
+    hidden, weight, targets = hidden.contiguous(), weight.contiguous(), targets.contiguous()
+    T, H = hidden.shape
+    V_local = weight.shape[0]
+    cfg = cfgmod.load_table(cfgmod.arch_of(hidden.device))["fwd"]
+    S = num_segments(V_local, align, seg_v)
+    dev = hidden.device
+    m = torch.empty((S, T), dtype=torch.float32, device=dev)
+    s = torch.empty((S, T), dtype=torch.float32, device=dev)
+    e = torch.empty((S, T), dtype=torch.float32, device=dev) if return_entropy else None
+    tg = torch.full((T,), float("-inf"), dtype=torch.float32, device=dev)
+    logits = torch.empty((T, V_local), dtype=torch.float32, device=dev) if return_logits else None
+    grid = (triton.cdiv(T, cfg["BLOCK_T"]), S)
+    K.fwd_stats_kernel[grid](
+        m, s, e if e is not None else m, tg, logits if logits is not None else m,
+        hidden, weight, targets, T, V_local, H, int(vocab_start), vocab_real,
+        hidden.stride(0), weight.stride(0), logits.stride(0) if logits is not None else 0, inv_t,
+        ALIGN=align, SEG_V=seg_v, BLOCK_T=cfg["BLOCK_T"], BLOCK_V=cfg["BLOCK_V"], BLOCK_K=cfg["BLOCK_K"],
+        DOT_DTYPE=dot_dtype_for(dev), WITH_ENTROPY=return_entropy, WITH_LOGITS=return_logits,
+        INTERPRET=interpret_flag(), H_I=_bound(H),
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **launch_options())
+    return SegmentStats(m, s, e, tg), logits
+
+
+def merge_segment_stats(stats: Sequence[SegmentStats]):
+    """Merges shard statistics given in rank order 0..N-1 -> (logp [T], lse [T], entropy [T] | None).
+
+    Call it after an all_gather of every rank's :class:`SegmentStats` (exact copies). The result
+    is byte-identical to the unsharded computation when the shards follow the contract's
+    segmentation rule (checked by :func:`check_inputs` on each rank).
+
+    Determinism: logp.v1 (max over segments, then sums over global segments ascending).
+    """
+    if isinstance(stats, SegmentStats) or not len(stats):
+        raise UnsupportedConfigError(f"{CONTRACT_ID}: merge_segment_stats takes a non-empty list of "
+                                     "SegmentStats in rank order")
+    T = stats[0].tg.shape[0]
+    with_e = stats[0].e is not None
+    for i, st in enumerate(stats):
+        if st.tg.shape != (T,) or st.m.shape[1:] != (T,) or st.m.shape != st.s.shape:
+            raise UnsupportedConfigError(f"{CONTRACT_ID}: rank {i} stats shapes disagree (T={T})")
+        if (st.e is not None) != with_e:
+            raise UnsupportedConfigError(f"{CONTRACT_ID}: rank {i} entropy statistics present/absent "
+                                         "unlike rank 0")
+    cat = (lambda xs: xs[0].contiguous()) if len(stats) == 1 else (lambda xs: torch.cat(xs, 0))
+    m = cat([st.m for st in stats])
+    s = cat([st.s for st in stats])
+    e = cat([st.e for st in stats]) if with_e else None
+    tg = torch.stack([st.tg for st in stats], 0).contiguous()
+    dev = m.device
+    cfg = cfgmod.load_table(cfgmod.arch_of(dev))["merge"]
+    logp = torch.empty((T,), dtype=torch.float32, device=dev)
+    lse = torch.empty_like(logp)
+    ent = torch.empty_like(logp) if with_e else None
+    K.merge_kernel[(triton.cdiv(T, cfg["BLOCK"]),)](
+        logp, lse, ent if with_e else logp, m, s, e if with_e else m, tg, m.shape[0], tg.shape[0], T,
+        WITH_ENTROPY=with_e, BLOCK=cfg["BLOCK"], INTERPRET=interpret_flag(), S_I=_bound(m.shape[0]),
+        R_I=_bound(tg.shape[0]), num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"], **launch_options())
+    return logp, lse, ent
+
+
+def linear_logp_fwd(hidden, weight, targets, vocab_start: int = 0, vocab_real: Optional[int] = None,
+                    temperature: float = 1.0, return_entropy: bool = False, return_logits: bool = False,
+                    segmentation=None, validate_targets: bool = True):
+    """Single-shard forward: (logp [T], lse [T], entropy [T] | None, logits [T, V_local] | None).
+
+    hidden [T, H] bf16, weight [V_local, H] bf16, targets [T] int64. No autograd, no saved
+    tensors (the reference-scoring path). With return_logits the statistics arithmetic is
+    unchanged: logp/lse bytes do not depend on it.
+
+    Determinism: logp.v1; rows independent of T; bitwise run to run.
+    """
+    st, logits = segment_stats(hidden, weight, targets, vocab_start, vocab_real, temperature,
+                               return_entropy, return_logits, segmentation, validate_targets)
+    logp, lse, ent = merge_segment_stats([st])
+    return logp, lse, ent, logits
+
+
+def _vec(name, t, T, dev):
+    if t is None:
+        return None
+    check_tensor(name, t, dtype=torch.float32, dim=1, device=dev)
+    if t.shape[0] != T:
+        raise UnsupportedConfigError(f"{CONTRACT_ID}: {name} has {t.shape[0]} entries, expected T={T}")
+    return t.contiguous()
+
+
+def linear_logp_bwd(hidden, weight, targets, lse, dlogp, vocab_start: int = 0,
+                    vocab_real: Optional[int] = None, temperature: float = 1.0, dlse=None,
+                    entropy=None, dentropy=None):
+    """Gradients (d_hidden [T, H] bf16, d_weight [V_local, H] bf16) from the saved lse [T] fp32.
+
+    dlogp [T] fp32 (zeros if None), dlse / dentropy [T] fp32 optional (dentropy needs entropy).
+    Logits are recomputed in vocab chunks of V_CHUNK columns; per chunk the bf16 gradient of the
+    pre-temperature logits G [T, V_CHUNK] is written, then d_weight[chunk] = G^T @ hidden (tokens
+    ascending, one chain) and d_hidden += G @ weight[chunk] (vocab ascending, one fp32 chain that
+    continues across chunks), rounded once at the end. No atomics.
+
+    Determinism: logp.v1; bitwise run to run; d_hidden rows independent of T.
+    """
+    vocab_real = int(weight.shape[0] + vocab_start if vocab_real is None else vocab_real)
+    check_inputs(hidden, weight, targets, int(vocab_start), vocab_real, None, None, False)
+    inv_t = _inv_temp(temperature)
+    T, H = hidden.shape
+    V_local = weight.shape[0]
+    dev = hidden.device
+    lse = _vec("lse", lse, T, dev)
+    dlogp = _vec("dlogp", dlogp, T, dev)
+    dlse = _vec("dlse", dlse, T, dev)
+    dentropy = _vec("dentropy", dentropy, T, dev)
+    entropy = _vec("entropy", entropy, T, dev)
+    if lse is None:
+        raise UnsupportedConfigError(f"{CONTRACT_ID}: backward needs the saved lse")
+    if dentropy is not None and entropy is None:
+        raise UnsupportedConfigError(f"{CONTRACT_ID}: entropy gradient needs the forward entropy")
+    if dlogp is None:
+        dlogp = torch.zeros((T,), dtype=torch.float32, device=dev)
+    hidden, weight, targets = hidden.contiguous(), weight.contiguous(), targets.contiguous()
+    tab = cfgmod.load_table(cfgmod.arch_of(dev))
+    gc, mc, VC = tab["bwd_grad"], tab["gemm"], tab["V_CHUNK"]
+    dot = dot_dtype_for(dev)
+    interp = interpret_flag()
+    opts = launch_options()
+    g = torch.empty((T, min(VC, V_local)), dtype=torch.bfloat16, device=dev)
+    dw = torch.empty_like(weight)
+    dh_acc = torch.empty((T, H), dtype=torch.float32, device=dev)
+    # Reduction order (d_hidden): vocab chunks ascending; the fp32 chain continues across chunks.
+    for c, col0 in enumerate(range(0, V_local, VC)):
+        nc = min(VC, V_local - col0)
+        K.bwd_grad_kernel[(triton.cdiv(T, gc["BLOCK_T"]), triton.cdiv(nc, gc["BLOCK_V"]))](
+            g, hidden, weight, targets, lse, entropy if entropy is not None else lse, dlogp,
+            dlse if dlse is not None else lse, dentropy if dentropy is not None else lse,
+            T, V_local, H, col0, int(vocab_start), vocab_real,
+            hidden.stride(0), weight.stride(0), g.stride(0), inv_t,
+            V_CHUNK=VC, BLOCK_T=gc["BLOCK_T"], BLOCK_V=gc["BLOCK_V"], BLOCK_K=gc["BLOCK_K"],
+            DOT_DTYPE=dot, HAS_DLSE=dlse is not None, HAS_DENT=dentropy is not None,
+            INTERPRET=interp, H_I=_bound(H), num_warps=gc["num_warps"], num_stages=gc["num_stages"], **opts)
+        gm = dict(BLOCK_M=mc["BLOCK_M"], BLOCK_N=mc["BLOCK_N"], BLOCK_K=mc["BLOCK_K"], DOT_DTYPE=dot,
+                  INTERPRET=interp, num_warps=mc["num_warps"], num_stages=mc["num_stages"], **opts)
+        dwc = dw[col0:col0 + nc]
+        # d_weight[chunk] [nc, H] = G[:, :nc]^T @ hidden: K = tokens ascending.
+        K.gemm_kernel[(triton.cdiv(nc, mc["BLOCK_M"]), triton.cdiv(H, mc["BLOCK_N"]))](
+            dwc, g, hidden, nc, H, T, 1, g.stride(0), hidden.stride(0), 1, dwc.stride(0), 1,
+            ACC_IN=False, OUT_BF16=True, K_I=_bound(T), **gm)
+        # d_hidden [T, H] (+)= G[:, :nc] @ weight[chunk]: K = this chunk's columns ascending.
+        wc = weight[col0:col0 + nc]
+        K.gemm_kernel[(triton.cdiv(T, mc["BLOCK_M"]), triton.cdiv(H, mc["BLOCK_N"]))](
+            dh_acc, g, wc, T, H, nc, g.stride(0), 1, wc.stride(0), 1, dh_acc.stride(0), 1,
+            ACC_IN=c > 0, OUT_BF16=False, K_I=_bound(nc), **gm)
+    # One RNE rounding (torch's fp32 -> bf16 cast is round-to-nearest-even on CPU and GPU).
+    return dh_acc.to(hidden.dtype), dw

@@ -1,0 +1,322 @@
+"""Host side of the strict row ops: input checks, config lookup, grid, launch.
+
+Every function raises :class:`rlk.errors.UnsupportedConfigError` before launching on bad input.
+Tile sizes come from ``config.norm_config(H)`` / the table, never from the number of rows.
+Contracts: ``rmsnorm.v1``, ``rope.v1``, ``swiglu.v1``, ``embedding.v1`` (see ``config.py``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+
+from rlk.errors import UnsupportedConfigError
+from rlk.kernels.common import check_tensor, interpret_flag, launch_options
+from rlk.kernels.rowops import config as C
+from rlk.kernels.rowops import kernel as K
+
+ACT_DTYPES = (torch.bfloat16, torch.float32)
+
+
+def arch_for(device: torch.device) -> str:
+    if device.type == "cpu":
+        return "cpu-interpreter"
+    if device.type == "cuda":
+        if getattr(torch.version, "hip", None):
+            return "gfx942"
+        major, _ = torch.cuda.get_device_capability(device)
+        if major == 9:
+            return "sm_90"
+        raise UnsupportedConfigError(f"rowops: no pinned config table for {torch.cuda.get_device_name(device)}")
+    raise UnsupportedConfigError(f"rowops: device type {device.type!r} not supported")
+
+
+# Host-side value checks (ids / positions in range) read device memory: one synchronization
+# per call on GPU. They are skipped while a CUDA graph is being captured, or everywhere after
+# set_value_checks(False); the kernels then write NaN rows for out-of-range ids / positions
+# (visible, never a silent fix).
+VALUE_CHECKS = True
+
+
+def set_value_checks(enabled: bool) -> None:
+    global VALUE_CHECKS
+    VALUE_CHECKS = bool(enabled)
+
+
+def _may_sync(t: torch.Tensor) -> bool:
+    """Whether a host-side value check may read device memory (not while capturing a graph)."""
+    if not VALUE_CHECKS:
+        return False
+    return not (t.is_cuda and torch.cuda.is_current_stream_capturing())
+
+
+def _check_same_device(**tensors) -> None:
+    devs = {n: t.device for n, t in tensors.items() if t is not None}
+    if len(set(devs.values())) > 1:
+        raise UnsupportedConfigError(f"rowops: tensors on different devices: {devs}")
+
+
+def _check_eps(eps) -> float:
+    if not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
+        raise UnsupportedConfigError(f"rms_norm: eps must be a finite float >= 0, got {eps!r}")
+    return float(eps)
+
+
+def _rows_view(x: torch.Tensor, name: str):
+    """(n_rows, NH, H, stride_t, stride_h) of a [T, H] or [T, nh, D] tensor, last dim contiguous."""
+    check_tensor(name, x, dtype=ACT_DTYPES)
+    if x.dim() == 2:
+        return x.shape[0], 1, x.shape[1], x.stride(0), 0
+    if x.dim() == 3:
+        return x.shape[0] * x.shape[1], x.shape[1], x.shape[2], x.stride(0), x.stride(1)
+    raise UnsupportedConfigError(f"{name}: expected [T, H] or [T, nh, D], got shape {tuple(x.shape)}")
+
+
+def _check_weight(weight: torch.Tensor, H: int, x: torch.Tensor) -> None:
+    check_tensor("weight", weight, dtype=ACT_DTYPES, dim=1)
+    if weight.shape[0] != H:
+        raise UnsupportedConfigError(f"weight: {weight.shape[0]} elements, the rows have {H}")
+    _check_same_device(x=x, weight=weight)
+
+
+def _norm_fwd(x, weight, eps, residual=None):
+    n_rows, nh, H, s_t, s_h = _rows_view(x, "x")
+    _check_weight(weight, H, x)
+    eps = _check_eps(eps)
+    cfg = C.norm_config(H, arch_for(x.device))
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    res_out, r, s_r = y, x, 0
+    if residual is not None:
+        check_tensor("residual", residual, dtype=ACT_DTYPES, dim=2)
+        if residual.shape != x.shape or residual.dtype != x.dtype:
+            raise UnsupportedConfigError(
+                f"residual: {tuple(residual.shape)} {residual.dtype} must match x {tuple(x.shape)} {x.dtype}")
+        _check_same_device(x=x, residual=residual)
+        res_out, r, s_r = torch.empty_like(y), residual, residual.stride(0)
+    if n_rows == 0:
+        return y, res_out
+    grid = (triton.cdiv(n_rows, cfg["BLOCK_ROWS"]),)
+    K.rmsnorm_fwd_kernel[grid](
+        y, res_out, x, r, weight, n_rows, nh, s_t, s_h, s_r, float(H), eps,
+        H=H, BLOCK_H=cfg["BLOCK_H"], BLOCK_ROWS=cfg["BLOCK_ROWS"], HAS_RESIDUAL=residual is not None,
+        OUT_BF16=x.dtype == torch.bfloat16, INTERPRET=interpret_flag(),
+        num_warps=cfg["num_warps"], **launch_options())
+    return y, res_out
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of rows. x [T, H] bf16/fp32, weight [H] -> [T, H] (x dtype). Contract rmsnorm.v1."""
+    if x.dim() != 2:
+        raise UnsupportedConfigError(f"rms_norm: x must be [T, H], got {tuple(x.shape)}")
+    return _norm_fwd(x, weight, eps)[0]
+
+
+def add_rms_norm(x, residual, weight, eps):
+    """(normed, new_residual), new_residual = round(x + residual); normed = rms_norm(new_residual)."""
+    if x.dim() != 2:
+        raise UnsupportedConfigError(f"add_rms_norm: x must be [T, H], got {tuple(x.shape)}")
+    return _norm_fwd(x, weight, eps, residual=residual)
+
+
+def qk_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dim of x [T, nh, D] (strided token/head dims allowed) -> contiguous."""
+    if x.dim() != 3:
+        raise UnsupportedConfigError(f"qk_norm: x must be [T, nh, D], got {tuple(x.shape)}")
+    return _norm_fwd(x, weight, eps)[0]
+
+
+def rms_norm_backward(dy, x, weight, eps, d_residual=None):
+    """(dx, dw) of ``rms_norm``/``qk_norm`` (x: the normalized input, i.e. the new residual of
+    the fused form). With ``d_residual`` (grad of the fused residual output) it is added to dx
+    after dx's own rounding. dw has weight's dtype; fixed-order reduction, no atomics."""
+    n_rows, nh, H, s_t, s_h = _rows_view(x, "x")
+    _check_weight(weight, H, x)
+    eps = _check_eps(eps)
+    if tuple(dy.shape) != tuple(x.shape) or dy.dtype != x.dtype:
+        raise UnsupportedConfigError(f"dy: {tuple(dy.shape)} {dy.dtype} must match x {tuple(x.shape)} {x.dtype}")
+    dy = dy.contiguous()
+    if d_residual is not None:
+        if tuple(d_residual.shape) != tuple(x.shape) or d_residual.dtype != x.dtype:
+            raise UnsupportedConfigError("d_residual must match x in shape and dtype")
+        d_residual = d_residual.contiguous()
+    arch = arch_for(x.device)
+    cfg = C.norm_config(H, arch)
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    rows_per_prog = cfg["BLOCK_ROWS"] * cfg["BWD_TILES"]
+    n_parts = max(1, triton.cdiv(n_rows, rows_per_prog))
+    parts = torch.zeros((n_parts, H), dtype=torch.float32, device=x.device)
+    bf16 = x.dtype == torch.bfloat16
+    if n_rows > 0:
+        K.rmsnorm_bwd_kernel[(n_parts,)](
+            dx, parts, dy, x, weight, d_residual if d_residual is not None else dy,
+            n_rows, nh, s_t, s_h, float(H), eps,
+            H=H, BLOCK_H=cfg["BLOCK_H"], BLOCK_ROWS=cfg["BLOCK_ROWS"], BWD_TILES=cfg["BWD_TILES"],
+            HAS_DRES=d_residual is not None, OUT_BF16=bf16, INTERPRET=interpret_flag(),
+            num_warps=cfg["num_warps"], **launch_options())
+    dw = fold_partials(parts, weight.dtype, arch)
+    return dx, dw
+
+
+def fold_partials(parts: torch.Tensor, dtype: torch.dtype, arch: str) -> torch.Tensor:
+    """sum(parts [n, H] fp32, dim 0) in the fixed order of ``fold_partials_kernel``."""
+    n, H = parts.shape
+    fold = C.table(arch)["fold"]
+    block_f = min(fold["BLOCK_F"], C._next_pow2(H))
+    out = torch.empty((H,), dtype=dtype, device=parts.device)
+    K.fold_partials_kernel[(triton.cdiv(H, block_f),)](
+        out, parts, n, H=H, BLOCK_F=block_f, FOLD_ROWS=fold["FOLD_ROWS"],
+        OUT_BF16=dtype == torch.bfloat16, INTERPRET=interpret_flag(),
+        num_warps=fold["num_warps"], **launch_options())
+    return out
+
+
+# -------------------------------------------------------------------------------------- RoPE
+_ROPE_CACHE: dict = {}
+
+
+def rope_table(max_positions: int, head_dim: int, theta: float, device=None):
+    """(cos, sin), each [max_positions, head_dim // 2] fp32, by the fixed recipe of rope.v1:
+    computed on the CPU in fp64 (inv_freq = 1 / theta ** (arange(0, D, 2) / D); angle =
+    position * inv_freq; cos, sin), then one RNE cast to fp32, then copied to ``device``."""
+    if not (isinstance(max_positions, int) and max_positions > 0):
+        raise UnsupportedConfigError(f"rope_table: max_positions must be a positive int, got {max_positions!r}")
+    if not (isinstance(head_dim, int) and head_dim > 0 and head_dim % 2 == 0):
+        raise UnsupportedConfigError(f"rope_table: head_dim must be a positive even int, got {head_dim!r}")
+    if not (isinstance(theta, (int, float)) and math.isfinite(theta) and theta > 0):
+        raise UnsupportedConfigError(f"rope_table: theta must be a positive finite number, got {theta!r}")
+    key = (max_positions, head_dim, float(theta))
+    if key not in _ROPE_CACHE:
+        inv_freq = 1.0 / (float(theta) ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+        angle = torch.outer(torch.arange(max_positions, dtype=torch.float64), inv_freq)
+        _ROPE_CACHE[key] = (angle.cos().to(torch.float32), angle.sin().to(torch.float32))
+    cos, sin = _ROPE_CACHE[key]
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    return cos.to(dev, copy=True), sin.to(dev, copy=True)
+
+
+def apply_rope(x, positions, cos, sin, backward: bool = False):
+    """Rotate-half RoPE. x [T, nh, D] (strided T/nh allowed), positions [T] int64, cos/sin
+    [max_pos, D/2] fp32 -> contiguous [T, nh, D]. ``backward`` applies the inverse rotation."""
+    check_tensor("x", x, dtype=ACT_DTYPES, dim=3)
+    check_tensor("positions", positions, dtype=(torch.int64, torch.int32), dim=1)
+    check_tensor("cos", cos, dtype=torch.float32, dim=2)
+    check_tensor("sin", sin, dtype=torch.float32, dim=2)
+    T, nh, D = x.shape
+    if D % 2:
+        raise UnsupportedConfigError(f"apply_rope: head_dim {D} must be even")
+    if positions.shape[0] != T:
+        raise UnsupportedConfigError(f"positions: {positions.shape[0]} entries for {T} tokens")
+    if cos.shape != sin.shape or cos.shape[1] != D // 2 or not cos.is_contiguous() or not sin.is_contiguous():
+        raise UnsupportedConfigError(
+            f"cos/sin: contiguous [max_pos, {D // 2}] expected, got {tuple(cos.shape)}, {tuple(sin.shape)}")
+    _check_same_device(x=x, positions=positions, cos=cos, sin=sin)
+    max_pos = cos.shape[0]
+    positions = positions.contiguous()
+    if T and _may_sync(positions):
+        lo, hi = int(positions.min()), int(positions.max())
+        if lo < 0 or hi >= max_pos:
+            raise UnsupportedConfigError(f"apply_rope: positions span [{lo}, {hi}], table holds [0, {max_pos})")
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if T == 0 or nh == 0:
+        return out
+    cfg = C.table(arch_for(x.device))["rope"]
+    bhalf = C._next_pow2(D // 2)
+    br = max(1, cfg["TILE_ELEMS"] // bhalf)
+    n_rows = T * nh
+    K.rope_kernel[(triton.cdiv(n_rows, br),)](
+        out, x, positions, cos, sin, n_rows, nh, x.stride(0), x.stride(1), max_pos,
+        HALF=D // 2, BLOCK_HALF=bhalf, BLOCK_ROWS=br, BACKWARD=bool(backward),
+        OUT_BF16=x.dtype == torch.bfloat16, INTERPRET=interpret_flag(),
+        num_warps=cfg["num_warps"], **launch_options())
+    return out
+
+
+# ------------------------------------------------------------------------------------ SwiGLU
+def _swiglu_checks(gate_up):
+    check_tensor("gate_up", gate_up, dtype=ACT_DTYPES, dim=2)
+    if gate_up.shape[1] % 2:
+        raise UnsupportedConfigError(f"swiglu: gate_up last dim {gate_up.shape[1]} must be even ([gate | up])")
+    return gate_up.shape[0], gate_up.shape[1] // 2
+
+
+def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up. gate_up [T, 2F] (gate = [:, :F]) -> [T, F]. Contract swiglu.v1."""
+    T, F = _swiglu_checks(gate_up)
+    y = torch.empty((T, F), dtype=gate_up.dtype, device=gate_up.device)
+    if T and F:
+        cfg = C.table(arch_for(gate_up.device))["swiglu"]
+        K.swiglu_fwd_kernel[(triton.cdiv(T * F, cfg["BLOCK"]),)](
+            y, gate_up, T * F, F, gate_up.stride(0), BLOCK=cfg["BLOCK"],
+            OUT_BF16=gate_up.dtype == torch.bfloat16, INTERPRET=interpret_flag(),
+            num_warps=cfg["num_warps"], **launch_options())
+    return y
+
+
+def swiglu_backward(dy: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:
+    """d(gate_up) [T, 2F] of ``swiglu`` given dy [T, F]."""
+    T, F = _swiglu_checks(gate_up)
+    if tuple(dy.shape) != (T, F) or dy.dtype != gate_up.dtype:
+        raise UnsupportedConfigError(f"dy: {tuple(dy.shape)} {dy.dtype}, expected ({T}, {F}) {gate_up.dtype}")
+    dy = dy.contiguous()
+    dgu = torch.empty((T, 2 * F), dtype=gate_up.dtype, device=gate_up.device)
+    if T and F:
+        cfg = C.table(arch_for(gate_up.device))["swiglu"]
+        K.swiglu_bwd_kernel[(triton.cdiv(T * F, cfg["BLOCK"]),)](
+            dgu, dy, gate_up, T * F, F, gate_up.stride(0), BLOCK=cfg["BLOCK"],
+            OUT_BF16=gate_up.dtype == torch.bfloat16, INTERPRET=interpret_flag(),
+            num_warps=cfg["num_warps"], **launch_options())
+    return dgu
+
+
+# --------------------------------------------------------------------------------- Embedding
+def _ids_checks(ids, V):
+    check_tensor("ids", ids, dtype=(torch.int64, torch.int32), dim=1)
+    ids = ids.contiguous()
+    if ids.numel() and _may_sync(ids):
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= V:
+            bad = ids[(ids < 0) | (ids >= V)][:4].tolist()
+            raise UnsupportedConfigError(f"embedding: ids out of range [0, {V}): e.g. {bad} (span [{lo}, {hi}])")
+    return ids
+
+
+def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """weight[ids]: ids [T] int64, weight [V, H] -> [T, H] (exact copy). Contract embedding.v1."""
+    check_tensor("weight", weight, dtype=(torch.bfloat16, torch.float32, torch.float16), dim=2)
+    _check_same_device(ids=ids, weight=weight)
+    V, H = weight.shape
+    ids = _ids_checks(ids, V)
+    y = torch.empty((ids.shape[0], H), dtype=weight.dtype, device=weight.device)
+    if ids.shape[0] and H:
+        cfg = C.table(arch_for(weight.device))["embedding"]
+        bh = min(cfg["BLOCK_H"], C._next_pow2(H))
+        bt = max(1, cfg["TILE_ELEMS"] // bh)
+        T = ids.shape[0]
+        K.embedding_fwd_kernel[(triton.cdiv(T, bt), triton.cdiv(H, bh))](
+            y, ids, weight, T, V, H, weight.stride(0), BLOCK_T=bt, BLOCK_H=bh,
+            num_warps=cfg["num_warps"], **launch_options())
+    return y
+
+
+def embedding_backward(dy: torch.Tensor, ids: torch.Tensor, num_embeddings: int) -> torch.Tensor:
+    """dW [V, H] (dy's dtype): per id, the sum of its tokens' dy rows in ascending token order."""
+    check_tensor("dy", dy, dtype=(torch.bfloat16, torch.float32, torch.float16), dim=2)
+    _check_same_device(ids=ids, dy=dy)
+    ids = _ids_checks(ids, num_embeddings)
+    if dy.shape[0] != ids.shape[0]:
+        raise UnsupportedConfigError(f"dy: {dy.shape[0]} rows for {ids.shape[0]} ids")
+    dy = dy.contiguous()
+    H = dy.shape[1]
+    dw = torch.zeros((num_embeddings, H), dtype=dy.dtype, device=dy.device)
+    if ids.numel() == 0 or H == 0:
+        return dw
+    sorted_ids, order = torch.sort(ids.to(torch.int64), stable=True)
+    uniq, counts = torch.unique_consecutive(sorted_ids, return_counts=True)
+    starts = torch.cumsum(counts, 0) - counts
+    bh = min(C.table(arch_for(dy.device))["embedding"]["BLOCK_H"], C._next_pow2(H))
+    K.embedding_bwd_kernel[(uniq.shape[0], triton.cdiv(H, bh))](
+        dw, dy, order, uniq, starts, counts, H, BLOCK_H=bh,
+        OUT_BF16=dy.dtype == torch.bfloat16, INTERPRET=interpret_flag(), num_warps=4, **launch_options())
+    return dw

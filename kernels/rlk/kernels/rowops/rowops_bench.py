@@ -1,0 +1,178 @@
+"""Benchmark: strict row ops vs native torch (eager, and torch.compile where it runs).
+
+    python -m rlk.kernels.rowops.rowops_bench --out rowops_h200.json [--quick]
+
+Qwen3-8B sizes (hidden 4096, head_dim 128, 32 q / 8 kv heads, FFN 12288, vocab 151936), rows
+{1, 32, 256, 2048, 8192, 16384}. Native = the faster of eager torch (Hugging Face Qwen3 forms)
+and torch.compile(dynamic=True) of the same function; a compile failure is recorded, not fatal.
+Times: ``triton.testing.do_bench`` medians (ms -> us), same tensors, same process.
+JSON rows: op, rows, strict_us, native_us, ratio (= strict / native), eager_us, compiled_us.
+Needs a GPU; never run in CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+import torch.nn.functional as Fn
+import triton
+
+from rlk.kernels.rowops import launch as L
+
+H, D, NQ, NK, FFN, VOCAB, EPS = 4096, 128, 32, 8, 12288, 151936, 1e-6
+ROWS = (1, 32, 256, 2048, 8192, 16384)
+QUICK_ROWS = (1, 2048, 16384)
+
+
+def _hf_rms(x, w):
+    xf = x.float()
+    n = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS)
+    return w * n.to(x.dtype)
+
+
+def _hf_add_rms(x, r, w):
+    s = x + r
+    return _hf_rms(s, w), s
+
+
+def _rotate_half(x):
+    return torch.cat((-x[..., x.shape[-1] // 2:], x[..., : x.shape[-1] // 2]), dim=-1)
+
+
+def _hf_rope(x, pos, cos, sin):
+    c = torch.cat([cos[pos], cos[pos]], -1)[:, None, :]
+    s = torch.cat([sin[pos], sin[pos]], -1)[:, None, :]
+    xf = x.float()
+    return (xf * c + _rotate_half(xf) * s).to(x.dtype)
+
+
+def _hf_swiglu(gu):
+    g, u = gu.chunk(2, dim=-1)
+    return Fn.silu(g) * u
+
+
+def _hf_rms_bwd(x, w, dy):
+    xr, wr = x.detach().requires_grad_(True), w.detach().requires_grad_(True)
+    y = _hf_rms(xr, wr)
+    return lambda: torch.autograd.grad(y, (xr, wr), dy, retain_graph=True)
+
+
+def _hf_swiglu_bwd(gu, dy):
+    gr = gu.detach().requires_grad_(True)
+    y = _hf_swiglu(gr)
+    return lambda: torch.autograd.grad(y, (gr,), dy, retain_graph=True)
+
+
+def _bench(fn):
+    return triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median") * 1e3
+
+
+def _compiled(fn):
+    try:
+        return torch.compile(fn, dynamic=True)
+    except Exception as e:  # pragma: no cover - depends on the toolchain
+        print(f"torch.compile unavailable: {e}", file=sys.stderr)
+        return None
+
+
+def _cases(T, dev, compiled):
+    g = torch.Generator(device=dev).manual_seed(T)
+
+    def rnd(*shape, scale=1.0):
+        return (torch.randn(shape, generator=g, device=dev) * scale).to(torch.bfloat16)
+
+    x, r, w = rnd(T, H), rnd(T, H), rnd(H)
+    q, k, wd = rnd(T, NQ, D), rnd(T, NK, D), rnd(D)
+    cos, sin = L.rope_table(40960, D, 1_000_000.0, dev)
+    pos = torch.randint(0, 40960, (T,), generator=g, device=dev)
+    gu, emb = rnd(T, 2 * FFN), rnd(VOCAB, H)
+    ids = torch.randint(0, VOCAB, (T,), generator=g, device=dev)
+    dy, dyf = rnd(T, H), rnd(T, FFN)
+    c = compiled
+    return [
+        ("rms_norm", lambda: L.rms_norm(x, w, EPS), lambda: _hf_rms(x, w), c.get("rms") and (lambda: c["rms"](x, w))),
+        ("add_rms_norm", lambda: L.add_rms_norm(x, r, w, EPS), lambda: _hf_add_rms(x, r, w),
+         c.get("add_rms") and (lambda: c["add_rms"](x, r, w))),
+        ("q_norm", lambda: L.qk_norm(q, wd, EPS), lambda: _hf_rms(q, wd), c.get("rms") and (lambda: c["rms"](q, wd))),
+        ("k_norm", lambda: L.qk_norm(k, wd, EPS), lambda: _hf_rms(k, wd), c.get("rms") and (lambda: c["rms"](k, wd))),
+        ("rope_q", lambda: L.apply_rope(q, pos, cos, sin), lambda: _hf_rope(q, pos, cos, sin),
+         c.get("rope") and (lambda: c["rope"](q, pos, cos, sin))),
+        ("swiglu", lambda: L.swiglu(gu), lambda: _hf_swiglu(gu), c.get("swiglu") and (lambda: c["swiglu"](gu))),
+        ("embedding", lambda: L.embedding(ids, emb), lambda: Fn.embedding(ids, emb), None),
+        ("rms_norm_bwd", lambda: L.rms_norm_backward(dy, x, w, EPS), _hf_rms_bwd(x, w, dy), None),
+        ("swiglu_bwd", lambda: L.swiglu_backward(dyf, gu), _hf_swiglu_bwd(gu, dyf), None),
+    ]
+
+
+def run(rows, quick: bool, only=None):
+    dev = "cuda"
+    compiled = {}
+    for name, fn in (("rms", _hf_rms), ("add_rms", _hf_add_rms), ("rope", _hf_rope), ("swiglu", _hf_swiglu)):
+        cf = _compiled(fn)
+        if cf is not None:
+            compiled[name] = cf
+    out = []
+    for T in rows:
+        for op, strict, eager, comp in _cases(T, dev, compiled):
+            if (quick and op in ("k_norm", "swiglu_bwd")) or (only and op not in only):
+                continue
+            if eager is None:
+                continue
+            s_us, e_us = _bench(strict), _bench(eager)
+            c_us = None
+            if comp:
+                try:
+                    c_us = _bench(comp)
+                except Exception as e:  # compile failures are recorded, never fatal
+                    print(f"torch.compile failed for {op} T={T}: {type(e).__name__}: {e}", file=sys.stderr)
+            native = min(e_us, c_us) if c_us is not None else e_us
+            row = {"op": op, "rows": T, "strict_us": round(s_us, 2), "native_us": round(native, 2),
+                   "ratio": round(s_us / native, 3), "eager_us": round(e_us, 2),
+                   "compiled_us": None if c_us is None else round(c_us, 2)}
+            out.append(row)
+            print(f"{op:14s} {T:6d}  strict {s_us:9.2f} us  eager {e_us:9.2f}  compiled "
+                  f"{'   n/a' if c_us is None else f'{c_us:9.2f}'}  ratio {row['ratio']:.3f}", flush=True)
+    return out
+
+
+def provenance():
+    try:
+        from rlk import provenance as P
+
+        return P.capability_record(route="bench", contract_ids=["rmsnorm.v1", "rope.v1", "swiglu.v1",
+                                                               "embedding.v1"], load_contracts=False)
+    except Exception as e:  # pragma: no cover
+        return {"torch": torch.__version__, "triton": triton.__version__,
+                "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+                "provenance_error": f"{type(e).__name__}: {e}"}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--quick", action="store_true")
+    a = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        sys.exit("rowops_bench needs a GPU")
+    rows = run(QUICK_ROWS if a.quick else ROWS, a.quick)
+    # Without the host range checks (one device sync each) for ids / positions: the decode-graph
+    # path, where the kernels' NaN poison is the only check.
+    L.set_value_checks(False)
+    try:
+        for r in run(QUICK_ROWS if a.quick else ROWS, a.quick, only=("rope_q", "embedding")):
+            r["op"] += "_nocheck"
+            rows.append(r)
+    finally:
+        L.set_value_checks(True)
+    meta = {"value_checks": "on (default) unless op ends in _nocheck", "native": "min(eager, compiled)",
+            "add_rms_norm native": "unfused eager add then HF rms_norm (or its compiled fusion)"}
+    with open(a.out, "w") as f:
+        json.dump({"provenance": provenance(), "meta": meta, "rows": rows}, f, indent=1)
+    print(f"wrote {a.out} ({len(rows)} rows)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,258 @@
+"""Accuracy (vs fp64), contract rounding points, backward, run-to-run and error tests of the row ops.
+
+Tolerances (|got - fp64| <= RTOL * |fp64| + ATOL, bf16 outputs):
+  one bf16 rounding: RTOL 2**-8; two roundings (RMSNorm, HF order): RTOL 2**-7; backward
+  (fp32 math, bf16 operands and rounding points treated as identity): RTOL 2**-6 of the max.
+Under the CPU interpreter the arithmetic is numpy fp32; these tests do not claim GPU bf16
+properties (the ``gpu`` tests run the same checks at Qwen3-8B sizes on the H200).
+"""
+
+import pytest
+import torch
+
+from rlk.errors import UnsupportedConfigError
+from rlk.kernels.rowops import launch as L
+from rlk.kernels.rowops import reference as R
+from rlk.testing import assert_bitwise_equal
+
+EPS = 1e-6
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _close(got, ref, rtol, atol=1e-6, what=""):
+    err = (got.double().cpu() - ref.double().cpu()).abs()
+    lim = rtol * ref.double().cpu().abs() + atol
+    bad = err > lim
+    assert not bool(bad.any()), f"{what}: {int(bad.sum())} elements outside tolerance, max err {err.max():.3g}"
+
+
+def _data(shape, seed=0, scale=1.0, dtype=torch.bfloat16, device=DEV):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=g) * scale).to(dtype).to(device)
+
+
+@pytest.mark.parametrize("H", [64, 80])
+@pytest.mark.parametrize("T", [1, 7, 33])
+def test_rms_norm_accuracy(H, T):
+    x, w = _data((T, H), 1, 3.0), (1 + 0.2 * _data((H,), 2)).to(torch.bfloat16)
+    y = L.rms_norm(x, w, EPS)
+    assert y.dtype == torch.bfloat16 and y.shape == (T, H)
+    _close(y, R.rms_norm(x, w, EPS, math=torch.float64), 2**-7, what="rms_norm vs fp64")
+    # Same rounding points as the fp32 spec: at most one bf16 ulp apart (sum trees differ).
+    ref32 = R.rms_norm(x.cpu(), w.cpu(), EPS)
+    _close(y, ref32, 2**-7, what="rms_norm vs fp32 spec")
+
+
+def test_rms_norm_fp32_input():
+    x, w = _data((5, 64), 3, dtype=torch.float32), _data((64,), 4, dtype=torch.float32)
+    _close(L.rms_norm(x, w, EPS), R.rms_norm(x, w, EPS, math=torch.float64), 1e-6, what="fp32")
+
+
+def test_add_rms_norm_matches_unfused_and_torch_add():
+    x, r, w = _data((17, 80), 5), _data((17, 80), 6, 4.0), _data((80,), 7)
+    y, s = L.add_rms_norm(x, r, w, EPS)
+    assert_bitwise_equal(s, x + r, "new_residual vs torch bf16 add (RNE)")
+    assert_bitwise_equal(y, L.rms_norm(s, w, EPS), "fused vs unfused normed")
+
+
+def test_qk_norm_equals_rms_norm_rows_and_strided_view():
+    T, nq, nk, D = 7, 4, 2, 16
+    qkv = _data((T, (nq + 2 * nk) * D), 8)
+    w = _data((D,), 9)
+    q = qkv[:, : nq * D].view(T, nq, D)  # strided token dim, no copy
+    k = qkv[:, nq * D:(nq + nk) * D].view(T, nk, D)
+    yq = L.qk_norm(q, w, EPS)
+    assert_bitwise_equal(yq, L.qk_norm(q.contiguous(), w, EPS), "strided view vs copy")
+    assert_bitwise_equal(yq.reshape(-1, D), L.rms_norm(q.reshape(-1, D), w, EPS), "qk_norm vs rms_norm")
+    _close(L.qk_norm(k, w, EPS), R.rms_norm(k, w, EPS, math=torch.float64), 2**-7, what="qk_norm")
+
+
+def test_nan_propagates_to_its_row_only():
+    x, w = _data((7, 64), 10), _data((64,), 11)
+    x[3, 5] = float("nan")
+    y = L.rms_norm(x, w, EPS)
+    assert bool(torch.isnan(y[3]).all())
+    assert not bool(torch.isnan(y[[0, 1, 2, 4, 5, 6]]).any())
+    x2 = x.clone()
+    x2[3] = 0
+    assert_bitwise_equal(y[:3], L.rms_norm(x2, w, EPS)[:3], "other rows unaffected")
+
+
+@pytest.mark.parametrize("H,T", [(64, 33), (80, 70)])
+def test_rms_norm_backward(H, T):
+    # T=70 at H=80 spans two dw partials (64 rows per program): the fold is exercised.
+    x, w, dy = _data((T, H), 12, 2.0), (1 + 0.2 * _data((H,), 13)).to(torch.bfloat16), _data((T, H), 14)
+    dx, dw = L.rms_norm_backward(dy, x, w, EPS)
+    rdx, rdw = R.rms_norm_backward(dy.cpu(), x.cpu(), w.cpu(), EPS)
+    _close(dx, rdx, 0, 2**-6 * float(rdx.abs().max()), "dx vs fp64")
+    _close(dw, rdw, 0, 2**-6 * float(rdw.abs().max()), "dw vs fp64")
+    dx2, dw2 = L.rms_norm_backward(dy, x, w, EPS)
+    assert_bitwise_equal(dx2, dx, "dx run to run")
+    assert_bitwise_equal(dw2, dw, "dw run to run")
+
+
+def test_fused_backward_equals_unfused_autograd():
+    from rlk.ops import rowops as O
+
+    T, H = 9, 64
+    x0, r0, w0 = _data((T, H), 15), _data((T, H), 16), _data((H,), 17)
+    dy, ds = _data((T, H), 18), _data((T, H), 19)
+    x, r, w = (t.clone().requires_grad_(True) for t in (x0, r0, w0))
+    y, s = O.add_rms_norm(x, r, w, EPS)
+    torch.autograd.backward([y, s], [dy, ds])
+    xu, ru, wu = (t.clone().requires_grad_(True) for t in (x0, r0, w0))
+    su = xu + ru
+    yu = O.rms_norm(su, wu, EPS)
+    torch.autograd.backward([yu, su], [dy, ds])
+    assert_bitwise_equal(x.grad, xu.grad, "dx fused vs unfused")
+    assert_bitwise_equal(r.grad, ru.grad, "dresidual fused vs unfused")
+    assert_bitwise_equal(w.grad, wu.grad, "dw fused vs unfused")
+
+
+def test_rope_table_recipe():
+    cos, sin = L.rope_table(64, 16, 1_000_000.0)
+    assert cos.dtype == torch.float32 and cos.shape == (64, 8)
+    import math
+
+    for p, i in [(0, 0), (5, 3), (63, 7), (17, 1)]:
+        ang = p * (1.0 / (1_000_000.0 ** ((2 * i) / 16)))
+        assert float(cos[p, i]) == float(torch.tensor(math.cos(ang), dtype=torch.float32))
+        assert float(sin[p, i]) == float(torch.tensor(math.sin(ang), dtype=torch.float32))
+    c2, s2 = R.rope_table(64, 16, 1_000_000.0)
+    assert_bitwise_equal(cos, c2, "table vs reference recipe")
+
+
+@pytest.mark.parametrize("D", [16, 32])
+def test_rope_matches_fp32_spec_bitwise(D):
+    # Pure fp32 mul/sub with no FMA on both sides: the kernel equals the torch fp32 spec exactly.
+    T, nh = 7, 3
+    x = _data((T, nh, D), 20, 2.0)
+    cos, sin = L.rope_table(4096, D, 1_000_000.0, DEV)
+    pos = torch.tensor([0, 4095, 17, 17, 3, 1000, 2], device=DEV)
+    y = L.apply_rope(x, pos, cos, sin)
+    if DEV == "cpu":
+        assert_bitwise_equal(y, R.apply_rope(x, pos, cos, sin), "rope vs fp32 spec")
+    _close(y, R.apply_rope(x, pos, cos, sin, math=torch.float64), 2**-8, 1e-5, "rope vs fp64")
+    back = L.apply_rope(y, pos, cos, sin, backward=True)
+    _close(back, x, 2**-6, 1e-2, "inverse rotation")
+    assert_bitwise_equal(L.apply_rope(x, pos, cos, sin), y, "run to run")
+
+
+def test_rope_backward_autograd():
+    from rlk.ops import rowops as O
+
+    T, nh, D = 5, 2, 16
+    x = _data((T, nh, D), 21).requires_grad_(True)
+    cos, sin = L.rope_table(32, D, 10000.0, DEV)
+    pos = torch.tensor([3, 1, 31, 0, 3], device=DEV)
+    dy = _data((T, nh, D), 22)
+    O.apply_rope(x, pos, cos, sin).backward(dy)
+    ref = R.apply_rope(dy, pos, cos, sin, math=torch.float64, inverse=True)
+    _close(x.grad, ref, 2**-8, 1e-5, "rope backward")
+
+
+def test_swiglu_forward_backward():
+    T, F = 7, 96
+    gu = _data((T, 2 * F), 23, 3.0)
+    y = L.swiglu(gu)
+    _close(y, R.swiglu(gu, math=torch.float64), 2**-8, 1e-5, "swiglu vs fp64")
+    dy = _data((T, F), 24)
+    dgu = L.swiglu_backward(dy, gu)
+    ref = R.swiglu_backward(dy.cpu(), gu.cpu())
+    _close(dgu, ref, 2**-8, 1e-4, "swiglu backward vs fp64")
+    assert_bitwise_equal(L.swiglu(gu), y, "run to run")
+    assert_bitwise_equal(L.swiglu_backward(dy, gu), dgu, "run to run")
+
+
+def test_embedding_forward_backward():
+    V, H = 50, 80
+    w = _data((V, H), 25)
+    ids = torch.tensor([3, 1, 3, 49, 0, 3, 1], device=DEV)
+    assert_bitwise_equal(L.embedding(ids, w), w[ids], "exact copy")
+    dy = _data((7, H), 26)
+    dw = L.embedding_backward(dy, ids, V)
+    assert_bitwise_equal(dw.cpu(), R.embedding_backward(dy.cpu(), ids.cpu(), V), "dW fixed order")
+    assert_bitwise_equal(L.embedding_backward(dy, ids, V), dw, "run to run")
+    assert L.embedding(ids[:0], w).shape == (0, H)
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda: L.rms_norm(torch.ones(3, 8, dtype=torch.int32), torch.ones(8), EPS), "dtype"),
+        (lambda: L.rms_norm(torch.ones(3, 8), torch.ones(9), EPS), "weight"),
+        (lambda: L.rms_norm(torch.ones(3, 8), torch.ones(8), float("nan")), "eps"),
+        (lambda: L.rms_norm(torch.ones(3, 20000), torch.ones(20000), EPS), "hidden size"),
+        (lambda: L.rms_norm(torch.ones(8, 3).t(), torch.ones(8), EPS), "contiguous"),
+        (lambda: L.add_rms_norm(torch.ones(3, 8), torch.ones(2, 8), torch.ones(8), EPS), "residual"),
+        (lambda: L.qk_norm(torch.ones(3, 8), torch.ones(8), EPS), "nh"),
+        (lambda: L.apply_rope(torch.ones(2, 1, 7), torch.zeros(2, dtype=torch.long),
+                              torch.ones(4, 3), torch.ones(4, 3)), "even"),
+        (lambda: L.apply_rope(torch.ones(2, 1, 8), torch.tensor([0, 4]),
+                              torch.ones(4, 4), torch.ones(4, 4)), "positions span"),
+        (lambda: L.apply_rope(torch.ones(2, 1, 8), torch.zeros(2), torch.ones(4, 4), torch.ones(4, 4)), "positions"),
+        (lambda: L.swiglu(torch.ones(2, 7)), "even"),
+        (lambda: L.embedding(torch.tensor([-1]), torch.ones(4, 8)), "out of range"),
+        (lambda: L.embedding(torch.tensor([0.0]), torch.ones(4, 8)), "ids"),
+        (lambda: L.rope_table(16, 7, 1e6), "head_dim"),
+    ],
+)
+def test_bad_input_raises_before_launch(call, match):
+    with pytest.raises(UnsupportedConfigError, match=match):
+        call()
+
+
+# ------------------------------------------------------------------ GPU: Qwen3-8B sizes
+@pytest.mark.gpu
+def test_gpu_accuracy_qwen3_8b():
+    T, H, D, nq, F = 4097, 4096, 128, 32, 12288
+    x, r, w = _data((T, H), 30, 2.0), _data((T, H), 31), (1 + 0.2 * _data((H,), 32)).bfloat16()
+    y, s = L.add_rms_norm(x, r, w, EPS)
+    assert_bitwise_equal(s, x + r, "new_residual vs torch add")
+    assert_bitwise_equal(y, L.rms_norm(s, w, EPS), "fused vs unfused")
+    _close(y, R.rms_norm(s, w, EPS, math=torch.float64), 2**-7, what="rms_norm")
+    q = _data((T, nq, D), 33)
+    _close(L.qk_norm(q, w[:D], EPS), R.rms_norm(q, w[:D], EPS, math=torch.float64), 2**-7, what="qk")
+    cos, sin = L.rope_table(40960, D, 1_000_000.0, "cuda")
+    pos = torch.randint(0, 40960, (T,), device="cuda")
+    yq = L.apply_rope(q, pos, cos, sin)
+    assert_bitwise_equal(yq, R.apply_rope(q, pos, cos, sin), "rope vs torch fp32 spec (no FMA)")
+    gu = _data((T, 2 * F), 34, 3.0)
+    _close(L.swiglu(gu), R.swiglu(gu, math=torch.float64), 2**-8 + 2**-20, 1e-5, "swiglu")
+    dy = _data((T, H), 35)
+    dx, dw = L.rms_norm_backward(dy, s, w, EPS)
+    rdx, rdw = R.rms_norm_backward(dy, s, w, EPS)
+    _close(dx, rdx, 0, 2**-6 * float(rdx.abs().max()), "dx")
+    _close(dw, rdw, 0, 2**-6 * float(rdw.abs().max()), "dw")
+    for _ in range(3):
+        dx2, dw2 = L.rms_norm_backward(dy, s, w, EPS)
+        assert_bitwise_equal(dx2, dx, "dx run to run")
+        assert_bitwise_equal(dw2, dw, "dw run to run")
+    ids = torch.randint(0, 151936, (T,), device="cuda")
+    emb = torch.randn((151936, H), device="cuda", dtype=torch.bfloat16)
+    assert_bitwise_equal(L.embedding(ids, emb), emb[ids], "embedding")
+    dwe = L.embedding_backward(dy, ids, 151936)
+    assert_bitwise_equal(L.embedding_backward(dy, ids, 151936), dwe, "dW run to run")
+
+
+def test_nn_modules_and_torch_library_ops():
+    from rlk.nn import rowops as N
+
+    T, H, D, nh = 5, 64, 16, 4
+    norm, qn, rope = N.RMSNorm(H, device=DEV), N.QKNorm(D, device=DEV), N.RotaryEmbedding(D, 64, device=DEV)
+    rope = rope.to(torch.bfloat16)  # a model-wide cast must keep the table fp32
+    assert rope.cos.dtype == torch.float32
+    x, r = _data((T, H), 40).requires_grad_(True), _data((T, H), 41)
+    y, s = norm(x, r)
+    assert_bitwise_equal(y, norm(s), "module fused vs unfused")
+    q = _data((T, nh, D), 42)
+    pos = torch.tensor([0, 1, 2, 40, 63], device=DEV)
+    qr, kr = rope(qn(q), q, pos)
+    assert_bitwise_equal(kr, L.apply_rope(q, pos, rope.cos, rope.sin), "module rope")
+    emb = N.Embedding(50, H, device=DEV)
+    e = emb(torch.tensor([1, 1, 7], device=DEV))
+    (e.float().sum() + y.float().sum() + N.SwiGLU()(torch.cat([s, s], 1)).float().sum()).backward()
+    assert emb.weight.grad is not None and norm.weight.grad is not None and x.grad is not None
+    assert bool((emb.weight.grad[1] == 2).all()) and bool((emb.weight.grad[0] == 0).all())
+    for name in ("rms_norm", "add_rms_norm", "rms_norm_backward", "apply_rope", "swiglu", "embedding"):
+        assert hasattr(torch.ops.rlk, name)

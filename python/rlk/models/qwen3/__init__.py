@@ -1,0 +1,12 @@
+"""Qwen3 dense decoder over rlk ops (strict route) or torch (native route).
+
+``Qwen3Config`` (``config.py``), weights (``weights.py``: seeded random or local safetensors, in
+Hugging Face naming), exact layout converters (``layouts.py``: fused internal = vLLM,
+megatron-core interleaved QKV), the two routes (``routes.py``) and the model (``model.py``).
+"""
+
+from rlk.models.qwen3.config import Qwen3Config
+from rlk.models.qwen3.model import Qwen3
+from rlk.models.qwen3.weights import load_safetensors, random_weights
+
+__all__ = ["Qwen3Config", "Qwen3", "random_weights", "load_safetensors"]

@@ -1,0 +1,163 @@
+"""Qwen3 dense decoder, written once over a route's op set (``strict`` or ``native``).
+
+Two execution patterns share every line of the layer code:
+
+* **trainer** (:meth:`Qwen3.trainer_logp`): packed variable-length sequences (``cu_seqlens``),
+  one causal forward over prompt + response, positions restarting per sequence, selected-token
+  logp of ``targets`` at every row; actor mode with autograd, reference mode forward-only.
+* **rollout step** (:meth:`Qwen3.rollout_step`): the tokens of one continuous-batching step
+  (chunked-prefill chunks and decode tokens mixed), K/V written to a paged cache, attention over
+  the cache through block tables. Driven by :mod:`rlk.replay.rollout`.
+
+Layer order (Hugging Face Qwen3, residual fused into the next norm as vLLM does):
+``embed -> [norm1 -> qkv -> q/k-norm -> rope -> attn -> o -> (add+norm2) -> gate_up -> swiglu
+-> down -> (add+norm1 of next layer)] -> (add+final norm) -> linear_logp``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rlk.errors import UnsupportedConfigError
+from rlk.models.qwen3.config import Qwen3Config
+from rlk.models.qwen3.layouts import hf_to_fused
+from rlk.models.qwen3.routes import PagedMeta, make_ops
+
+
+class Qwen3:
+    """A Qwen3 model over fused weights (``layouts.hf_to_fused``) and one route.
+
+    Args:
+      cfg: the model config.
+      weights: internal fused dict (vLLM naming) or Hugging Face dict (converted here).
+      route: ``"strict"`` (rlk ops, contract IDs in ``routes.STRICT_CONTRACTS``) or ``"native"``.
+    """
+
+    def __init__(self, cfg: Qwen3Config, weights: dict[str, torch.Tensor], route: str = "strict"):
+        self.cfg = cfg
+        self.w = weights if "lm_head.weight" in weights and any("qkv_proj" in k for k in weights) \
+            else hf_to_fused(cfg, weights)
+        self.route = route
+        self.ops = make_ops(route)
+        emb = self.w["model.embed_tokens.weight"]
+        self.device, self.dtype = emb.device, emb.dtype
+        self.rope = self.ops.rope_table(cfg.max_position_embeddings, cfg.head_dim, cfg.rope_theta, self.device)
+        self.scale = cfg.head_dim ** -0.5
+
+    # ---- shared layer code -------------------------------------------------------------------
+    def _forward(self, w, ids, positions, attn, probes=None):
+        """Final-normed hidden ``[T, H]``; ``attn(i, q, k, v) -> [T, Hq, D]`` is the pattern's."""
+        cfg, ops, eps = self.cfg, self.ops, self.cfg.rms_norm_eps
+        T = ids.shape[0]
+        Hq, Hk, D, qs, kvs = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.q_size, cfg.kv_size
+        x = ops.embedding(ids, w["model.embed_tokens.weight"])
+        residual = None
+        for i in range(cfg.num_hidden_layers):
+            p = f"model.layers.{i}."
+            if residual is None:
+                residual = x
+                x = ops.rms_norm(x, w[p + "input_layernorm.weight"], eps)
+            else:
+                x, residual = ops.add_rms_norm(x, residual, w[p + "input_layernorm.weight"], eps)
+            qkv = ops.linear(x, w[p + "self_attn.qkv_proj.weight"])
+            q = qkv[:, :qs].contiguous().view(T, Hq, D)
+            k = qkv[:, qs:qs + kvs].contiguous().view(T, Hk, D)
+            v = qkv[:, qs + kvs:].contiguous().view(T, Hk, D)
+            q = ops.apply_rope(ops.qk_norm(q, w[p + "self_attn.q_norm.weight"], eps), positions, self.rope)
+            k = ops.apply_rope(ops.qk_norm(k, w[p + "self_attn.k_norm.weight"], eps), positions, self.rope)
+            o = attn(i, q, k, v)
+            x = ops.linear(o.reshape(T, qs), w[p + "self_attn.o_proj.weight"])
+            if probes is not None:
+                probes.setdefault("attn_out", []).append(x.detach())
+            x, residual = ops.add_rms_norm(x, residual, w[p + "post_attention_layernorm.weight"], eps)
+            x = ops.linear(ops.swiglu(ops.linear(x, w[p + "mlp.gate_up_proj.weight"])), w[p + "mlp.down_proj.weight"])
+            if probes is not None:
+                probes.setdefault("mlp_out", []).append(x.detach())
+        x, _ = ops.add_rms_norm(x, residual, w["model.norm.weight"], eps)
+        if probes is not None:
+            probes["final"] = x.detach()
+        return x
+
+    # ---- trainer pattern -----------------------------------------------------------------------
+    def trainer_logp(self, ids, cu_seqlens, targets, *, actor=False, loss_mask=None, probes=None):
+        """Selected-token logp of ``targets`` over packed sequences.
+
+        Args:
+          ids: ``[T]`` int64, sequences packed back to back.
+          cu_seqlens: ``[B+1]`` int32 boundaries; positions restart at 0 in each sequence.
+          targets: ``[T]`` int64, the token whose logp each row gives (next token; any value
+            where not wanted).
+          actor: with autograd (weights as leaves) and a backward of ``-sum(logp * loss_mask)``;
+            otherwise forward-only under ``torch.no_grad`` (reference logp).
+          loss_mask: ``[T]`` bool, rows in the actor loss (default all).
+        Returns:
+          ``(logp [T] fp32, grads)``; ``grads`` maps fused weight names to gradients (actor) or
+          is ``None``.
+
+        Determinism: strict route: every row's bytes follow the contracts in
+        ``routes.STRICT_CONTRACTS`` (batch-invariant, run-to-run bitwise); native: none.
+        """
+        cfg = self.cfg
+        cu = cu_seqlens.to(self.device, torch.int32)
+        lens = (cu[1:] - cu[:-1]).long()
+        if int(cu[-1]) != ids.shape[0]:
+            raise UnsupportedConfigError(f"cu_seqlens ends at {int(cu[-1])}, ids has {ids.shape[0]} rows")
+        if int(lens.max()) > cfg.max_position_embeddings:
+            raise UnsupportedConfigError(f"sequence of {int(lens.max())} > max_position_embeddings")
+        starts = torch.repeat_interleave(cu[:-1].long(), lens)
+        positions = torch.arange(ids.shape[0], device=self.device) - starts
+        max_seqlen = int(lens.max())
+
+        def attn(i, q, k, v):
+            return self.ops.attn_varlen(q, k, v, cu, max_seqlen, self.scale)
+
+        if not actor:
+            with torch.no_grad():
+                h = self._forward(self.w, ids, positions, attn, probes)
+                return self.ops.logp(h, self.w["lm_head.weight"], targets), None
+        leaves = {}
+        for k, t in self.w.items():
+            if k == "lm_head.weight" and cfg.tie_word_embeddings:
+                continue
+            leaves[k] = t.detach().clone().requires_grad_(True)
+        if cfg.tie_word_embeddings:
+            leaves["lm_head.weight"] = leaves["model.embed_tokens.weight"]
+        with torch.enable_grad():
+            h = self._forward(leaves, ids, positions, attn, probes)
+            logp = self.ops.logp(h, leaves["lm_head.weight"], targets)
+            m = torch.ones_like(logp) if loss_mask is None else loss_mask.to(logp.dtype)
+            (-(logp * m).sum()).backward()
+        grads = {k: t.grad for k, t in leaves.items() if not (k == "lm_head.weight" and cfg.tie_word_embeddings)}
+        return logp.detach(), grads
+
+    # ---- rollout pattern -----------------------------------------------------------------------
+    def new_kv_cache(self, num_blocks: int, block_size: int):
+        """Per-layer ``(k_cache, v_cache)``, each ``[num_blocks, block_size, Hk, D]``, zeroed."""
+        shape = (num_blocks, block_size, self.cfg.num_key_value_heads, self.cfg.head_dim)
+        return [(torch.zeros(shape, dtype=self.dtype, device=self.device),
+                 torch.zeros(shape, dtype=self.dtype, device=self.device)) for _ in range(self.cfg.num_hidden_layers)]
+
+    @torch.no_grad()
+    def rollout_step(self, ids, positions, kv_cache, meta: PagedMeta, probes=None):
+        """Final-normed hidden ``[T, H]`` of one step's tokens (K/V written into ``kv_cache``).
+
+        ``meta``: block tables ``[B, nb]`` int32, ``cu_seqlens_q [B+1]`` int32, ``seq_lens_kv
+        [B]`` int32 (length after this step), ``slot_mapping [T]`` int64. Query ``i`` of
+        sequence ``b`` sits at position ``seq_lens_kv[b] - q_len_b + i``.
+        """
+        meta = self.ops.prepare_paged(meta)
+
+        def attn(i, q, k, v):
+            kc, vc = kv_cache[i]
+            self.ops.write_kv(k, v, kc, vc, meta)
+            return self.ops.attn_paged(q, kc, vc, meta, self.scale)
+
+        return self._forward(self.w, ids, positions, attn, probes)
+
+    @torch.no_grad()
+    def logp(self, hidden, targets):
+        return self.ops.logp(hidden, self.w["lm_head.weight"], targets)
+
+    @torch.no_grad()
+    def logits(self, hidden):
+        return self.ops.logits(hidden, self.w["lm_head.weight"])

@@ -1,0 +1,226 @@
+"""The two routes of the Qwen3 model: ``strict`` (rlk ops only) and ``native`` (torch).
+
+Both expose the same small op set, so the model code (``model.py``) is written once. The strict
+route imports rlk ops lazily (inside its constructor), so the native route and the replay
+harness work without the kernels. Nothing in the strict route falls back to torch arithmetic:
+tensor work outside rlk ops is limited to exact copies (slicing, ``contiguous``, indexing).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+
+from rlk.errors import UnsupportedConfigError
+
+ROUTES = ("strict", "native")
+
+# Contract IDs the strict route uses (docs/API.md); recorded in fixtures.
+STRICT_CONTRACTS = {
+    "gemm": "gemm.bf16.v1",
+    "rmsnorm": "rmsnorm.v1",
+    "rope": "rope.v1",
+    "swiglu": "swiglu.v1",
+    "embedding": "embedding.v1",
+    "attention": "attn.v1",
+    "linear_logp": "logp.v1",
+}
+
+
+@dataclasses.dataclass
+class PagedMeta:
+    """One rollout step's attention metadata (shared by every layer of the step)."""
+
+    block_tables: torch.Tensor  # [B, nb] int32
+    cu_seqlens_q: torch.Tensor  # [B+1] int32
+    seq_lens_kv: torch.Tensor  # [B] int32
+    slot_mapping: torch.Tensor  # [T] int64
+    block_size: int
+    max_seqlen_q: int | None = None  # host int (avoids a device read-back)
+    native: dict | None = None  # gather indices, built once per step by the native route
+
+
+class StrictOps:
+    """rlk ops (docs/API.md). Contract IDs: ``STRICT_CONTRACTS``."""
+
+    name = "strict"
+    contracts = STRICT_CONTRACTS
+
+    def __init__(self):
+        from rlk.kernels.attention import launch as attn_launch
+        from rlk.ops import attention, gemm, linear_logp, rowops
+
+        self._gemm, self._rowops, self._attn, self._alaunch = gemm, rowops, attention, attn_launch
+        self._logp = linear_logp
+
+    def linear(self, x, w):
+        return self._gemm.linear(x, w)
+
+    def embedding(self, ids, w):
+        return self._rowops.embedding(ids, w)
+
+    def rms_norm(self, x, w, eps):
+        return self._rowops.rms_norm(x, w, eps)
+
+    def add_rms_norm(self, x, residual, w, eps):
+        return self._rowops.add_rms_norm(x, residual, w, eps)
+
+    def qk_norm(self, x, w, eps):
+        return self._rowops.qk_norm(x, w, eps)
+
+    def rope_table(self, max_positions, head_dim, theta, device):
+        return self._rowops.rope_table(max_positions, head_dim, theta, device)
+
+    def apply_rope(self, x, positions, table):
+        cos, sin = table
+        return self._rowops.apply_rope(x, positions, cos, sin)
+
+    def swiglu(self, gate_up):
+        return self._rowops.swiglu(gate_up)
+
+    def attn_varlen(self, q, k, v, cu_seqlens, max_seqlen, scale):
+        return self._attn.varlen_attention(q, k, v, cu_seqlens, max_seqlen, scale)
+
+    def prepare_paged(self, meta: PagedMeta) -> PagedMeta:
+        return meta
+
+    def write_kv(self, k, v, k_cache, v_cache, meta: PagedMeta):
+        self._alaunch.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+
+    def attn_paged(self, q, k_cache, v_cache, meta: PagedMeta, scale):
+        out, _lse = self._alaunch.paged(q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q,
+                                        meta.seq_lens_kv, scale, max_seqlen_q=meta.max_seqlen_q)
+        return out
+
+    def logp(self, hidden, w, targets, vocab_real=None):
+        return self._logp.linear_logp(hidden, w, targets, vocab_real=vocab_real).logp
+
+    def logits(self, hidden, w, vocab_real=None):
+        """Logits for sampling only (the recorded logp comes from :meth:`logp`)."""
+        dummy = torch.zeros(hidden.shape[0], dtype=torch.int64, device=hidden.device)
+        return self._logp.linear_logp(hidden, w, dummy, vocab_real=vocab_real, return_logits=True).logits
+
+
+def _rotate_half(x):
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+class NativeOps:
+    """torch/cuBLAS/SDPA in Hugging Face's order and rounding points (the P/P arm)."""
+
+    name = "native"
+    contracts = {k: "native" for k in STRICT_CONTRACTS}
+
+    def linear(self, x, w):
+        return F.linear(x, w)
+
+    def embedding(self, ids, w):
+        return F.embedding(ids, w)
+
+    def rms_norm(self, x, w, eps):
+        # Hugging Face Qwen3RMSNorm: fp32 statistics, round to the input dtype, then * weight.
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        return w * xf.to(x.dtype)
+
+    def add_rms_norm(self, x, residual, w, eps):
+        r = x + residual
+        return self.rms_norm(r, w, eps), r
+
+    def qk_norm(self, x, w, eps):
+        return self.rms_norm(x, w, eps)
+
+    def rope_table(self, max_positions, head_dim, theta, device):
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim))
+        return inv_freq
+
+    def apply_rope(self, x, positions, inv_freq):
+        freqs = positions.float()[:, None] * inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos().to(x.dtype)[:, None, :], emb.sin().to(x.dtype)[:, None, :]
+        return x * cos + _rotate_half(x) * sin
+
+    def swiglu(self, gate_up):
+        g, u = gate_up.chunk(2, dim=-1)
+        return F.silu(g) * u
+
+    def attn_varlen(self, q, k, v, cu_seqlens, max_seqlen, scale):
+        outs = []
+        cu = cu_seqlens.tolist()
+        for b in range(len(cu) - 1):
+            s, e = cu[b], cu[b + 1]
+            qb, kb, vb = (t[s:e].transpose(0, 1).unsqueeze(0) for t in (q, k, v))
+            o = F.scaled_dot_product_attention(qb, kb, vb, is_causal=True, scale=scale, enable_gqa=True)
+            outs.append(o[0].transpose(0, 1))
+        return torch.cat(outs, 0)
+
+    def prepare_paged(self, meta: PagedMeta) -> PagedMeta:
+        """Builds gather indices once per step: decode rows batched, prefill chunks one by one."""
+        cu = meta.cu_seqlens_q.tolist()
+        lens = meta.seq_lens_kv.tolist()
+        bs = meta.block_size
+        dev = meta.block_tables.device
+        dec = [b for b in range(len(lens)) if cu[b + 1] - cu[b] == 1]
+        pre = [b for b in range(len(lens)) if cu[b + 1] - cu[b] > 1]
+        info = {"decode": None, "prefill": []}
+        if dec:
+            lmax = max(lens[b] for b in dec)
+            j = torch.arange(lmax, device=dev)
+            bt = meta.block_tables[dec].long()
+            L = torch.tensor([lens[b] for b in dec], device=dev)
+            jj = torch.minimum(j[None, :], (L - 1)[:, None])
+            slots = bt.gather(1, jj // bs) * bs + jj % bs  # [Bd, lmax]
+            mask = j[None, :] < L[:, None]
+            rows = torch.tensor([cu[b] for b in dec], device=dev)
+            info["decode"] = (rows, slots, mask[:, None, None, :])
+        for b in pre:
+            L, n = lens[b], cu[b + 1] - cu[b]
+            j = torch.arange(L, device=dev)
+            slots = meta.block_tables[b].long()[j // bs] * bs + j % bs
+            qpos = torch.arange(L - n, L, device=dev)
+            mask = j[None, :] <= qpos[:, None]
+            info["prefill"].append((cu[b], cu[b + 1], slots, mask[None, None]))
+        meta.native = info
+        return meta
+
+    def write_kv(self, k, v, k_cache, v_cache, meta: PagedMeta):
+        Hk, D = k.shape[1], k.shape[2]
+        k_cache.view(-1, Hk, D)[meta.slot_mapping] = k
+        v_cache.view(-1, Hk, D)[meta.slot_mapping] = v
+
+    def attn_paged(self, q, k_cache, v_cache, meta: PagedMeta, scale):
+        Hk, D = k_cache.shape[2], k_cache.shape[3]
+        kf, vf = k_cache.view(-1, Hk, D), v_cache.view(-1, Hk, D)
+        out = torch.empty_like(q)
+        info = meta.native
+        if info["decode"] is not None:
+            rows, slots, mask = info["decode"]
+            qb = q[rows][:, :, None, :]  # [Bd, Hq, 1, D]
+            kb, vb = kf[slots].transpose(1, 2), vf[slots].transpose(1, 2)  # [Bd, Hk, L, D]
+            o = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, scale=scale, enable_gqa=True)
+            out[rows] = o[:, :, 0, :]
+        for s, e, slots, mask in info["prefill"]:
+            qb = q[s:e].transpose(0, 1)[None]
+            kb, vb = kf[slots].transpose(0, 1)[None], vf[slots].transpose(0, 1)[None]
+            o = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, scale=scale, enable_gqa=True)
+            out[s:e] = o[0].transpose(0, 1)
+        return out
+
+    def logits(self, hidden, w, vocab_real=None):
+        lg = F.linear(hidden, w)
+        return lg[:, :vocab_real] if vocab_real is not None else lg
+
+    def logp(self, hidden, w, targets, vocab_real=None):
+        lp = torch.log_softmax(self.logits(hidden, w, vocab_real).float(), dim=-1)
+        return lp.gather(1, targets[:, None]).squeeze(1)
+
+
+def make_ops(route: str):
+    if route == "strict":
+        return StrictOps()
+    if route == "native":
+        return NativeOps()
+    raise UnsupportedConfigError(f"unknown route {route!r} (known: {ROUTES})")

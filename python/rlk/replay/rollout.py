@@ -1,0 +1,214 @@
+"""Rollout pattern (the replay executor): a rollout engine's execution pattern, not a server.
+
+Paged KV cache ``[num_blocks, block_size, Hk, D]`` per layer with block tables; pages handed
+out from a free list shuffled by a seeded RNG (page order differs from sequence order; freed
+pages go to the back of the list and are reused by later requests); chunked prefill;
+continuous batching (requests arrive at different steps, finish at different lengths, and a
+seeded jitter defers some ready requests each step, so batch composition changes); sampling
+with a seeded ``torch.Generator`` (Gumbel-max over fp32 softmax of the logits from the route's
+``logits``, temperature 1.0); the selected-token logp of every sampled token recorded from the
+route's ``logp`` (``linear_logp`` on the strict route).
+
+With ``forced`` responses the executor replays given tokens instead of sampling (same
+schedule), which is how a frozen fixture is re-run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+
+import torch
+
+from rlk.errors import UnsupportedConfigError
+from rlk.models.qwen3.routes import PagedMeta
+
+
+@dataclasses.dataclass
+class Request:
+    prompt: list[int]
+    max_new_tokens: int
+    arrival_step: int = 0
+
+
+@dataclasses.dataclass
+class RolloutConfig:
+    block_size: int = 16
+    num_blocks: int | None = None  # default: exactly what every request needs, + 1 spare
+    max_batch: int = 4  # running requests at most
+    chunk_size: int = 16  # prefill tokens per request per step at most
+    token_budget: int | None = None  # tokens per step at most (default max_batch + chunk_size)
+    page_seed: int = 1
+    sample_seed: int = 2
+    jitter: float = 0.25  # probability a ready request is deferred this step (seeded)
+    jitter_seed: int = 3
+
+    def to_dict(self):
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class RolloutResult:
+    responses: list[list[int]]
+    logp: list[torch.Tensor]  # per request, [len(response)] fp32 (device of the model)
+    page_tables: list[list[int]]
+    steps: int
+    batch_sizes: list[int]  # requests per step
+    step_tokens: list[int]
+    composition_changes: int  # steps whose set of requests differs from the previous step's
+    seconds: float
+    probes: list[dict] | None = None  # per request: name -> [len, H] (rows by position)
+
+
+class _Seq:
+    def __init__(self, idx, req: Request, forced):
+        self.idx, self.req = idx, req
+        self.prompt = list(req.prompt)
+        self.generated: list[int] = []
+        self.logp: list[torch.Tensor] = []
+        self.pages: list[int] = []
+        self.computed = 0  # tokens whose K/V are in the cache
+        self.forced = forced
+
+    @property
+    def tokens(self):
+        return self.prompt + self.generated
+
+    def done(self):
+        return len(self.generated) >= self.req.max_new_tokens
+
+
+def pages_needed(requests, block_size):
+    # The last sampled token is never fed back, so a request caches prompt + max_new - 1 tokens.
+    return sum(-(-(len(r.prompt) + r.max_new_tokens - 1) // block_size) for r in requests)
+
+
+def run_rollout(model, requests: list[Request], rc: RolloutConfig, forced: list[list[int]] | None = None,
+                probes: bool = False, progress=None) -> RolloutResult:
+    """Generates (or, with ``forced``, replays) every request; see the module docstring.
+
+    Determinism: strict route: each row's bytes are independent of the step's batch composition,
+    page placement and chunking (contracts ``attn.v1``, ``gemm.bf16.v1``, row ops, ``logp.v1``).
+    """
+    cfg, dev = model.cfg, model.device
+    bs = rc.block_size
+    for r in requests:
+        if not r.prompt or r.max_new_tokens < 1:
+            raise UnsupportedConfigError("each request needs a prompt and max_new_tokens >= 1")
+        if len(r.prompt) + r.max_new_tokens > cfg.max_position_embeddings:
+            raise UnsupportedConfigError("prompt + response longer than max_position_embeddings")
+    num_blocks = rc.num_blocks or pages_needed(requests, bs) + 1
+    free = list(range(num_blocks))
+    random.Random(rc.page_seed).shuffle(free)
+    jit = random.Random(rc.jitter_seed)
+    gen = torch.Generator(device=dev)
+    gen.manual_seed(rc.sample_seed)
+    budget = rc.token_budget or (rc.max_batch + rc.chunk_size)
+    kv = model.new_kv_cache(num_blocks, bs)
+    seqs = [_Seq(i, r, forced[i] if forced is not None else None) for i, r in enumerate(requests)]
+    waiting = sorted(seqs, key=lambda s: (s.req.arrival_step, s.idx))
+    running: list[_Seq] = []
+    probe_rows = [dict() for _ in seqs] if probes else None
+    step, batch_sizes, step_tokens, changes, prev = 0, [], [], 0, None
+    t0 = time.perf_counter()
+    while waiting or running:
+        while waiting and waiting[0].req.arrival_step <= step and len(running) < rc.max_batch:
+            running.append(waiting.pop(0))
+        # Schedule: decodes first (one token each), then prefill chunks, within the budget.
+        sched, left = [], budget
+        for s in running:
+            if s.computed >= len(s.prompt) and left > 0 and not (rc.jitter and jit.random() < rc.jitter):
+                sched.append((s, 1))
+                left -= 1
+        for s in running:
+            if s.computed < len(s.prompt) and left > 0 and not (rc.jitter and jit.random() < rc.jitter):
+                n = min(rc.chunk_size, len(s.prompt) - s.computed, left)
+                sched.append((s, n))
+                left -= n
+        if not sched:
+            step += 1
+            if step > 10_000_000:
+                raise RuntimeError("rollout scheduler made no progress")
+            continue
+        ids, pos, slots, cu, lens = [], [], [], [0], []
+        for s, n in sched:
+            toks = s.tokens
+            for p in range(s.computed, s.computed + n):
+                if p // bs >= len(s.pages):
+                    if not free:
+                        raise UnsupportedConfigError(f"KV cache of {num_blocks} blocks exhausted")
+                    s.pages.append(free.pop(0))
+                ids.append(toks[p])
+                pos.append(p)
+                slots.append(s.pages[p // bs] * bs + p % bs)
+            cu.append(cu[-1] + n)
+            lens.append(s.computed + n)
+        nb = max(len(s.pages) for s, _ in sched)
+        bt = torch.zeros(len(sched), nb, dtype=torch.int32)
+        for b, (s, _) in enumerate(sched):
+            bt[b, : len(s.pages)] = torch.tensor(s.pages, dtype=torch.int32)
+        meta = PagedMeta(
+            block_tables=bt.to(dev), cu_seqlens_q=torch.tensor(cu, dtype=torch.int32, device=dev),
+            seq_lens_kv=torch.tensor(lens, dtype=torch.int32, device=dev),
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev), block_size=bs,
+            max_seqlen_q=max(n for _, n in sched))
+        pr = {} if probes else None
+        hidden = model.rollout_step(torch.tensor(ids, dtype=torch.int64, device=dev),
+                                    torch.tensor(pos, dtype=torch.int64, device=dev), kv, meta, pr)
+        if probes:
+            _scatter_probes(pr, sched, cu, probe_rows)
+        # Rows that sample: the last row of each request whose prompt is complete after this step.
+        samplers = [(b, s) for b, (s, n) in enumerate(sched) if s.computed + n >= len(s.prompt)]
+        for s, n in sched:
+            s.computed += n
+        if samplers:
+            rows = torch.tensor([cu[b + 1] - 1 for b, _ in samplers], device=dev)
+            h = hidden.index_select(0, rows).contiguous()
+            if forced is None:
+                logits = model.logits(h).float()
+                q = torch.empty_like(logits).exponential_(generator=gen)
+                toks = (torch.softmax(logits, dim=-1) / q).argmax(dim=-1)
+            else:
+                toks = torch.tensor([s.forced[len(s.generated)] for _, s in samplers], dtype=torch.int64, device=dev)
+            lp = model.logp(h, toks)
+            for j, (_, s) in enumerate(samplers):
+                s.generated.append(int(toks[j]))
+                s.logp.append(lp[j])
+        comp = frozenset(s.idx for s, _ in sched)
+        changes += prev is not None and comp != prev
+        prev = comp
+        batch_sizes.append(len(sched))
+        step_tokens.append(cu[-1])
+        for s in [s for s in running if s.done()]:
+            running.remove(s)
+            free.extend(s.pages)
+        step += 1
+        if progress and len(batch_sizes) % 100 == 0:
+            progress(f"rollout step {len(batch_sizes)}: running {len(running)}, waiting {len(waiting)}")
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    return RolloutResult(
+        responses=[s.generated for s in seqs],
+        logp=[torch.stack(s.logp) for s in seqs],
+        page_tables=[s.pages for s in seqs],
+        steps=len(batch_sizes), batch_sizes=batch_sizes, step_tokens=step_tokens,
+        composition_changes=changes, seconds=time.perf_counter() - t0,
+        probes=[{k: torch.stack([r[k][p] for p in sorted(r[k])]) for k in r} for r in probe_rows] if probes else None,
+    )
+
+
+def _scatter_probes(pr, sched, cu, probe_rows):
+    """Maps probe rows of one step to (request, position); keys ``attn_out.L``, ``mlp_out.L``, ``final``."""
+    flat = {}
+    for name, val in pr.items():
+        if isinstance(val, list):
+            for li, t in enumerate(val):
+                flat[f"{name}.{li}"] = t
+        else:
+            flat[name] = val
+    for b, (s, n) in enumerate(sched):
+        for i in range(n):
+            p = s.computed + i
+            for k, t in flat.items():
+                probe_rows[s.idx].setdefault(k, {})[p] = t[cu[b] + i].cpu()

@@ -1,0 +1,89 @@
+"""Trainer pattern: re-score prompt + response as packed varlen sequences (megatron-core style).
+
+Each sequence is ``prompt + response`` (all of it, as a trainer feeds it); row ``t`` gives the
+logp of token ``t + 1``; the response logp of sequence ``b`` sits at rows
+``p_b - 1 .. p_b + r_b - 2`` of that sequence.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import torch
+
+
+@dataclasses.dataclass
+class Packed:
+    ids: torch.Tensor  # [T] int64
+    cu_seqlens: torch.Tensor  # [B+1] int32
+    targets: torch.Tensor  # [T] int64 (next token; 0 at each sequence's last row)
+    loss_mask: torch.Tensor  # [T] bool: row predicts a response token
+    order: list[int]  # request index of each packed sequence
+    prompt_lens: list[int]
+    response_lens: list[int]
+
+
+def pack(prompts: list[list[int]], responses: list[list[int]], order: list[int] | None = None, device="cpu") -> Packed:
+    order = list(range(len(prompts))) if order is None else list(order)
+    ids, tg, mask, cu = [], [], [], [0]
+    for i in order:
+        seq = list(prompts[i]) + list(responses[i])
+        p = len(prompts[i])
+        ids += seq
+        tg += seq[1:] + [0]
+        mask += [p - 1 <= t < len(seq) - 1 for t in range(len(seq))]
+        cu.append(cu[-1] + len(seq))
+    return Packed(
+        ids=torch.tensor(ids, dtype=torch.int64, device=device),
+        cu_seqlens=torch.tensor(cu, dtype=torch.int32, device=device),
+        targets=torch.tensor(tg, dtype=torch.int64, device=device),
+        loss_mask=torch.tensor(mask, dtype=torch.bool, device=device),
+        order=order, prompt_lens=[len(prompts[i]) for i in order], response_lens=[len(responses[i]) for i in order])
+
+
+def response_logp(pk: Packed, logp: torch.Tensor, n: int) -> list[torch.Tensor]:
+    """Per request index (``0..n-1``), its response logp ``[r]`` taken from packed rows."""
+    out: list[torch.Tensor | None] = [None] * n
+    cu = pk.cu_seqlens.tolist()
+    for j, i in enumerate(pk.order):
+        p, r = pk.prompt_lens[j], pk.response_lens[j]
+        out[i] = logp[cu[j] + p - 1: cu[j] + p - 1 + r]
+    return out
+
+
+def score(model, prompts, responses, *, actor=False, order=None, microbatch_tokens=None, probes=None):
+    """Trainer logp of every response (list per request) plus grads (actor) and seconds.
+
+    ``microbatch_tokens`` splits the packed batch into consecutive groups of whole sequences of
+    at most that many tokens (as a trainer's micro-batches); with ``actor`` the gradients of the
+    groups are summed in group order.
+    """
+    n = len(prompts)
+    order = list(range(n)) if order is None else list(order)
+    groups, cur, tok = [], [], 0
+    for i in order:
+        L = len(prompts[i]) + len(responses[i])
+        if cur and microbatch_tokens and tok + L > microbatch_tokens:
+            groups.append(cur)
+            cur, tok = [], 0
+        cur.append(i)
+        tok += L
+    groups.append(cur)
+    out: list[torch.Tensor | None] = [None] * n
+    grads = None
+    t0 = time.perf_counter()
+    for gi in groups:
+        pk = pack(prompts, responses, gi, device=model.device)
+        pr = {} if probes is not None else None
+        lp, g = model.trainer_logp(pk.ids, pk.cu_seqlens, pk.targets, actor=actor, loss_mask=pk.loss_mask, probes=pr)
+        for i, t in enumerate(response_logp(pk, lp, n)):
+            if t is not None:
+                out[i] = t
+        if probes is not None:
+            probes.append((pk, pr))
+        if g is not None:
+            grads = g if grads is None else {k: grads[k] + g[k] for k in grads}
+    if model.device.type == "cuda":
+        torch.cuda.synchronize()
+    return out, grads, time.perf_counter() - t0

@@ -85,14 +85,3 @@ def test_world4_sizes_16mib_and_stats_merge():
     # The inputs are order sensitive: a reversed rank order would give other bits.
     assert res[0]["order_sensitive_cases"] >= 3
     assert len({(r["merge"]["m"], r["merge"]["s"]) for r in res}) == 1
-
-
-# --- GPU (NCCL), any world size; runs when several GPUs are lent ---------------------------
-@pytest.mark.gpu
-def test_gpu_nccl_all_reduce_equals_reference():
-    n = torch.cuda.device_count()
-    if n < 2:
-        pytest.skip("needs 2+ GPUs (requires-gpu-nvidia:2): not run, not verified")
-    res = _ok(run_world("rlk.collectives.gpu_scenarios:nccl_bitwise", n, {"sizes": [1, 4099, 1 << 20, MiB16_FP32]},
-                        deadline_s=300))
-    _same_across_ranks(res)

@@ -1,4 +1,4 @@
-"""Runs a scenario on N local processes over gloo (CPU tests and the L3 gate checks).
+"""Runs a scenario on N local processes over gloo (CPU tests, L3 gate checks) or NCCL (GPUs).
 
 Parent side: :func:`run_world` starts ``python -m rlk.collectives.harness`` once per rank
 (subprocesses, no pickling: parameters go in as JSON, results come back as JSON files), waits
@@ -35,7 +35,7 @@ def free_port() -> int:
 
 
 def run_world(scenario: str, world_size: int, params: dict | None = None, *, pg_timeout_s: float = 10.0,
-              deadline_s: float = 60.0) -> list[dict]:
+              deadline_s: float = 60.0, backend: str = "gloo") -> list[dict]:
     """Runs ``scenario`` (``"pkg.module:function"``) on ``world_size`` processes; one dict per rank.
 
     A rank whose process does not finish within ``deadline_s`` is killed and reported as
@@ -53,7 +53,7 @@ def run_world(scenario: str, world_size: int, params: dict | None = None, *, pg_
         for r in range(world_size):
             cmd = [sys.executable, "-m", "rlk.collectives.harness", "--scenario", scenario, "--rank", str(r),
                    "--world", str(world_size), "--port", str(port), "--out", out,
-                   "--pg-timeout", str(pg_timeout_s), "--params", json.dumps(params or {})]
+                   "--pg-timeout", str(pg_timeout_s), "--backend", backend, "--params", json.dumps(params or {})]
             procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
         end = time.monotonic() + deadline_s
         logs, results = [], []
@@ -87,6 +87,7 @@ def _child() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--pg-timeout", type=float, default=10.0)
     ap.add_argument("--params", default="{}")
+    ap.add_argument("--backend", default="gloo", choices=("gloo", "nccl"))
     a = ap.parse_args()
 
     import torch
@@ -106,7 +107,9 @@ def _child() -> None:
     try:
         store = dist.TCPStore("127.0.0.1", a.port, a.world, a.rank == 0,
                               timeout=datetime.timedelta(seconds=max(30.0, a.pg_timeout)))
-        dist.init_process_group("gloo", store=store, rank=a.rank, world_size=a.world,
+        if a.backend == "nccl":  # one GPU per rank
+            torch.cuda.set_device(a.rank % torch.cuda.device_count())
+        dist.init_process_group(a.backend, store=store, rank=a.rank, world_size=a.world,
                                 timeout=datetime.timedelta(seconds=a.pg_timeout))
         mod, fn = a.scenario.split(":")
         result = getattr(importlib.import_module(mod), fn)(a.rank, a.world, json.loads(a.params))

@@ -113,6 +113,7 @@ CONTRACT = contracts.register(contracts.Contract(
             "grad_hidden": "vocab columns ascending in one chain (chunks of 64), fp32, one rounding",
             "grad_weight": "tokens ascending in one chain (chunks of 64), fp32, one rounding",
         },
+        "mma_form": {"sm_90": "wgmma.f32.bf16.bf16", "gfx942": "v_mfma_f32_32x32x8_bf16"},
         "exp_log": "Triton 3.6 tl.exp / tl.log lowering (toolchain pinned in provenance)",
         "backward_formula": "dL/dx = dlogp*(onehot - p) + dlse*p - dent*p*((x - lse) + entropy), "
                             "p = exp(x - lse); dL/dacc = dL/dx * inv_t",

@@ -41,6 +41,14 @@ def test_rms_norm_accuracy(H, T):
     # Same rounding points as the fp32 spec: at most one bf16 ulp apart (sum trees differ).
     ref32 = R.rms_norm(x.cpu(), w.cpu(), EPS)
     _close(y, ref32, 2**-7, what="rms_norm vs fp32 spec")
+    _mostly_bitwise(y, ref32, "rms_norm rounding points vs fp32 spec")
+
+
+def _mostly_bitwise(y, ref, what, min_frac=0.99):
+    # Same rounding points as the spec: only a differing sum tree (rstd off by an fp32 ulp) may
+    # flip a rare bf16 rounding; another rounding order flips many more.
+    frac = float((y.cpu() == ref.cpu()).float().mean())
+    assert frac >= min_frac, f"{what}: only {frac:.4f} of elements bitwise equal"
 
 
 def test_rms_norm_fp32_input():
@@ -211,6 +219,7 @@ def test_gpu_accuracy_qwen3_8b():
     assert_bitwise_equal(s, x + r, "new_residual vs torch add")
     assert_bitwise_equal(y, L.rms_norm(s, w, EPS), "fused vs unfused")
     _close(y, R.rms_norm(s, w, EPS, math=torch.float64), 2**-7, what="rms_norm")
+    _mostly_bitwise(y, R.rms_norm(s, w, EPS), "rms_norm rounding points vs fp32 spec")
     q = _data((T, nq, D), 33)
     _close(L.qk_norm(q, w[:D], EPS), R.rms_norm(q, w[:D], EPS, math=torch.float64), 2**-7, what="qk")
     cos, sin = L.rope_table(40960, D, 1_000_000.0, "cuda")

@@ -1,0 +1,28 @@
+"""ar.v1 / rs.v1 / ag.v1 over NCCL, one process per GPU, for any world size >= 2.
+
+Tagged requires-gpu-nvidia:2 in BUILD; runs when several GPUs are lent (world size = every
+visible GPU). Not run here: no GPU.
+"""
+
+import pytest
+import torch
+
+from rlk.collectives.harness import run_world
+
+MiB16_FP32 = 4 * 1024 * 1024
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("check_every_call", [False, True])
+def test_nccl_fixed_order_equals_reference(check_every_call):
+    n = torch.cuda.device_count()
+    if n < 2:
+        pytest.fail(f"needs 2+ GPUs (requires-gpu-nvidia:2), found {n}")
+    rs = run_world("rlk.collectives.gpu_scenarios:nccl_bitwise", n,
+                   {"sizes": [1, 4099, 1 << 20, MiB16_FP32], "check_every_call": check_every_call},
+                   deadline_s=400, backend="nccl", pg_timeout_s=60)
+    for r in rs:
+        assert r["ok"], f"rank {r['rank']}: {r.get('error_type')}: {r.get('error')}\n{r.get('traceback', r.get('log', ''))}"
+    rows0 = rs[0]["result"]["rows"]
+    for r in rs[1:]:
+        assert r["result"]["rows"] == rows0, "ranks disagree"

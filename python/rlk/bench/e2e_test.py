@@ -1,0 +1,49 @@
+import pytest
+
+from rlk import provenance
+from rlk.bench import e2e
+from rlk.bench.workload import PHASES
+
+
+def _arm(route, scale, mismatch=0, bw=4.2):
+    steps = []
+    for j in range(4):
+        st = {f"{p}_s": scale * (1.0 + 0.01 * j) * (i + 1) for i, p in enumerate(PHASES)}
+        st["step_s"] = sum(st[f"{p}_s"] for p in PHASES)
+        st["step_reuse_s"] = st["step_s"] - st["old_logp_s"]
+        st["warmup"] = j == 0
+        st["step"] = j
+        if route == "strict":
+            st["equality"] = {"compared_elements": 100, "mismatch_count": mismatch, "max_abs_diff": 0.0,
+                              "torch_equal": mismatch == 0}
+        steps.append(st)
+    prov = provenance.capability_record(route=route, load_contracts=False)
+    return {"route": route, "spec": {"config": "qwen3-8b", "layers": 4, "sequences": 8},
+            "tokens": {"response": 1000, "total": 3000}, "health": {"copy_tbps": bw}, "steps": steps,
+            "provenance": prov}
+
+
+def test_analyse_pairs_arms_and_reports_reuse_only_with_equality():
+    arms = [(_arm("native", 1.0), _arm("strict", 0.8)) for _ in range(3)]
+    rep, rows = e2e.analyse(arms)
+    assert rep["ratio"] == pytest.approx(0.8)
+    assert rep["ratio_ci95"][0] <= 0.8 <= rep["ratio_ci95"][1]
+    assert rep["steps_compared"] == 9  # warm-up steps excluded
+    assert rep["ratio_reuse"] < rep["ratio"] and rep["passed"]
+    assert rep["provenance_differences"] == []
+    assert len(rows) == 3 * 2 * 4
+
+
+def test_reuse_refused_when_equality_fails_and_missed_target_reported():
+    arms = [(_arm("native", 1.0), _arm("strict", 1.2, mismatch=1)) for _ in range(3)]
+    rep, _ = e2e.analyse(arms)
+    assert rep["ratio_reuse"] is None and "reuse_refused" in rep
+    assert not rep["passed"]
+
+
+def test_unhealthy_pair_is_rejected():
+    arms = [(_arm("native", 1.0), _arm("strict", 0.8)) for _ in range(2)] + [(_arm("native", 1.0, bw=2.0),
+                                                                              _arm("strict", 0.1))]
+    rep, _ = e2e.analyse(arms)
+    assert len(rep["pairs_rejected"]) == 1 and rep["steps_compared"] == 6
+    assert rep["ratio"] == pytest.approx(0.8)

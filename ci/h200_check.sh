@@ -34,7 +34,7 @@ stage() {  # stage NAME LIMIT_S CMD...
 }
 
 stage env 60 bash -c 'nvidia-smi; python3 -c "import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name())"'
-stage tests 420 python3 -m pytest -m gpu -q -p no:cacheprovider kernels python -x --timeout=400
+stage tests 420 python3 -m pytest -m gpu -q -p no:cacheprovider ${TEST_PATHS:-kernels python} --timeout=400
 stage gemm_sweep 240 python3 -m rlk.kernels.gemm.gemm_invariance_sweep --out "$R/gemm_invariance_sm90.json"
 stage gemm_bench 300 python3 -m rlk.kernels.gemm.gemm_bench --out "$R/gemm_h200.json"
 stage rowops_bench 240 python3 -m rlk.kernels.rowops.rowops_bench --out "$R/rowops_h200.json"

@@ -115,7 +115,8 @@ def count_target(info: dict) -> tuple[Counts, bool]:
     return total, failed_target
 
 
-def summarize(bep_path: str, out=sys.stdout) -> Counts:
+def summarize(bep_path: str, out=None) -> Counts:
+    out = sys.stdout if out is None else out
     targets = read_bep(bep_path)
     total = Counts()
     bad = []

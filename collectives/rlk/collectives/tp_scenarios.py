@@ -64,3 +64,10 @@ def tp_layers(rank: int, world: int, params: dict) -> dict:
     y.float().sum().backward()
     out.update(y=digest(y.detach()), dx=digest(xg.grad), emb=digest(e), row=digest(y_row))
     return out
+
+
+def tp_cp(rank: int, world: int, params: dict) -> dict:
+    """TP layers and CP attention forward in one process start (the L3 gate check)."""
+    from rlk.collectives.cp_scenarios import cp_attention
+
+    return {"tp": tp_layers(rank, world, params), "cp": cp_attention(rank, world, {"lens": [32, 16], "backward": False})}

@@ -115,6 +115,7 @@ def record(spec: ModelSpec, requests: list[rollout.Request], rc: rollout.Rollout
         "rollout": rc.to_dict(),
         "route": route,
         "contracts": dict(model.ops.contracts),
+        "logp_segmentation": getattr(model.ops, "logp_segmentation", None),
         "steps": res.steps, "composition_changes": res.composition_changes,
         "max_batch_seen": max(res.batch_sizes), "rollout_seconds": res.seconds,
         "provenance": _provenance(route, {"model": model.cfg.name, "pattern": "rollout"}),

@@ -4,6 +4,7 @@ fixed per-architecture schedule tables (``configs/<arch>.json``; never keyed by 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -134,12 +135,33 @@ def arch_of(device) -> str:
     return "sm_90"
 
 
+# Schedule overrides for the invariance sweep only (``with override("prefill", BLOCK_M=64):``).
+_OVERRIDES: dict = {}
+
+
+@contextlib.contextmanager
+def override(kind: str, **values):
+    """Temporarily replaces schedule fields of one kernel kind (sweeps and tests only)."""
+    old = _OVERRIDES.get(kind)
+    _OVERRIDES[kind] = {**(old or {}), **values}
+    try:
+        yield
+    finally:
+        if old is None:
+            _OVERRIDES.pop(kind, None)
+        else:
+            _OVERRIDES[kind] = old
+
+
 def schedule(kind: str, device) -> dict:
     """Fixed launch parameters of one kernel kind on ``device`` (a copy, never batch-keyed)."""
     arch = arch_of(device)
     if arch == "cpu-interpreter":
-        return dict(_CPU[kind])
-    return dict(_table("sm90" if arch == "sm_90" else "gfx942")[kind])
+        out = dict(_CPU[kind])
+    else:
+        out = dict(_table("sm90" if arch == "sm_90" else "gfx942")[kind])
+    out.update(_OVERRIDES.get(kind, {}))
+    return out
 
 
 def _sig(names, types):

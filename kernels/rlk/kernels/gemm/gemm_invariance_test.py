@@ -102,6 +102,8 @@ def test_gpu_rows_invariant_qwen3(name):
             assert_bitwise_equal(gemm(x[:m], w, schedule=other), full[:m], f"{name} M={m} {other}")
     shifted = gemm(x[8:8 + 33], w)
     assert_bitwise_equal(shifted[:25], full[8:33], f"{name} rows at offset 8")
+    if name not in ("qkv", "down", "tp4_lm_head"):  # split 4, 6, 1: enough fp32 coverage, fewer compiles
+        return
     fp32_full = gemm(x[:256], w, out_dtype=torch.float32, schedule="prefill")
     for m in (1, 33, 64):
         assert_bitwise_equal(gemm(x[:m], w, out_dtype=torch.float32, schedule="decode"), fp32_full[:m],

@@ -73,6 +73,9 @@ RMSNORM = contracts.register(contracts.Contract(
                            "[BLOCK_ROWS, BLOCK_H] fp32 tile, masked lanes +0.0, tree = Triton 3.6 "
                            "lowering for the pinned (BLOCK_ROWS, BLOCK_H, num_warps) of norm_config(H)",
         "norm_configs": "configs/sm90.json 'norm' (keyed by H only), else norm_rule(H)",
+        # The tables decide the trees: their contents are part of the contract's identity.
+        "norm_table_sm90": table("sm_90")["norm"],
+        "fold_sm90": table("sm_90")["fold"],
         "rsqrt": "div_rn(1, sqrt_rn(.)) (correctly rounded; no approximate rsqrt)",
         "backward": "dx = round((g - xhat * div_rn(sum(g*xhat), H)) * rstd), g = dy*w, xhat = x*rstd; "
                     "fused: round(round(dx) + d_new_residual); dw: program p takes rows "

@@ -38,7 +38,7 @@ class Qwen3:
         self.w = weights if "lm_head.weight" in weights and any("qkv_proj" in k for k in weights) \
             else hf_to_fused(cfg, weights)
         self.route = route
-        self.ops = make_ops(route)
+        self.ops = make_ops(route, cfg.vocab_size)
         emb = self.w["model.embed_tokens.weight"]
         self.device, self.dtype = emb.device, emb.dtype
         self.rope = self.ops.rope_table(cfg.max_position_embeddings, cfg.head_dim, cfg.rope_theta, self.device)

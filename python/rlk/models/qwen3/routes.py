@@ -48,12 +48,13 @@ class StrictOps:
     name = "strict"
     contracts = STRICT_CONTRACTS
 
-    def __init__(self):
+    def __init__(self, vocab_size: int | None = None):
         from rlk.kernels.attention import launch as attn_launch
         from rlk.ops import attention, gemm, linear_logp, rowops
 
         self._gemm, self._rowops, self._attn, self._alaunch = gemm, rowops, attention, attn_launch
         self._logp = linear_logp
+        self.logp_segmentation = logp_segmentation(vocab_size)
 
     def linear(self, x, w):
         return self._gemm.linear(x, w)
@@ -95,12 +96,14 @@ class StrictOps:
         return out
 
     def logp(self, hidden, w, targets, vocab_real=None):
-        return self._logp.linear_logp(hidden, w, targets, vocab_real=vocab_real).logp
+        return self._logp.linear_logp(hidden, w, targets, vocab_real=vocab_real,
+                                      segmentation=self.logp_segmentation).logp
 
     def logits(self, hidden, w, vocab_real=None):
         """Logits for sampling only (the recorded logp comes from :meth:`logp`)."""
         dummy = torch.zeros(hidden.shape[0], dtype=torch.int64, device=hidden.device)
-        return self._logp.linear_logp(hidden, w, dummy, vocab_real=vocab_real, return_logits=True).logits
+        return self._logp.linear_logp(hidden, w, dummy, vocab_real=vocab_real, return_logits=True,
+                                      segmentation=self.logp_segmentation).logits
 
 
 def _rotate_half(x):
@@ -218,9 +221,21 @@ class NativeOps:
         return lp.gather(1, targets[:, None]).squeeze(1)
 
 
-def make_ops(route: str):
+def logp_segmentation(vocab_size: int | None):
+    """``logp.v1``'s vocabulary segmentation (a bit field: both patterns must use the same).
+
+    The contract default (ALIGN 18992, SEG_V 512) fits Qwen3's 151936 columns; a small test
+    vocabulary uses the contract's (128, 128) pair instead (the default would launch 38 mostly
+    empty segments per row block, which the CPU interpreter pays for).
+    """
+    if vocab_size is None or vocab_size >= 18992:
+        return None
+    return (128, 128)
+
+
+def make_ops(route: str, vocab_size: int | None = None):
     if route == "strict":
-        return StrictOps()
+        return StrictOps(vocab_size)
     if route == "native":
         return NativeOps()
     raise UnsupportedConfigError(f"unknown route {route!r} (known: {ROUTES})")

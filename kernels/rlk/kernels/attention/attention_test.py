@@ -1,0 +1,144 @@
+"""Accuracy of ``attn.v1`` against the float64 reference, exact KV writes, input errors, and the
+deterministic backward.
+
+Tolerances (bf16 inputs, one bf16 rounding of the output): |out - ref| <= 1e-2 + 1e-2 |ref|;
+|lse - ref| <= 1e-4 + 1e-5 |ref|; gradients: |g - ref| <= 2e-2 + 2e-2 |ref| (dO ~ N(0, 1)).
+Under the interpreter the dot operands are fp32 (exact products of bf16 values); GPU bf16 MMA
+accuracy is checked by the ``gpu`` test.
+"""
+
+import pytest
+import torch
+
+from rlk.errors import UnsupportedConfigError
+from rlk.kernels.attention import launch, reference
+from rlk.kernels.attention import testing as T
+from rlk.testing import assert_bitwise_equal
+
+SEG_C = "attn.seg128.v1"
+
+
+def _close(a, ref, atol, rtol, what):
+    err = (a.double() - ref).abs()
+    bound = atol + rtol * ref.abs()
+    bad = ~(err <= bound)
+    assert not bool(bad.any()), f"{what}: {int(bad.sum())} elements out of tolerance, max err {err.max().item():.3g}"
+
+
+@pytest.mark.parametrize("d,hq,hk,lens", [(64, 4, 2, [1, 63, 130]), (16, 2, 1, [5, 64, 65])])
+def test_prefill_accuracy(d, hq, hk, lens):
+    q, k, v, cu = T.packed(lens, hq, hk, d, seed=d)
+    scale = d ** -0.5
+    out, lse = launch.prefill(q, k, v, cu, max(lens), scale, contract=SEG_C)
+    ro, rl = reference.prefill_reference(q, k, v, cu, scale)
+    _close(out, ro, 1e-2, 1e-2, "out")
+    _close(lse, rl, 1e-4, 1e-5, "lse")
+
+
+def test_paged_accuracy_and_write_kv_exact():
+    lens = [3, 70]
+    q, k, v, cu = T.packed(lens, 4, 2, 16, seed=5)
+    kc, vc, bt = T.paged_cache(k, v, cu, 16, seed=5)
+    # write_kv is an exact copy: gathered pages equal the packed rows bit for bit.
+    for b, (a, e) in enumerate(zip(cu.tolist()[:-1], cu.tolist()[1:])):
+        assert_bitwise_equal(reference.gather_pages(kc, bt[b], e - a), k[a:e], "k cache")
+        assert_bitwise_equal(reference.gather_pages(vc, bt[b], e - a), v[a:e], "v cache")
+    # Chunk of the last 20 queries of each sequence (kv already written).
+    idx = torch.cat([torch.arange(0, 3), torch.arange(53, 73)])
+    cuq = torch.tensor([0, 3, 23], dtype=torch.int32)
+    kv = torch.tensor(lens, dtype=torch.int32)
+    out, lse = launch.paged(q[idx], kc, vc, bt, cuq, kv, 0.25, contract=SEG_C)
+    ro, rl = reference.paged_reference(q[idx], kc, vc, bt, cuq, kv, 0.25)
+    _close(out, ro, 1e-2, 1e-2, "paged out")
+    _close(lse, rl, 1e-4, 1e-5, "paged lse")
+
+
+def test_backward_accuracy_and_determinism():
+    lens = [5, 70, 64]
+    q, k, v, cu = T.packed(lens, 4, 2, 16, seed=7)
+    scale = 0.25
+    out, lse = launch.prefill(q, k, v, cu, max(lens), scale)
+    do = torch.randn(q.shape, generator=torch.Generator().manual_seed(8)).to(torch.bfloat16)
+    grads = launch.backward(do, q, k, v, out, lse, cu, max(lens), scale)
+    refs = reference.prefill_backward_reference(do, q, k, v, cu, scale)
+    for g, r, name in zip(grads, refs, ("dq", "dk", "dv")):
+        _close(g, r, 2e-2, 2e-2, name)
+    again = launch.backward(do, q, k, v, out, lse, cu, max(lens), scale)
+    for g, h, name in zip(grads, again, ("dq", "dk", "dv")):
+        assert_bitwise_equal(h, g, f"{name} run to run")
+
+
+def test_autograd_op_matches_kernels():
+    from rlk.ops.attention import varlen_attention
+
+    lens = [9, 66]
+    q, k, v, cu = T.packed(lens, 2, 1, 16, seed=11)
+    qq, kk, vv = (t.clone().requires_grad_(True) for t in (q, k, v))
+    out = varlen_attention(qq, kk, vv, cu, max(lens), 0.25)
+    ref_out, ref_lse = launch.prefill(q, k, v, cu, max(lens), 0.25)
+    assert_bitwise_equal(out.detach(), ref_out, "op forward")
+    do = torch.randn(q.shape, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    out.backward(do)
+    dq, dk, dv = launch.backward(do, q, k, v, ref_out, ref_lse, cu, max(lens), 0.25)
+    assert_bitwise_equal(qq.grad, dq, "op dq")
+    assert_bitwise_equal(kk.grad, dk, "op dk")
+    assert_bitwise_equal(vv.grad, dv, "op dv")
+
+
+def test_empty_sequences():
+    q, k, v, cu = T.packed([4, 0, 3], 2, 1, 16, seed=3)
+    out, lse = launch.prefill(q, k, v, cu, 4, 0.25)
+    o1, _ = launch.prefill(q[4:], k[4:], v[4:], torch.tensor([0, 3], dtype=torch.int32), 3, 0.25)
+    assert_bitwise_equal(out[4:], o1, "an empty sequence does not disturb its neighbours")
+    e, el = launch.prefill(q[:0], k[:0], v[:0], torch.zeros(1, dtype=torch.int32), 0, 0.25)
+    assert e.shape == (0, 2, 16) and el.shape == (0, 2)
+
+
+def test_errors():
+    q, k, v, cu = T.packed([4], 2, 1, 16)
+    with pytest.raises(UnsupportedConfigError, match="head_dim"):
+        launch.prefill(q[..., :8].contiguous(), k[..., :8].contiguous(), v[..., :8].contiguous(), cu, 4, 0.3)
+    with pytest.raises(UnsupportedConfigError, match="dtype"):
+        launch.prefill(q.float(), k.float(), v.float(), cu, 4, 0.3)
+    with pytest.raises(UnsupportedConfigError, match="multiple"):
+        launch.prefill(q[:, :1].contiguous().expand(4, 3, 16).contiguous(), torch.cat([k, k], 1), torch.cat([v, v], 1), cu, 4, 0.3)
+    with pytest.raises(UnsupportedConfigError, match="max_seqlen"):
+        launch.prefill(q, k, v, cu, 2, 0.3)
+    with pytest.raises(UnsupportedConfigError, match="end at"):
+        launch.prefill(q, k, v, torch.tensor([0, 3], dtype=torch.int32), 4, 0.3)
+    with pytest.raises(UnsupportedConfigError, match="contract"):
+        launch.prefill(q, k, v, cu, 4, 0.3, contract="attn.v9")
+    kc = torch.zeros(2, 16, 1, 16, dtype=torch.bfloat16)
+    bt = torch.tensor([[0]], dtype=torch.int32)
+    cuq = torch.tensor([0, 1], dtype=torch.int32)
+    with pytest.raises(UnsupportedConfigError, match="page size"):
+        launch.paged(q[:1], kc[:, :8], kc[:, :8], bt, cuq, torch.tensor([1], dtype=torch.int32), 0.3)
+    with pytest.raises(UnsupportedConfigError, match="capacity"):
+        launch.paged(q[:1], kc, kc, bt, cuq, torch.tensor([17], dtype=torch.int32), 0.3)
+    with pytest.raises(UnsupportedConfigError, match="outside"):
+        launch.paged(q[:1], kc, kc, torch.tensor([[5]], dtype=torch.int32), cuq, torch.tensor([3], dtype=torch.int32), 0.3)
+    with pytest.raises(UnsupportedConfigError, match="q_len"):
+        launch.paged(q[:2], kc, kc, bt, torch.tensor([0, 2], dtype=torch.int32), torch.tensor([1], dtype=torch.int32), 0.3)
+    with pytest.raises(UnsupportedConfigError, match="duplicate"):
+        launch.write_kv(k[:2], v[:2], kc, kc.clone(), torch.tensor([3, 3]))
+    with pytest.raises(UnsupportedConfigError, match="scale"):
+        launch.prefill(q, k, v, cu, 4, float("nan"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("hq,hk", [(32, 8), (8, 2)])
+def test_gpu_accuracy_qwen3(hq, hk):
+    lens = [1, 1000, 4097]
+    q, k, v, cu = T.packed(lens, hq, hk, 128, device="cuda", seed=1)
+    scale = 128 ** -0.5
+    out, lse = launch.prefill(q, k, v, cu, max(lens), scale)
+    ro, rl = reference.prefill_reference(q, k, v, cu, scale)
+    _close(out, ro, 2e-2, 2e-2, "out")  # bf16 p in the PV and row-sum MMA
+    _close(lse, rl, 1e-3, 1e-4, "lse")
+    do = torch.randn_like(q)
+    grads = launch.backward(do, q, k, v, out, lse, cu, max(lens), scale)
+    again = launch.backward(do, q, k, v, out, lse, cu, max(lens), scale)
+    refs = reference.prefill_backward_reference(do, q, k, v, cu, scale)
+    for g, h, r, name in zip(grads, again, refs, ("dq", "dk", "dv")):
+        assert_bitwise_equal(h, g, f"{name} run to run")
+        _close(g, r, 5e-2, 5e-2, name)

@@ -13,7 +13,7 @@ def _results(rs):
 
 
 def test_missing_rank_times_out_naming_it():
-    res = _results(run_world(SC + "missing_rank", 2, {"sleep_s": 7.0, "diag_timeout_s": 2.0}, pg_timeout_s=2.0))
+    res = _results(run_world(SC + "missing_rank", 2, {"sleep_s": 5.0, "diag_timeout_s": 2.0}, pg_timeout_s=2.0))
     assert res[1] == {"skipped": True}
     assert res[0]["raised"] == "RankTimeoutError", res[0]
     assert "rank(s) [1] did not arrive" in res[0]["message"], res[0]["message"]

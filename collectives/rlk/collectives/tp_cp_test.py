@@ -22,11 +22,14 @@ def test_tp_layers_equal_tp1_where_promised(world, K):
     assert res["row_predicted_equal"] and res["row_equals_tp1"], res
 
 
-def test_tp2_row_parallel_not_promised_is_still_rank_identical():
-    # K=1024 at TP2: split_k(1024, 64)=4 != 2, so TP=1 equality is not promised (the fold
-    # groups segments differently); the result is still the fixed-order reference on every rank.
-    res = _ok(run_world("rlk.collectives.tp_scenarios:tp_layers", 2, {"K": 1024}, deadline_s=240))
-    assert not res["row_predicted_equal"]
+def test_row_parallel_tp1_rule():
+    # The split rule of gemm.bf16.v1 decides where row-parallel TP=N equals TP=1 (N=64 here):
+    # K=1024 at TP2 gives split_k(1024)=4 != 2 -> not promised; Qwen3-8B o-proj at TP4 neither.
+    from rlk.nn.tensor_parallel import row_parallel_matches_tp1
+
+    assert row_parallel_matches_tp1(512, 64, 2) and row_parallel_matches_tp1(1024, 64, 4)
+    assert not row_parallel_matches_tp1(1024, 64, 2)
+    assert row_parallel_matches_tp1(4096, 4096, 1)
 
 
 @pytest.mark.parametrize("world", [2, 4])

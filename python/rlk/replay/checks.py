@@ -32,7 +32,7 @@ def _params(profile: str) -> dict:
     if profile == "cpu":
         return dict(config="tiny", device="cpu", sequences=8, prompt_range=(3, 20), response_range=(2, 12),
                     block_size=16, max_batch=4, chunk_size=16, arrival_spread=6, microbatch=24,
-                    variants=[dict(max_batch=1, chunk_size=5, page_seed=11, jitter=0.0),
+                    variants=[dict(max_batch=2, chunk_size=5, page_seed=11, jitter=0.0),
                               dict(max_batch=8, chunk_size=7, page_seed=12, jitter=0.5, token_budget=9)])
     return dict(config="qwen3-1.7b", device="cuda", sequences=16, prompt_range=(64, 700), response_range=(8, 96),
                 block_size=16, max_batch=12, chunk_size=512, arrival_spread=24, microbatch=2048,

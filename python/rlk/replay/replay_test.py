@@ -38,7 +38,8 @@ def test_native_differs(strict_fixture):
 
 def test_cli_record_check(tmp_path, capsys):
     out = str(tmp_path / "fx")
-    assert cli.main(["record", "--out", out, "--sequences", "8", "--max-batch", "3"]) == 0
+    assert cli.main(["record", "--out", out, "--sequences", "3", "--max-batch", "2",
+                     "--prompt-range", "3", "9", "--response-range", "2", "4"]) == 0
     fx = fixture.load(out)
     assert fx.meta["contracts"]["attention"] == "attn.v1" and "provenance" in fx.meta
     assert fx.meta["weights"]["seed"] == 0 and len(fx.meta["weights"]["sha256_hf"]) == 64

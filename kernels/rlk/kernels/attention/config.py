@@ -37,6 +37,16 @@ def _bit_fields(seg: int) -> dict:
         "fp_fusion": FP_FUSION,
         "kv_chunk": KV_CHUNK,
         "segment": seg,
+        # MMA forms the compiled code may use (checked by rlk.gate.crosstarget). Prefill tiles use
+        # wgmma, BLOCK_M=16 decode tiles mma.sync; their rows must agree (GPU invariance sweep).
+        "mma_form": {
+            "attention.fwd": {"sm_90": ["wgmma.f32.bf16.bf16", "mma.sync.m16n8k16.f32.bf16.bf16"],
+                              "gfx942": ["v_mfma_f32_16x16x16_bf16", "v_mfma_f32_32x32x8_bf16"]},
+            "attention.bwd_dq": {"sm_90": ["wgmma.f32.bf16.bf16", "mma.sync.m16n8k16.f32.bf16.bf16"],
+                                 "gfx942": ["v_mfma_f32_16x16x16_bf16", "v_mfma_f32_32x32x8_bf16"]},
+            "attention.bwd_dkdv": {"sm_90": ["wgmma.f32.bf16.bf16", "mma.sync.m16n8k16.f32.bf16.bf16"],
+                                   "gfx942": ["v_mfma_f32_16x16x16_bf16", "v_mfma_f32_32x32x8_bf16"]},
+        },
         "score": "s2 = fp32(q.k) * qk_scale, qk_scale = fp32(scale * log2(e)) computed on the host "
                  "(float64 product, one RNE rounding); all exponentials are exp2, logs log2",
         "online_step": "m' = max(m, rowmax(s2)); ms = (m' == -inf ? 0 : m'); alpha = (m' == m ? 1 : "

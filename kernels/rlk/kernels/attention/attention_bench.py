@@ -1,0 +1,126 @@
+"""Benchmark of strict attention (``attn.v1``) vs torch SDPA on the same inputs (H200).
+
+    python -m rlk.kernels.attention.attention_bench --out attention_h200.json [--quick]
+
+Cases (Qwen3-8B TP4 shard: 8 q heads / 2 kv heads of 128):
+  prefill: causal, one sequence of S in {1024, 4096, 8192}; native = SDPA flash backend on
+    [1, 8, S, 128] with K/V expanded to 8 heads (expansion outside the timing).
+  decode: (B, L) in {(4, 7168), (64, 2048), (256, 1024)}; strict = paged kernel, page 16,
+    pages in order; native = SDPA on a dense [B, 8, L, 128] cache (as in PERF.md).
+  backward: S=4096; strict = launch.backward; native = SDPA flash backward (autograd.grad).
+Rows: case, shape fields, strict_us, native_us, ratio (= strict / native). Medians of
+``triton.testing.do_bench``. Not run in CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+
+def _provenance():
+    try:
+        from rlk import provenance
+
+        return provenance.capability_record(contract_ids=["attn.v1"])
+    except Exception:  # noqa: BLE001 - fall back to a minimal record
+        import triton
+
+        return {"torch": torch.__version__, "triton": triton.__version__,
+                "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
+
+
+def _bench(fn):
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")) * 1e3
+
+
+def _sdpa_flash(q, k, v, causal):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+
+def bench_prefill(s, hq=8, hk=2, d=128):
+    from rlk.kernels.attention import launch
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn((s, h, d), device="cuda", generator=g, dtype=torch.bfloat16) for h in (hq, hk, hk))
+    cu = torch.tensor([0, s], dtype=torch.int32, device="cuda")
+    scale = d ** -0.5
+    strict = _bench(lambda: launch.prefill(q, k, v, cu, s, scale, validate=False))
+    qn = q.transpose(0, 1).unsqueeze(0)
+    kn = k.repeat_interleave(hq // hk, 1).transpose(0, 1).unsqueeze(0).contiguous()
+    vn = v.repeat_interleave(hq // hk, 1).transpose(0, 1).unsqueeze(0).contiguous()
+    native = _bench(lambda: _sdpa_flash(qn, kn, vn, True))
+    return {"case": "prefill", "S": s, "Hq": hq, "Hk": hk, "D": d, "strict_us": strict, "native_us": native}
+
+
+def bench_decode(b, length, hq=8, hk=2, d=128, page=16):
+    from rlk.kernels.attention import launch
+
+    g = torch.Generator(device="cuda").manual_seed(1)
+    nb = (length + page - 1) // page
+    kc = torch.randn((b * nb, page, hk, d), device="cuda", generator=g, dtype=torch.bfloat16)
+    vc = torch.randn_like(kc)
+    bt = torch.arange(b * nb, dtype=torch.int32, device="cuda").view(b, nb)
+    q = torch.randn((b, hq, d), device="cuda", generator=g, dtype=torch.bfloat16)
+    cuq = torch.arange(b + 1, dtype=torch.int32, device="cuda")
+    kv = torch.full((b,), length, dtype=torch.int32, device="cuda")
+    scale = d ** -0.5
+    strict = _bench(lambda: launch.paged(q, kc, vc, bt, cuq, kv, scale, max_seqlen_q=1, validate=False))
+    kd = torch.randn((b, hq, length, d), device="cuda", generator=g, dtype=torch.bfloat16)
+    vd = torch.randn_like(kd)
+    qd = q.unsqueeze(2)
+    native = _bench(lambda: torch.nn.functional.scaled_dot_product_attention(qd, kd, vd))
+    return {"case": "decode", "B": b, "L": length, "Hq": hq, "Hk": hk, "D": d, "page": page,
+            "strict_us": strict, "native_us": native}
+
+
+def bench_backward(s, hq=8, hk=2, d=128):
+    from rlk.kernels.attention import launch
+
+    g = torch.Generator(device="cuda").manual_seed(2)
+    q, k, v = (torch.randn((s, h, d), device="cuda", generator=g, dtype=torch.bfloat16) for h in (hq, hk, hk))
+    cu = torch.tensor([0, s], dtype=torch.int32, device="cuda")
+    scale = d ** -0.5
+    out, lse = launch.prefill(q, k, v, cu, s, scale)
+    do = torch.randn_like(q)
+    strict = _bench(lambda: launch.backward(do, q, k, v, out, lse, cu, s, scale))
+    qn = q.transpose(0, 1).unsqueeze(0).detach().requires_grad_(True)
+    kn = k.repeat_interleave(hq // hk, 1).transpose(0, 1).unsqueeze(0).contiguous().requires_grad_(True)
+    vn = v.repeat_interleave(hq // hk, 1).transpose(0, 1).unsqueeze(0).contiguous().requires_grad_(True)
+    on = _sdpa_flash(qn, kn, vn, True)
+    don = do.transpose(0, 1).unsqueeze(0)
+    native = _bench(lambda: torch.autograd.grad(on, (qn, kn, vn), don, retain_graph=True))
+    return {"case": "backward", "S": s, "Hq": hq, "Hk": hk, "D": d, "strict_us": strict, "native_us": native}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--quick", action="store_true")
+    a = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("attention_bench needs a GPU")
+    rows = []
+    for s in ((1024, 4096) if a.quick else (1024, 4096, 8192)):
+        rows.append(bench_prefill(s))
+    for b, length in (((4, 7168), (256, 1024)) if a.quick else ((4, 7168), (64, 2048), (256, 1024))):
+        rows.append(bench_decode(b, length))
+    rows.append(bench_backward(4096))
+    print(f"{'case':9} {'shape':22} {'strict_us':>10} {'native_us':>10} {'ratio':>7}")
+    for r in rows:
+        r["ratio"] = r["strict_us"] / r["native_us"]
+        shape = f"S={r['S']}" if "S" in r else f"B={r['B']} L={r['L']}"
+        print(f"{r['case']:9} {shape:22} {r['strict_us']:10.1f} {r['native_us']:10.1f} {r['ratio']:7.3f}")
+    with open(a.out, "w") as f:
+        json.dump({"provenance": _provenance(), "rows": rows}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

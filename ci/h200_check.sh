@@ -41,9 +41,9 @@ stage rowops_bench 240 python3 -m rlk.kernels.rowops.rowops_bench --out "$R/rowo
 stage attention_sweep 240 python3 -m rlk.kernels.attention.attention_invariance_sweep --out "$R/attention_invariance_sm90.json"
 stage attention_bench 300 python3 -m rlk.kernels.attention.attention_bench --out "$R/attention_h200.json"
 stage logp_bench 300 python3 -m rlk.kernels.linear_logp.linear_logp_bench --out "$R/linear_logp_h200.json"
-stage replay 540 python3 -m rlk.replay h200 --out "$R"
-stage e2e 540 python3 -m rlk.bench e2e --out "$R/e2e"
+stage replay ${REPLAY_LIMIT:-540} python3 -m rlk.replay h200 --out "$R/replay" ${REPLAY_ARGS:-}
+stage e2e ${E2E_LIMIT:-540} python3 -m rlk.bench e2e --out "$R/e2e" ${E2E_ARGS:-}
 stage gate 300 python3 -m rlk.gate.release_gate --profile h200 --out "$R/gate_h200"
 
-tar czf "$OUT/results.tgz" -C "$R" .
+tar czf "$OUT/results.tgz" --exclude="*.safetensors" -C "$R" .
 echo "results: $OUT/results.tgz"; cat "$SUMMARY"

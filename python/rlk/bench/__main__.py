@@ -17,6 +17,7 @@ def main(argv=None) -> int:
     e.add_argument("--prompt-range", type=int, nargs=2, default=(128, 512))
     e.add_argument("--response-range", type=int, nargs=2, default=(64, 256))
     e.add_argument("--max-batch", type=int, default=32)
+    e.add_argument("--device", default=None, help="cuda (default when available) or cpu (smoke runs)")
     e.add_argument("--profile", action="store_true", help="also run a separate profiled pass (attribution)")
     a = sub.add_parser("arm", help="internal: one arm in this process")
     a.add_argument("--route", choices=("native", "strict"), required=True)
@@ -24,6 +25,10 @@ def main(argv=None) -> int:
     a.add_argument("--spec", required=True)
     a.add_argument("--json", required=True)
     args = p.parse_args(argv)
+    if args.cmd == "e2e" and args.device is None:
+        import torch
+
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
     from rlk.bench import e2e
 
     return e2e.run_e2e(args) if args.cmd == "e2e" else e2e.run_arm(args)

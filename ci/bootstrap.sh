@@ -23,6 +23,9 @@ FORCE=${RLK_BOOTSTRAP_FORCE:-0}
 log() { echo "bootstrap: $*" >&2; }
 t0=$SECONDS
 
+# pip, minus the per-package warnings about this machine's absent local index folders.
+pip_quiet() { "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
+
 as_root() {
   if [ "$(id -u)" = 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else
     log "need root for: $*"; return 1; fi
@@ -54,7 +57,7 @@ else
     log "creating .venv with $("$PY" --version 2>&1)"
     "$PY" -m venv "$VENV"
   fi
-  PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
+  PIP=(pip_quiet "$VENV/bin/python" -m pip --disable-pip-version-check)
   export PIP_CONSTRAINT=""   # the lock alone decides; no machine-wide constraint file
   TORCH_SRC=${RLK_TORCH_FIND_LINKS:-}
   if [ -z "$TORCH_SRC" ]; then

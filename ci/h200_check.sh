@@ -31,14 +31,15 @@ stage() {  # stage NAME LIMIT_S CMD...
   local rc=$?
   echo "$name rc=$rc $((SECONDS - t0))s" | tee -a "$SUMMARY"
   tail -n 25 "$R/$name.log"
+  tar czf "$OUT/results.tgz" --exclude="*.safetensors" -C "$R" .  # refreshed after every stage
 }
 
 stage env 60 bash -c 'nvidia-smi; python3 -c "import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name())"'
-stage tests 420 python3 -m pytest -m gpu -q -p no:cacheprovider ${TEST_PATHS:-kernels python} --timeout=400
+stage tests ${TESTS_LIMIT:-420} python3 -m pytest -m gpu -q -p no:cacheprovider ${TEST_PATHS:-kernels python} --timeout=400
 stage gemm_sweep 240 python3 -m rlk.kernels.gemm.gemm_invariance_sweep --out "$R/gemm_invariance_sm90.json"
 stage gemm_bench 300 python3 -m rlk.kernels.gemm.gemm_bench --out "$R/gemm_h200.json"
 stage rowops_bench 240 python3 -m rlk.kernels.rowops.rowops_bench --out "$R/rowops_h200.json"
-stage attention_sweep 240 python3 -m rlk.kernels.attention.attention_invariance_sweep --out "$R/attention_invariance_sm90.json"
+stage attention_sweep ${SWEEP_LIMIT:-240} python3 -m rlk.kernels.attention.attention_invariance_sweep --out "$R/attention_invariance_sm90.json" ${SWEEP_ARGS:-}
 stage attention_bench 300 python3 -m rlk.kernels.attention.attention_bench --out "$R/attention_h200.json"
 stage logp_bench 300 python3 -m rlk.kernels.linear_logp.linear_logp_bench --out "$R/linear_logp_h200.json"
 stage replay ${REPLAY_LIMIT:-540} python3 -m rlk.replay h200 --out "$R/replay" ${REPLAY_ARGS:-}

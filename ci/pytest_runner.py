@@ -9,7 +9,9 @@ with the workspace's pyproject.toml, rootdir = the runfiles workspace (so the ro
 applies), `--import-mode=importlib` with namespace packages considered, so that a test module
 under kernels/rlk/kernels/<op>/ is imported as `rlk.kernels.<op>.<mod>` (pytest's default
 `prepend` mode would import it a second time as `kernels.<op>.<mod>`). JUnit XML goes to
-$XML_OUTPUT_FILE, where Bazel (and ci/bazel's pass/fail count) reads it.
+$XML_OUTPUT_FILE, where Bazel (and ci/bazel's pass/fail count) reads it. Under Bazel the
+editable install of rlk (`pip install -e .` in the same venv) is switched off, so that every
+rlk module comes from the runfiles through declared deps.
 
 Exit status is pytest's, except 5 (no test selected, e.g. a file whose tests are all GPU tests
 in the cpu variant), which becomes 0 with a line saying so.
@@ -41,6 +43,24 @@ def _prepare_env(variant: str) -> None:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+def drop_editable_install() -> int:
+    """Removes setuptools' editable-install finder of rlk (from `pip install -e .`).
+
+    Under Bazel every rlk module must come from the test's runfiles, through its declared deps;
+    the editable finder would quietly serve a missing dep from the source tree. Returns how
+    many hooks it removed.
+    """
+    def editable(obj) -> bool:
+        return str(getattr(obj, "__module__", "")).startswith("__editable__")
+
+    n = len(sys.meta_path) + len(sys.path_hooks) + len(sys.path)
+    sys.meta_path[:] = [f for f in sys.meta_path if not editable(f)]
+    sys.path_hooks[:] = [h for h in sys.path_hooks if not editable(h) and "__editable__" not in repr(h)]
+    sys.path[:] = [p for p in sys.path if "__editable__" not in p]
+    sys.path_importer_cache.clear()
+    return n - len(sys.meta_path) - len(sys.path_hooks) - len(sys.path)
+
+
 def build_args(argv: list[str], workspace: str) -> tuple[str, list[str]]:
     variant, rest = "cpu", []
     for a in argv:
@@ -65,6 +85,8 @@ def main(argv: list[str]) -> int:
     workspace = _workspace_dir()
     variant, args = build_args(argv, workspace)
     _prepare_env(variant)
+    if os.environ.get("TEST_SRCDIR"):
+        drop_editable_install()
     os.chdir(workspace)
     sys.dont_write_bytecode = True  # runfiles are not ours to litter
     import pytest

@@ -1,6 +1,7 @@
 """Tests of ci/pytest_runner.py's argument building (the runner itself runs every Bazel test)."""
 
 import os
+import sys
 
 import pytest
 
@@ -42,3 +43,14 @@ def test_interpreter_is_on_in_this_test():
     # Every rlk_py_test's CPU variant runs with TRITON_INTERPRET=1 (Bazel env + runner).
     if os.environ.get("TEST_SRCDIR"):
         assert os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def test_rlk_comes_from_runfiles_under_bazel():
+    # Under Bazel the editable install is dropped: rlk must resolve inside the runfiles tree.
+    srcdir = os.environ.get("TEST_SRCDIR")
+    if not srcdir:
+        pytest.skip("only meaningful under bazel test")
+    import rlk
+
+    assert all(os.path.abspath(p).startswith(os.path.abspath(srcdir)) for p in rlk.__path__), rlk.__path__
+    assert not any("__editable__" in str(getattr(f, "__module__", "")) for f in sys.meta_path)

@@ -134,7 +134,10 @@ def test_gpu_accuracy_qwen3(hq, hk):
     out, lse = launch.prefill(q, k, v, cu, max(lens), scale)
     ro, rl = reference.prefill_reference(q, k, v, cu, scale)
     _close(out, ro, 2e-2, 2e-2, "out")  # bf16 p in the PV and row-sum MMA
-    _close(lse, rl, 1e-3, 1e-4, "lse")
+    # attn.v1 sums the bf16-rounded p (numerator and denominator agree), so l carries a relative
+    # error of at most 2**-9 (one bf16 rounding per term): |d lse| <= 2**-9 ~ 1.95e-3. Measured on
+    # the H200 (2026-11-29): max 1.24e-3 at 32/8 heads, S up to 8192.
+    _close(lse, rl, 2.0 ** -9, 1e-4, "lse")
     do = torch.randn_like(q)
     grads = launch.backward(do, q, k, v, out, lse, cu, max(lens), scale)
     again = launch.backward(do, q, k, v, out, lse, cu, max(lens), scale)

@@ -1,11 +1,13 @@
-"""Contract ``gemm.bf16.v1``, its split-K rule and the checked-in schedule tables.
+"""Contract ``gemm.bf16.v1``, its split-K rule and the schedule tables.
 
-Bit-relevant (contract): the 64-wide ascending K walk, the split count ``split_k(K, N)`` (a
-table entry for known (K, N), else :func:`split_rule`), the segment fold order, fp32
-accumulation, the MMA form and the single RNE rounding at the store. Free (schedule, measured
-bit-neutral): decode vs prefill kernel, BLOCK_M, BLOCK_N, BLOCK_K (a multiple of 64), GROUP_M,
-num_warps, num_stages. No entry is keyed by M; the only M-dependent choice is the schedule
-(``decode_max_m``), which is allowed because both schedules give identical bytes.
+Bit-relevant (contract): the 64-wide ascending K walk (a sequential chain of 16-wide MMA k-steps),
+the split count ``split_k(K, N) = split_rule(K, N)`` (tables may restate it, never change it),
+the segment fold order, fp32 accumulation and the single RNE rounding at the store. Free
+(schedule, measured bit-neutral): decode vs prefill kernel, BLOCK_M, BLOCK_N, BLOCK_K (a
+multiple of 64), GROUP_M, num_warps, num_stages, the MMA instruction form, FLAT / PERSISTENT /
+TMA variants of the prefill kernel. Tables are keyed by (K, N); M buckets may select only the
+schedule and BLOCK_M (bit-neutral), never the split. ``$RLK_GEMM_TABLE`` replaces the sm_90 table
+file (e.g. the output of ``gemm_tune``).
 """
 
 from __future__ import annotations
@@ -20,19 +22,29 @@ from rlk import contracts
 from rlk.determinism import FP_FUSION
 from rlk.errors import UnsupportedConfigError
 from rlk.kernels import registry
-from rlk.kernels.gemm import kernel
+from rlk.kernels.gemm import kernel, kernel_tiled
 
 CONTRACT_ID = "gemm.bf16.v1"
 CHUNK_K = 64
-# Split rule parameters (contract bits): aim for >= TARGET_PROGRAMS decode programs with
-# 64-wide N tiles, at most MAX_SPLIT segments, each at least MIN_SEG_CHUNKS chunks long.
-TARGET_PROGRAMS = 264
+# Split rule parameters (contract bits): decode parallelism comes first from narrow N tiles
+# (N_TILE = 16 wide); split K only where cdiv(N, N_TILE) programs cannot fill TARGET_PROGRAMS
+# (the H200's 132 SMs), at most MAX_SPLIT segments, each at least MIN_SEG_CHUNKS chunks long.
+TARGET_PROGRAMS = 132
+N_TILE = 16
 MAX_SPLIT = 8
 MIN_SEG_CHUNKS = 4
 SCHEDULES = ("decode", "prefill")
+# Free fields per schedule (what a table entry or a config override may set).
+SCHEDULE_KEYS = {
+    "decode": ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages"),
+    "prefill": ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "FLAT",
+                "PERSISTENT", "TMA"),
+}
+DECODE_BLOCK_M = (16, 32, 64)  # auto decode BLOCK_M: the smallest that covers M (max 64)
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 TABLE_FILES = {"sm_90": "sm90.json", "gfx942": "gfx942.json"}
+TABLE_ENV = "RLK_GEMM_TABLE"  # path of an sm_90 table replacing configs/sm90.json (tuner output)
 
 
 def cdiv(a: int, b: int) -> int:
@@ -40,9 +52,13 @@ def cdiv(a: int, b: int) -> int:
 
 
 def split_rule(K: int, N: int) -> int:
-    """Split count for a (K, N) without a table entry. Depends on K and N only."""
+    """Contract split count for (K, N). Depends on K and N only.
+
+    The smallest divisor d <= MAX_SPLIT of ceil(K/64) with ceil(K/64)/d >= MIN_SEG_CHUNKS and
+    d * ceil(N/N_TILE) >= TARGET_PROGRAMS; else the largest such divisor; else 1.
+    """
     n_chunks = cdiv(K, CHUNK_K)
-    want = cdiv(TARGET_PROGRAMS, cdiv(N, 64))
+    want = cdiv(TARGET_PROGRAMS, cdiv(N, N_TILE))
     cands = [d for d in range(1, MAX_SPLIT + 1) if n_chunks % d == 0 and n_chunks // d >= MIN_SEG_CHUNKS]
     if not cands:
         return 1
@@ -50,28 +66,47 @@ def split_rule(K: int, N: int) -> int:
     return min(above) if above else max(cands)
 
 
-@functools.lru_cache(maxsize=None)
-def load_table(arch: str = "sm_90") -> dict:
+def table_path(arch: str = "sm_90") -> str:
     if arch not in TABLE_FILES:
         raise UnsupportedConfigError(f"gemm.bf16.v1: no table for arch {arch!r} (have {sorted(TABLE_FILES)})")
-    with open(os.path.join(_HERE, "configs", TABLE_FILES[arch])) as f:
+    if arch == "sm_90" and os.environ.get(TABLE_ENV):
+        return os.environ[TABLE_ENV]
+    return os.path.join(_HERE, "configs", TABLE_FILES[arch])
+
+
+def load_table(arch: str = "sm_90") -> dict:
+    """The schedule table of ``arch`` (``$RLK_GEMM_TABLE`` replaces the sm_90 file)."""
+    return _load_table_file(table_path(arch))
+
+
+@functools.lru_cache(maxsize=None)
+def _load_table_file(path: str) -> dict:
+    with open(path) as f:
         table = json.load(f)
+    name = os.path.basename(path)
     for key, entry in table["shapes"].items():
         k, n = (int(v) for v in key.split("x"))
         s = entry.get("split_k")
-        if s is not None and (s < 1 or cdiv(k, CHUNK_K) % s):
-            raise UnsupportedConfigError(f"{TABLE_FILES[arch]}: split_k={s} does not divide the "
-                                         f"{cdiv(k, CHUNK_K)} chunks of K={k}")
+        if s is not None and s != split_rule(k, n):
+            # The split count is contract bits: a table documents it, never changes it.
+            raise UnsupportedConfigError(f"{name}: {key} split_k={s} differs from the contract rule "
+                                         f"split_rule({k}, {n}) = {split_rule(k, n)}")
+        for sched in SCHEDULES:
+            bad = set(entry.get(sched, {})) - set(SCHEDULE_KEYS[sched])
+            if bad:
+                raise UnsupportedConfigError(f"{name}: {key} {sched} has non-schedule fields {sorted(bad)}")
+        for b in entry.get("buckets", []):
+            if len(b) != 3 or b[1] not in SCHEDULES:
+                raise UnsupportedConfigError(f"{name}: {key} bucket {b} is not [max_m|null, schedule, BLOCK_M|null]")
     return table
 
 
 def split_k(K: int, N: int) -> int:
-    """Contract split count for (K, N): the sm_90 table entry, else :func:`split_rule`.
+    """Contract split count for (K, N): :func:`split_rule` (tables may only restate it).
 
     The same value is used on every architecture (it is part of the contract, not a schedule).
     """
-    entry = load_table("sm_90")["shapes"].get(f"{K}x{N}", {})
-    return int(entry.get("split_k", split_rule(K, N)))
+    return split_rule(K, N)
 
 
 def arch_of(device: torch.device) -> str:
@@ -88,13 +123,42 @@ def arch_of(device: torch.device) -> str:
 
 
 def schedule_config(K: int, N: int, schedule: str, arch: str = "sm_90") -> dict:
-    """Launch parameters of ``schedule`` for (K, N). Never keyed by M."""
+    """Launch parameters of ``schedule`` for (K, N). Never keyed by M (decode BLOCK_M: see
+    :func:`pick_schedule`)."""
     if schedule not in SCHEDULES:
         raise UnsupportedConfigError(f"gemm: unknown schedule {schedule!r} (have {SCHEDULES})")
     table = load_table(arch)
     cfg = dict(table["default"][schedule])
     cfg.update(table["shapes"].get(f"{K}x{N}", {}).get(schedule, {}))
     return cfg
+
+
+def buckets(K: int, N: int, arch: str = "sm_90") -> list:
+    """M buckets ``[[max_m or None, schedule, BLOCK_M or None], ...]`` ascending for (K, N).
+
+    They select only bit-neutral fields (schedule, BLOCK_M): bytes never depend on the bucket.
+    """
+    table = load_table(arch)
+    entry = table["shapes"].get(f"{K}x{N}", {})
+    if "buckets" in entry:
+        return [list(b) for b in entry["buckets"]]
+    return [[int(table["decode_max_m"]), "decode", None], [None, "prefill", None]]
+
+
+def pick_schedule(M: int, K: int, N: int, arch: str = "sm_90") -> tuple[str, int | None]:
+    """(schedule, BLOCK_M or None) for M rows: the first bucket with M <= max_m."""
+    for max_m, sched, bm in buckets(K, N, arch):
+        if max_m is None or M <= max_m:
+            return sched, bm
+    return "prefill", None
+
+
+def decode_block_m(M: int) -> int:
+    """Decode BLOCK_M covering all M rows in one tile (M <= 64): 16, 32 or 64."""
+    for bm in DECODE_BLOCK_M:
+        if M <= bm:
+            return bm
+    return DECODE_BLOCK_M[-1]
 
 
 def fold_config(arch: str = "sm_90") -> dict:
@@ -106,26 +170,31 @@ def decode_max_m(arch: str = "sm_90") -> int:
 
 
 def _split_table() -> dict:
-    return {k: v["split_k"] for k, v in sorted(load_table("sm_90")["shapes"].items()) if "split_k" in v}
+    from rlk.testing.shapes import QWEN3_8B_GEMMS  # noqa: PLC0415
+
+    return {f"{k}x{n}": split_rule(k, n) for k, n in sorted(set(QWEN3_8B_GEMMS.values()))}
 
 
 _SWEEP = "gemm_invariance_sweep.py -> configs/invariance_sm90.json (sm_90, Triton 3.6.0)"
+_H200 = "gemm_invariance_sweep@H200 2026-11-29: 96 configs identical"
+_TUNE = "gemm_tune.py byte-identity check of every candidate vs the reference config (sm_90) + gpu tests"
 CONTRACT = contracts.register(contracts.Contract(
     id=CONTRACT_ID,
     summary="y = x @ w.T, bf16 in/out, fp32 accumulate, K chunks of 64 ascending, split-K by (K, N) only, ordered fold, one RNE rounding",
     bit_fields={
         "dtypes": {"x": "bf16", "w": "bf16", "y": "bf16 (fp32 when out_dtype=fp32)", "accumulator": "fp32",
-                   "dot_operands": "bf16 on GPU; fp32 under the CPU interpreter (same exact products)"},
-        "accumulation": "fp32; inside a segment acc = tl.dot(a, b, acc) per 64-chunk, from zero",
+                   "dot_operands": "bf16 on GPU; fp64 chunk sums under the CPU interpreter (same exact products)"},
+        "accumulation": "fp32; inside a segment acc = tl.dot(a, b, acc) per 64-chunk (a sequential chain of "
+                        "16-wide MMA k-steps), from zero",
         "rounding": "one fp32->bf16 round-to-nearest-even at the store; none before",
         "reduction_order": "K in chunks of 64 ascending (last chunk zero-padded); chunks cut into split_k "
                            "equal segments; total = 0.0 then total += segment_s for s ascending (fp32)",
         "fp_fusion": FP_FUSION,
         "chunk_k": CHUNK_K,
-        "split_k": {"rule": "table entry for (K, N), else smallest divisor d <= MAX_SPLIT of ceil(K/64) with "
-                            "ceil(K/64)/d >= MIN_SEG_CHUNKS and d * ceil(N/64) >= TARGET_PROGRAMS, else the "
-                            "largest such divisor, else 1",
-                    "params": {"TARGET_PROGRAMS": TARGET_PROGRAMS, "MAX_SPLIT": MAX_SPLIT,
+        "split_k": {"rule": "smallest divisor d <= MAX_SPLIT of ceil(K/64) with ceil(K/64)/d >= MIN_SEG_CHUNKS "
+                            "and d * ceil(N/N_TILE) >= TARGET_PROGRAMS, else the largest such divisor, else 1; "
+                            "tables may only restate it",
+                    "params": {"TARGET_PROGRAMS": TARGET_PROGRAMS, "N_TILE": N_TILE, "MAX_SPLIT": MAX_SPLIT,
                                "MIN_SEG_CHUNKS": MIN_SEG_CHUNKS},
                     "table": _split_table()},
         "mma": "Triton 3.6 tl.dot lowering, bf16 x bf16 -> fp32 (sm_90: wgmma for BLOCK_M >= 64, mma.sync "
@@ -140,15 +209,24 @@ CONTRACT = contracts.register(contracts.Contract(
         "GROUP_M": [1, 8],
         "num_warps": [4, 8],
         "num_stages": [2, 3, 4, 5],
+        "FLAT": [0, 1],
+        "PERSISTENT": [0, 1],
+        "TMA": [0, 1],
+        "m_bucket": "per (K, N): M ranges select schedule and BLOCK_M only",
     },
     bit_neutral_evidence={
-        "schedule": f"gemm_invariance_test.py (interpreter) + {_SWEEP}",
-        "BLOCK_M": f"PERF.md plain-kernel sweep@sm_90 + {_SWEEP}",
-        "BLOCK_N": f"PERF.md plain-kernel sweep@sm_90 + {_SWEEP}",
-        "BLOCK_K": f"PERF.md plain-kernel sweep@sm_90 (64/128) + {_SWEEP}",
-        "GROUP_M": "program order only: every element is computed by one program (no cross-program sum)",
-        "num_warps": f"PERF.md plain-kernel sweep@sm_90 (4/8) + {_SWEEP}",
-        "num_stages": f"pipelining only + {_SWEEP}",
+        "schedule": f"{_H200}; gemm_invariance_test.py (interpreter) + {_SWEEP}",
+        "BLOCK_M": f"{_H200} (16/64/128); PERF.md plain-kernel sweep@sm_90",
+        "BLOCK_N": f"{_H200} (16-256); PERF.md plain-kernel sweep@sm_90",
+        "BLOCK_K": f"{_H200} (64/128)",
+        "GROUP_M": f"{_H200} (1/8); program order only (no cross-program sum)",
+        "num_warps": f"{_H200} (4/8)",
+        "num_stages": f"{_H200} (2/3/4)",
+        "mma_form": f"{_H200}: mma.sync (BLOCK_M 16) vs wgmma identical",
+        "FLAT": f"same operation sequence (interpreter tests); {_TUNE}",
+        "PERSISTENT": f"tile walk order only (no cross-program sum); {_TUNE}",
+        "TMA": f"load path only (zero fill past the edges); {_TUNE}",
+        "m_bucket": "selects schedule/BLOCK_M only (both measured bit-neutral above)",
     },
     targets=("sm_90", "cpu-interpreter"),
     kernels=("gemm.segment", "gemm.fold", "gemm.tiled"),
@@ -166,9 +244,9 @@ def _register_kernels() -> None:
         name="gemm.segment", contract_id=CONTRACT_ID, fn=kernel.gemm_segment_kernel,
         signature={"out_ptr": "*fp32", "x_ptr": "*bf16", "w_ptr": "*bf16", **common,
                    "stride_om": "i32", "stride_on": "i32", "stride_ws": "i32",
-                   "SPLIT_K": "constexpr", "SEG_CHUNKS": "constexpr", "BLOCK_M": "constexpr",
+                   "SPLIT_K": "constexpr", "SEG_STEPS": "constexpr", "BLOCK_M": "constexpr",
                    "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", **flags},
-        configs=({"SPLIT_K": 4, "SEG_CHUNKS": 16, **{k: dec[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K")},
+        configs=({"SPLIT_K": 2, "SEG_STEPS": 32, "BLOCK_M": 16, **{k: dec[k] for k in ("BLOCK_N", "BLOCK_K")},
                   **gpu, "num_warps": dec["num_warps"], "num_stages": dec["num_stages"]},),
         expects_mma=True))
     fold = fold_config()
@@ -177,17 +255,20 @@ def _register_kernels() -> None:
         signature={"y_ptr": "*bf16", "ws_ptr": "*fp32", "M": "i32", "N": "i32", "stride_ym": "i32",
                    "stride_yn": "i32", "stride_ws": "i32", "SPLIT_K": "constexpr", "BLOCK_M": "constexpr",
                    "BLOCK_N": "constexpr", "OUT_FP32": "constexpr", "INTERPRET": "constexpr"},
-        configs=({"SPLIT_K": 4, "BLOCK_M": fold["BLOCK_M"], "BLOCK_N": fold["BLOCK_N"], "OUT_FP32": False,
+        configs=({"SPLIT_K": 2, "BLOCK_M": fold["BLOCK_M"], "BLOCK_N": fold["BLOCK_N"], "OUT_FP32": False,
                   "INTERPRET": False, "num_warps": fold["num_warps"], "num_stages": 1},)))
     registry.register_kernel(registry.KernelEntry(
-        name="gemm.tiled", contract_id=CONTRACT_ID, fn=kernel.gemm_tiled_kernel,
-        signature={"y_ptr": "*bf16", "x_ptr": "*bf16", "w_ptr": "*bf16", **common,
-                   "stride_ym": "i32", "stride_yn": "i32", "SPLIT_K": "constexpr", "SEG_CHUNKS": "constexpr",
+        name="gemm.tiled", contract_id=CONTRACT_ID, fn=kernel_tiled.gemm_tiled_kernel,
+        signature={"y_ptr": "*bf16", "x_ptr": "*bf16", "w_ptr": "*bf16", "x_desc": "constexpr",
+                   "w_desc": "constexpr", **common,
+                   "stride_ym": "i32", "stride_yn": "i32", "SPLIT_K": "constexpr", "SEG_STEPS": "constexpr",
                    "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr",
-                   "GROUP_M": "constexpr", **flags},
-        configs=({"SPLIT_K": 4, "SEG_CHUNKS": 16,
+                   "GROUP_M": "constexpr", "NUM_PROGS": "constexpr", "FLAT": "constexpr",
+                   "USE_TMA": "constexpr", **flags},
+        configs=({"x_desc": None, "w_desc": None, "SPLIT_K": 2, "SEG_STEPS": 32,
                   **{k: pre[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")},
-                  **gpu, "num_warps": pre["num_warps"], "num_stages": pre["num_stages"]},),
+                  "NUM_PROGS": 132 if pre.get("PERSISTENT") else 0, "FLAT": bool(pre.get("FLAT", 1)),
+                  "USE_TMA": False, **gpu, "num_warps": pre["num_warps"], "num_stages": pre["num_stages"]},),
         expects_mma=True))
 
 

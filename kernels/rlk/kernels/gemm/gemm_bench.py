@@ -80,12 +80,14 @@ def main(argv=None) -> int:
                    "ratio": round(strict_ms / native_ms, 4),
                    "strict_tbps": round(nbytes / (strict_ms * 1e-3) / 1e12, 3),
                    "strict_tflops": round(flops / (strict_ms * 1e-3) / 1e12, 1),
-                   "schedule": p["schedule"], "split_k": p["split_k"], "timing": "eager" if args.eager else "cudagraph"}
+                   "schedule": p["schedule"], "split_k": p["split_k"],
+                   "config": {k: p[k] for k in config.SCHEDULE_KEYS[p["schedule"]] if k in p},
+                   "timing": "eager" if args.eager else "cudagraph"}
             rows.append(row)
             print(f"{name:<12}{K:>6}{N:>7}{M:>6}{row['strict_us']:>11.2f}{row['native_us']:>11.2f}"
                   f"{row['ratio']:>7.3f}{row['strict_tbps']:>7.2f}{row['strict_tflops']:>9.1f}  {p['schedule']}/S{p['split_k']}",
                   flush=True)
-    doc = {"provenance": _provenance(), "contract": config.CONTRACT.to_json(), "rows": rows}
+    doc = {"provenance": _provenance(), "table": config.table_path("sm_90"), "contract": config.CONTRACT.to_json(), "rows": rows}
     with open(args.out, "w") as f:
         json.dump(doc, f, indent=1, default=str)
     print(f"wrote {len(rows)} rows to {args.out}")

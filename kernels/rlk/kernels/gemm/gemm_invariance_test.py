@@ -10,8 +10,12 @@ repeat this on the H200 at the Qwen3-8B shapes, plus CUDA graph replay vs eager.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
+
+from rlk.errors import UnsupportedConfigError
 
 from rlk.kernels.gemm import config, gemm
 from rlk.testing import assert_bitwise_equal
@@ -86,6 +90,74 @@ def test_split_count_changes_bits(monkeypatch):
         "split 1 and split 4 gave equal fp32 bytes: the invariance tests could not detect a fold change")
 
 
+@pytest.mark.parametrize("K,N", [(512, 63), (768, 96), (128, 96)], ids=["split2", "split3", "split1"])
+def test_prefill_variants_identical(K, N):
+    """FLAT (one K loop, fold at segment ends), PERSISTENT (3 programs walk the tiles) and TMA
+    (tensor descriptors; x, w contiguous with 16-byte rows) give the reference bytes."""
+    x, w = _rand(40, K, seed=11), _rand(N, K, seed=12)
+    ref = gemm(x, w, out_dtype=torch.float32, schedule="prefill",
+               config=dict(BLOCK_M=32, BLOCK_N=32, FLAT=0, PERSISTENT=0, TMA=0))
+    for flat, pers, tma in ((1, 0, 0), (0, 1, 0), (0, 0, 1), (1, 1, 1)):
+        cfg = dict(BLOCK_M=16, BLOCK_N=64, GROUP_M=2, FLAT=flat, PERSISTENT=pers, TMA=tma)
+        for m in (1, 17, 40):
+            y = gemm(x[:m], w, out_dtype=torch.float32, schedule="prefill", config=cfg)
+            assert_bitwise_equal(y, ref[:m], f"K={K} N={N} M={m} {cfg}")
+
+
+def test_tma_falls_back_on_unaligned_strides():
+    from rlk.kernels.gemm import launch
+
+    x = _rand(5, 100, seed=13)  # 200-byte rows: not 16-byte aligned
+    w = _rand(24, 100, seed=14)
+    assert not launch.tma_ok(x) and launch.tma_ok(_rand(5, 64))
+    assert not launch.tma_ok(_rand(64, 5).t())
+    ref = gemm(x, w, out_dtype=torch.float32, schedule="prefill", config=dict(TMA=0))
+    assert_bitwise_equal(gemm(x, w, out_dtype=torch.float32, schedule="prefill", config=dict(TMA=1)), ref, "fallback")
+
+
+def test_decode_block_m_covers_m_and_buckets(monkeypatch, tmp_path):
+    """Decode picks one m-tile for M <= 64 (weights streamed once); table M buckets select
+    schedule / BLOCK_M only, and the bytes do not change with them."""
+    from rlk.kernels.gemm import launch
+
+    dev = torch.device(DEV)
+    for m, bm in ((1, 16), (16, 16), (17, 32), (33, 64), (64, 64)):
+        p = launch.plan(m, 4096, 6144, dev)
+        assert p["schedule"] == "decode" and p["BLOCK_M"] == bm, (m, p)
+    K, N = 512, 63
+    x, w = _rand(70, K, seed=15), _rand(N, K, seed=16)
+    ref = gemm(x, w, out_dtype=torch.float32)
+    table = json.loads(open(config.table_path()).read())
+    table["shapes"][f"{K}x{N}"] = {"split_k": config.split_rule(K, N), "prefill": {"BLOCK_N": 32},
+                                   "buckets": [[2, "decode", None], [20, "prefill", 16], [40, "decode", 64],
+                                               [None, "prefill", 64]]}
+    path = tmp_path / "tuned.json"
+    path.write_text(json.dumps(table))
+    monkeypatch.setenv(config.TABLE_ENV, str(path))
+    for m, sched, bm in ((2, "decode", 16), (3, "prefill", 16), (33, "decode", 64), (70, "prefill", 64)):
+        p = launch.plan(m, K, N, dev)
+        assert (p["schedule"], p["BLOCK_M"]) == (sched, bm), (m, p)
+        assert_bitwise_equal(gemm(x[:m], w, out_dtype=torch.float32), ref[:m], f"bucket M={m}")
+
+
+def test_table_cannot_change_split(monkeypatch, tmp_path):
+    table = json.loads(open(config.table_path()).read())
+    table["shapes"]["4096x6144"]["split_k"] = 4
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(table))
+    monkeypatch.setenv(config.TABLE_ENV, str(path))
+    with pytest.raises(UnsupportedConfigError, match="split_k=4 differs from the contract rule"):
+        config.load_table()
+    assert config.split_k(4096, 6144) == 1
+
+
+def test_split_rule_fills_programs_with_narrow_tiles():
+    # S=1 wherever ceil(N/16) >= 132; S=2 for TP4 qkv (N=1536: 96 tiles of 16).
+    assert config.split_rule(4096, 4096) == 1 and config.split_rule(12288, 4096) == 1
+    assert config.split_rule(1024, 4096) == 1 and config.split_rule(4096, 37984) == 1
+    assert config.split_rule(4096, 1536) == 2 and config.split_rule(4096, 1024) == 4
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", list(QWEN3_8B_GEMMS))
 def test_gpu_rows_invariant_qwen3(name):
@@ -134,3 +206,24 @@ def test_gpu_cuda_graph_matches_eager():
         g.replay()
         torch.cuda.synchronize()
         assert_bitwise_equal(out, gemm(static_x, w), f"graph replay new input M={m}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["qkv", "tp4_qkv"])  # split 1 and 2; ~20 compiles each
+def test_gpu_tuner_candidates_identical(name):
+    """Every candidate the tuner may pick (FLAT / PERSISTENT / TMA prefill variants, decode BLOCK_N /
+    BLOCK_K / stages) gives the reference config's fp32 bytes (the accumulation itself) at Qwen3-8B shapes."""
+    from rlk.kernels.gemm import gemm_tune
+
+    K, N = QWEN3_8B_GEMMS[name]
+    x, w = _rand(2048, K, seed=21), _rand(N, K, seed=22)
+    for dt in (torch.float32,):
+        ref = gemm(x, w, out_dtype=dt, schedule="prefill", config=gemm_tune.REF)
+        for cfg in gemm_tune.PREFILL_CANDS:
+            for m in (1, 300, 2048):
+                y = gemm(x[:m], w, out_dtype=dt, schedule="prefill", config=cfg)
+                assert_bitwise_equal(y, ref[:m], f"{name} {dt} prefill {cfg} M={m}")
+        for cfg in gemm_tune.DECODE_CANDS:
+            for m in (1, 64, 128):
+                y = gemm(x[:m], w, out_dtype=dt, schedule="decode", config=cfg)
+                assert_bitwise_equal(y, ref[:m], f"{name} {dt} decode {cfg} M={m}")

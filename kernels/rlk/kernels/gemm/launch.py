@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from rlk.errors import UnsupportedConfigError
@@ -9,13 +11,7 @@ import triton.language as tl
 
 from rlk.kernels.common import dot_dtype_for, interpret_flag, launch_options
 from rlk.kernels.gemm import config as cfgmod
-from rlk.kernels.gemm import kernel
-
-_SCHEDULE_KEYS = {
-    "decode": ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages"),
-    "prefill": ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages"),
-}
-
+from rlk.kernels.gemm import kernel, kernel_tiled
 
 def _check(x: torch.Tensor, w: torch.Tensor, out_dtype) -> None:
     for name, t in (("x", x), ("w", w)):
@@ -48,17 +44,26 @@ def _dot_dtype(device: torch.device):
 
 def plan(M: int, K: int, N: int, device: torch.device, schedule: str | None = None,
          config: dict | None = None) -> dict:
-    """The launch plan: split count (contract), schedule and its parameters (free)."""
+    """The launch plan: split count (contract) and the schedule with its free fields.
+
+    Without ``schedule`` the (K, N) entry's M buckets pick the schedule and maybe BLOCK_M;
+    both are bit-neutral, so choosing them from M is allowed. Decode BLOCK_M defaults to the
+    smallest of 16/32/64 covering M (the weights then stream exactly once for M <= 64).
+    """
     arch = cfgmod.arch_of(device)
+    bucket_bm = None
     if schedule is None:
-        # Bytes do not depend on the schedule (tested), so choosing it from M is allowed.
-        schedule = "decode" if M <= cfgmod.decode_max_m(arch) else "prefill"
+        schedule, bucket_bm = cfgmod.pick_schedule(M, K, N, arch)
     cfg = cfgmod.schedule_config(K, N, schedule, arch)
+    if bucket_bm is not None:
+        cfg["BLOCK_M"] = int(bucket_bm)
+    if schedule == "decode" and "BLOCK_M" not in cfg:
+        cfg["BLOCK_M"] = cfgmod.decode_block_m(M)
     n_chunks = cfgmod.cdiv(K, cfgmod.CHUNK_K)
     split = cfgmod.split_k(K, N)
     seg_chunks = n_chunks // split
     if config:
-        unknown = set(config) - set(_SCHEDULE_KEYS[schedule])
+        unknown = set(config) - set(cfgmod.SCHEDULE_KEYS[schedule])
         if unknown:
             raise UnsupportedConfigError(f"gemm: {sorted(unknown)} are not schedule fields of {schedule!r}")
         cfg.update(config)
@@ -71,7 +76,38 @@ def plan(M: int, K: int, N: int, device: torch.device, schedule: str | None = No
         # A function of (K, N) only. Under the interpreter one dot is one exact fp64 chunk sum, so
         # a 128-wide dot would model another arithmetic than the GPU's chained 64-chunks.
         cfg["BLOCK_K"] = cfgmod.CHUNK_K
-    return {"arch": arch, "schedule": schedule, "split_k": split, "seg_chunks": seg_chunks, **cfg}
+    if schedule == "prefill":
+        for key in ("FLAT", "PERSISTENT", "TMA"):
+            cfg[key] = int(cfg.get(key, 0))
+    return {"arch": arch, "schedule": schedule, "split_k": split, "seg_chunks": seg_chunks,
+            "seg_steps": seg_chunks * cfgmod.CHUNK_K // cfg["BLOCK_K"], **cfg}
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def num_progs(device: torch.device) -> int:
+    """Persistent grid size: the SM count (the interpreter uses 3 to exercise multi-tile walks)."""
+    if device.type == "cpu":
+        return 3
+    return _num_sms(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def tma_ok(t: torch.Tensor) -> bool:
+    """Whether ``t`` [rows, K] can be read through a tensor descriptor (TMA): unit inner stride,
+    16-byte aligned base and row stride."""
+    return (t.stride(1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0
+            and t.data_ptr() % 16 == 0 and t.shape[0] > 0)
+
+
+def _descriptors(x, w, bm, bn, bk):
+    from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: PLC0415
+
+    xd = TensorDescriptor(x, list(x.shape), [x.stride(0), 1], [bm, bk])
+    wd = TensorDescriptor(w, list(w.shape), [w.stride(0), 1], [bn, bk])
+    return xd, wd
 
 
 def gemm(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfloat16,
@@ -83,7 +119,7 @@ def gemm(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfl
       w: ``[N, K]`` bf16 (the nn.Linear layout), any strides; pass ``w.t()`` for ``x @ w``.
       out_dtype: bf16 (one RNE rounding at the store) or fp32 (no rounding; e.g. for dw).
       schedule: ``"decode"`` or ``"prefill"`` to force one (tests, sweeps); None picks by M.
-      config: overrides of the schedule's free launch fields (tests, sweeps).
+      config: overrides of the schedule's free launch fields (tests, sweeps, the tuner).
 
     Returns:
       ``y [M, N]`` contiguous, ``out_dtype``.
@@ -104,21 +140,21 @@ def gemm(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfl
                  INTERPRET=interpret_flag())
     opts = launch_options()
     cdiv = cfgmod.cdiv
-    S, SEG = p["split_k"], p["seg_chunks"]
+    S = p["split_k"]
+    bm, bn, bk = p["BLOCK_M"], p["BLOCK_N"], p["BLOCK_K"]
     handles = []
     with torch.cuda.device(x.device) if x.device.type == "cuda" else _nullctx():
         if p["schedule"] == "decode":
-            bm, bn = p["BLOCK_M"], p["BLOCK_N"]
             if cdiv(M, bm) > 65535:
                 raise UnsupportedConfigError(f"gemm: decode schedule cannot cover M={M} with BLOCK_M={bm}")
-            out = y if S == 1 else torch.empty((S, M, N), dtype=torch.float32, device=x.device)
             if S * M * N >= 2**31:
                 raise UnsupportedConfigError(f"gemm: decode workspace {S}x{M}x{N} too large; use prefill")
+            out = y if S == 1 else torch.empty((S, M, N), dtype=torch.float32, device=x.device)
             grid = (cdiv(N, bn), S, cdiv(M, bm))
             handles.append(kernel.gemm_segment_kernel[grid](
                 out, x, w, M, N, K, x.stride(0), x.stride(1), w.stride(0), w.stride(1),
                 y.stride(0), y.stride(1), M * N,
-                SPLIT_K=S, SEG_CHUNKS=SEG, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=p["BLOCK_K"],
+                SPLIT_K=S, SEG_STEPS=p["seg_steps"], BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
                 num_warps=p["num_warps"], num_stages=p["num_stages"], **flags, **opts))
             if S > 1:
                 f = cfgmod.fold_config(p["arch"])
@@ -128,14 +164,17 @@ def gemm(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfl
                     SPLIT_K=S, BLOCK_M=f["BLOCK_M"], BLOCK_N=f["BLOCK_N"], OUT_FP32=flags["OUT_FP32"],
                     INTERPRET=flags["INTERPRET"], num_warps=f["num_warps"], **opts))
         else:
-            bm, bn = p["BLOCK_M"], p["BLOCK_N"]
-            grid = (cdiv(M, bm) * cdiv(N, bn),)
-            handles.append(kernel.gemm_tiled_kernel[grid](
-                y, x, w, M, N, K, x.stride(0), x.stride(1), w.stride(0), w.stride(1),
-                y.stride(0), y.stride(1),
-                SPLIT_K=S, SEG_CHUNKS=SEG, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=p["BLOCK_K"],
-                GROUP_M=p["GROUP_M"], num_warps=p["num_warps"], num_stages=p["num_stages"],
-                **flags, **opts))
+            tiles = cdiv(M, bm) * cdiv(N, bn)
+            nprog = num_progs(x.device) if p["PERSISTENT"] else 0
+            use_tma = bool(p["TMA"]) and tma_ok(x) and tma_ok(w)
+            xd, wd = _descriptors(x, w, bm, bn, bk) if use_tma else (None, None)
+            grid = (min(nprog, tiles) if nprog else tiles,)
+            handles.append(kernel_tiled.gemm_tiled_kernel[grid](
+                y, x, w, xd, wd, M, N, K,
+                x.stride(0), x.stride(1), w.stride(0), w.stride(1), y.stride(0), y.stride(1),
+                SPLIT_K=S, SEG_STEPS=p["seg_steps"], BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=p["GROUP_M"],
+                NUM_PROGS=nprog, FLAT=bool(p["FLAT"]), USE_TMA=use_tma,
+                num_warps=p["num_warps"], num_stages=p["num_stages"], **flags, **opts))
     if _handles is not None:
         _handles.extend(handles)
     return y

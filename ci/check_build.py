@@ -1,6 +1,7 @@
 """Build-file consistency check (CI, and the release gate's L0).
 
     python3 ci/check_build.py [--root DIR] [--buildifier PATH | --no-buildifier]
+    python3 ci/check_build.py --fix     # buildifier reformats every Starlark file first
 
 Checks, each failure one line (exit 1 when any):
   * WORKSPACE (Bazel 4, offline) declares exactly the local stand-ins that live under
@@ -298,7 +299,14 @@ def main(argv: list[str] | None = None) -> int:
                     or os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     ap.add_argument("--buildifier", default=None)
     ap.add_argument("--no-buildifier", action="store_true")
+    ap.add_argument("--fix", action="store_true", help="buildifier --mode=fix on every Starlark file first")
     a = ap.parse_args(argv)
+    if a.fix:
+        exe = a.buildifier or find_buildifier(a.root)
+        if exe is None:
+            print("check_build: --fix needs buildifier (bash ci/bootstrap.sh installs it)")
+            return 1
+        subprocess.run([exe, "--mode=fix", *starlark_files(a.root)], cwd=a.root, check=False)
     errs = check(a.root, a.buildifier, not a.no_buildifier)
     for e in errs:
         print(f"check_build: {e}")

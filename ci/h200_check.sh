@@ -18,7 +18,7 @@ if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=$PYTHONPATH:/tmp/site
 fi
-STAGES=${STAGES:-"env tests gemm_sweep gemm_bench rowops_bench attention_sweep attention_bench logp_bench replay e2e gate"}
+STAGES=${STAGES:-"env tests gemm_sweep gemm_tune gemm_bench rowops_bench attention_sweep attention_bench logp_bench replay e2e gate"}
 SUMMARY=$OUT/summary.txt
 : > "$SUMMARY"
 
@@ -37,7 +37,9 @@ stage() {  # stage NAME LIMIT_S CMD...
 stage env 60 bash -c 'nvidia-smi; python3 -c "import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name())"'
 stage tests ${TESTS_LIMIT:-420} python3 -m pytest -m gpu -q -p no:cacheprovider ${TEST_PATHS:-kernels python} --timeout=400
 stage gemm_sweep 240 python3 -m rlk.kernels.gemm.gemm_invariance_sweep --out "$R/gemm_invariance_sm90.json"
-stage gemm_bench 300 python3 -m rlk.kernels.gemm.gemm_bench --out "$R/gemm_h200.json"
+stage gemm_tune ${TUNE_LIMIT:-300} python3 -m rlk.kernels.gemm.gemm_tune --out "$R/gemm_sm90_tuned.json" ${TUNE_ARGS:-}
+[ -f "$R/gemm_sm90_tuned.json" ] && export RLK_GEMM_TABLE="$R/gemm_sm90_tuned.json"
+stage gemm_bench ${GEMM_BENCH_LIMIT:-300} python3 -m rlk.kernels.gemm.gemm_bench --out "$R/gemm_h200.json" ${GEMM_BENCH_ARGS:-}
 stage rowops_bench 240 python3 -m rlk.kernels.rowops.rowops_bench --out "$R/rowops_h200.json"
 stage attention_sweep ${SWEEP_LIMIT:-240} python3 -m rlk.kernels.attention.attention_invariance_sweep --out "$R/attention_invariance_sm90.json" ${SWEEP_ARGS:-}
 stage attention_bench 300 python3 -m rlk.kernels.attention.attention_bench --out "$R/attention_h200.json"

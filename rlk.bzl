@@ -112,7 +112,6 @@ def rlk_py_library(name, srcs, deps = [], data = [], pip_deps = None, **kwargs):
         deps = deps + _pip(DEFAULT_PIP_DEPS if pip_deps == None else pip_deps),
         data = data,
         imports = source_root_imports(),
-        srcs_version = "PY3",
         **kwargs
     )
 
@@ -125,8 +124,6 @@ def rlk_py_binary(name, srcs, main = None, deps = [], data = [], pip_deps = None
         deps = deps + _pip(DEFAULT_PIP_DEPS if pip_deps == None else pip_deps),
         data = data,
         imports = source_root_imports(),
-        python_version = "PY3",
-        srcs_version = "PY3",
         **kwargs
     )
 
@@ -167,8 +164,6 @@ def rlk_py_test(
         deps = deps + _pip((DEFAULT_PIP_DEPS if pip_deps == None else pip_deps) + TEST_PIP_DEPS),
         data = data + [_PYTEST_CONFIG],
         imports = source_root_imports(),
-        python_version = "PY3",
-        srcs_version = "PY3",
         size = size,
     )
     common.update(kwargs)

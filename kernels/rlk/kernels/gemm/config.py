@@ -199,6 +199,14 @@ CONTRACT = contracts.register(contracts.Contract(
                     "table": _split_table()},
         "mma": "Triton 3.6 tl.dot lowering, bf16 x bf16 -> fp32 (sm_90: wgmma for BLOCK_M >= 64, mma.sync "
                "m16n8k16 for BLOCK_M = 16; their equality is measured, see invariance_sm90.json); gfx942 MFMA not run",
+        # Checked in the compiled code by rlk.gate.crosstarget. Both sm_90 forms were measured
+        # bit-identical on the H200 (invariance_sm90.json); gfx942 forms are recorded, not run.
+        "mma_form": {
+            "gemm.tiled": {"sm_90": ["wgmma.f32.bf16.bf16", "mma.sync.m16n8k16.f32.bf16.bf16"],
+                           "gfx942": ["v_mfma_f32_32x32x8_bf16", "v_mfma_f32_16x16x16_bf16"]},
+            "gemm.segment": {"sm_90": ["mma.sync.m16n8k16.f32.bf16.bf16", "wgmma.f32.bf16.bf16"],
+                             "gfx942": ["v_mfma_f32_16x16x16_bf16", "v_mfma_f32_32x32x8_bf16"]},
+        },
         "backward": "dx = dy @ w and dw = dy.T @ x are this contract with (K, N) = (N, K) and (M, K)",
     },
     schedule_fields={

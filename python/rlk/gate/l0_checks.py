@@ -123,6 +123,37 @@ def check_golden(ctx: GateContext) -> CheckResult:
     return CheckResult(True, f"{n} fingerprints equal the golden file (triton {res['triton_version']})", metrics)
 
 
+def source_root() -> str | None:
+    """The repository checkout this rlk runs from (``bazel run`` names it), or None."""
+    env = os.environ.get("BUILD_WORKSPACE_DIRECTORY")
+    if env and os.path.exists(os.path.join(env, "MODULE.bazel")):
+        return env
+    here = os.path.dirname(os.path.abspath(__file__))
+    for _ in range(6):
+        if os.path.exists(os.path.join(here, "MODULE.bazel")) and os.path.exists(os.path.join(here, "ci", "check_build.py")):
+            return here
+        here = os.path.dirname(here)
+    return None
+
+
+@register_check("L0", "build.consistent", profiles=_ALL)
+def check_build_files(ctx: GateContext) -> CheckResult:
+    """ci/check_build.py over the checkout: WORKSPACE/MODULE/stand-ins agree, every source file is
+    covered by a target, buildifier clean. Without a checkout there is nothing to check: FAIL."""
+    import subprocess
+
+    root = source_root()
+    if root is None:
+        return CheckResult(False, "no source checkout found (MODULE.bazel + ci/check_build.py); build files not checked")
+    args = [sys.executable, os.path.join(root, "ci", "check_build.py"), "--root", root]
+    if os.environ.get("RLK_GATE_NO_BUILDIFIER"):
+        args.append("--no-buildifier")
+    p = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    lines = [ln for ln in p.stdout.splitlines() if ln.strip()]
+    return CheckResult(p.returncode == 0, lines[-1] if lines else (p.stderr.strip()[-300:] or "no output"),
+                       {"problems": [ln for ln in lines if ln.startswith("check_build: ") and "OK" not in ln][:20]})
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
@@ -142,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     ctx = GateContext(profile="cpu", out_dir="")
     ok = True
-    for fn in (check_contracts, check_crosstarget, check_golden):
+    for fn in (check_contracts, check_crosstarget, check_golden, check_build_files):
         try:
             r = fn(ctx)
         except Exception as e:  # noqa: BLE001 - a check that raises fails

@@ -1,0 +1,3 @@
+"""placeholder"""
+def audit_model(model):
+    return []

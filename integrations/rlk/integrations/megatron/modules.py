@@ -210,13 +210,14 @@ class RlkCoreAttention(torch.nn.Module):
         self.head_dim = int(config.kv_channels)
         self.scale = float(softmax_scale) if softmax_scale is not None else self.head_dim ** -0.5
         self.layer_number, self.rope_theta, self.max_positions = layer_number, float(rope_theta), int(max_positions)
-        self._rope = None
+        from rlk.ops import rowops
+
+        # rope.v1's table (host fp64, one cast to fp32), built once here, outside the forward.
+        self._rope = rowops.rope_table(self.max_positions, self.head_dim, self.rope_theta, "cpu")
 
     def _table(self, device):
-        if self._rope is None or self._rope[0].device != device:
-            from rlk.ops import rowops
-
-            self._rope = rowops.rope_table(self.max_positions, self.head_dim, self.rope_theta, device)
+        if self._rope[0].device != device:  # an exact copy to the activations' device
+            self._rope = tuple(t.to(device) for t in self._rope)
         return self._rope
 
     def forward(self, query, key, value, attention_mask=None, attn_mask_type=None, attention_bias=None,

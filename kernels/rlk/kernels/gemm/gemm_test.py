@@ -97,7 +97,18 @@ def test_split_rule_depends_on_k_and_n_only():
         assert config.cdiv(k, 64) % s == 0 and 1 <= s <= config.MAX_SPLIT
         assert s == config.split_rule(k, n), f"table entry {k}x{n} differs from the rule"
     assert config.split_rule(64, 8) == 1 and config.split_rule(1024, 70) == 4
-    assert "M" not in str(config.load_table("sm_90")["shapes"])
+    # No table key names the row count; M buckets may pick only schedule and BLOCK_M.
+    def keys(node):
+        if isinstance(node, dict):
+            for k, v in node.items():
+                yield k
+                yield from keys(v)
+
+    table = config.load_table("sm_90")
+    assert not {"M", "m", "rows", "batch", "tokens"} & set(keys(table["shapes"]))
+    for entry in table["shapes"].values():
+        for max_m, sched, block_m in entry.get("buckets", []):
+            assert sched in config.SCHEDULES and block_m in (None, *config.DECODE_BLOCK_M, 128)
 
 
 def _backward(x, w, dy):

@@ -1,0 +1,128 @@
+"""Runs the strict megatron-core GPTModel against rlk's own trainer pattern on the same weights
+and packed tokens (used by the tests and by :mod:`rlk.integrations.megatron.check`).
+
+* :func:`megatron_logp` (one rank): build at TP=``tp``, load this rank's shard, forward with the
+  rlk output processor over packed sequences (``thd``), optional actor backward of
+  ``-sum(logp * loss_mask)``; returns logp and per-parameter gradients.
+* :func:`reference_logp`: ``rlk.models.qwen3.Qwen3(route="strict").trainer_logp``.
+* :func:`spawn_tp`: runs :func:`megatron_logp` on ``tp`` gloo processes (fresh interpreters,
+  ``OMP_NUM_THREADS=1``), results gathered through files.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+
+import torch
+
+from rlk.models.qwen3 import Qwen3Config, random_weights
+from rlk.replay import trainer
+
+
+def fixture(cfg: Qwen3Config, seed: int = 0, n: int = 3):
+    """Seeded HF weights (bf16) and a packed batch of ``n`` prompt + response sequences."""
+    w = random_weights(cfg, seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    prompts = [torch.randint(0, cfg.vocab_size, (3 + 4 * i,), generator=g).tolist() for i in range(n)]
+    resps = [torch.randint(0, cfg.vocab_size, (2 + i,), generator=g).tolist() for i in range(n)]
+    return w, trainer.pack(prompts, resps)
+
+
+def reference_logp(cfg: Qwen3Config, hf: dict, pk, actor: bool = True):
+    """rlk's trainer pattern: ``(logp [T], grads by fused name | None)``."""
+    from rlk.models.qwen3 import Qwen3
+
+    m = Qwen3(cfg, hf, "strict")
+    return m.trainer_logp(pk.ids, pk.cu_seqlens, pk.targets, actor=actor, loss_mask=pk.loss_mask)
+
+
+def megatron_logp(cfg: Qwen3Config, hf: dict, pk, tp: int = 1, actor: bool = True, forward_audit: bool = False):
+    """One rank of the strict GPTModel: ``(logp [T] fp32, grads {param name: grad} | None, model)``."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    from rlk.integrations.megatron import audit, spec, weights
+    from rlk.integrations.megatron.logp import output_processor
+
+    spec.init_parallel(tp)
+    model = spec.build_gpt_model(cfg, tp)
+    weights.load_into(model, weights.hf_to_megatron(cfg, hf, tp, ps.get_tensor_model_parallel_rank()))
+    T = pk.ids.shape[0]
+    cu = pk.cu_seqlens.to(torch.int32)
+    ms = int((cu[1:] - cu[:-1]).max())
+    psp = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=ms, max_seqlen_kv=ms)
+    tokens = pk.ids.view(1, T)
+    labels = pk.targets.view(1, T)
+    pos = None  # RoPE positions come from cu_seqlens inside RlkCoreAttention
+
+    def fwd():
+        return model(tokens, pos, None, labels=labels, packed_seq_params=psp,
+                     output_processor=output_processor, output_processor_context={})
+
+    guard = audit.forward_audit() if forward_audit else _nullcontext()
+    if not actor:
+        model.eval()
+        with torch.no_grad(), guard:
+            return fwd().view(T).detach(), None, model
+    model.train()
+    with guard:
+        logp = fwd().view(T)
+        (-(logp * pk.loss_mask.to(logp.dtype)).sum()).backward()
+    grads = {k: p.grad for k, p in model.named_parameters()}
+    return logp.detach(), grads, model
+
+
+class _nullcontext:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn_tp(cfg: Qwen3Config, hf: dict, pk, tp: int, actor: bool = True, timeout: float = 300.0):
+    """Runs :func:`megatron_logp` on ``tp`` gloo processes; returns the rank-ordered list of
+    ``(logp, grads, state)`` (``state``: that rank's parameters after loading)."""
+    with tempfile.TemporaryDirectory() as d:
+        inp = os.path.join(d, "in.pt")
+        torch.save({"cfg": cfg, "hf": hf, "pk": pk, "tp": tp, "actor": actor}, inp)
+        port = str(_free_port())
+        procs = []
+        for r in range(tp):
+            env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(tp), LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
+                       MASTER_PORT=port, OMP_NUM_THREADS="1", TRITON_INTERPRET=os.environ.get("TRITON_INTERPRET", "1"))
+            procs.append(subprocess.Popen([sys.executable, "-m", "rlk.integrations.megatron.harness", inp,
+                                           os.path.join(d, f"out{r}.pt")], env=env,
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+        logs = []
+        for p in procs:
+            out, _ = p.communicate(timeout=timeout)
+            logs.append(out.decode(errors="replace"))
+        bad = [r for r, p in enumerate(procs) if p.returncode != 0]
+        if bad:
+            raise RuntimeError(f"spawn_tp: ranks {bad} failed:\n" + "\n".join(logs[r][-4000:] for r in bad))
+        return [torch.load(os.path.join(d, f"out{r}.pt"), weights_only=False) for r in range(tp)]
+
+
+def _worker(inp: str, out: str) -> None:
+    from rlk.integrations.megatron import weights
+
+    a = torch.load(inp, weights_only=False)
+    logp, grads, model = megatron_logp(a["cfg"], a["hf"], a["pk"], a["tp"], a["actor"])
+    state = weights.state_of(model)
+    torch.save((logp, grads, state), out)
+    torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    _worker(sys.argv[1], sys.argv[2])

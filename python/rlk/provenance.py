@@ -70,6 +70,25 @@ def kernel_source_hashes() -> dict[str, str]:
     return out
 
 
+def compiled_kernel_fingerprints(contract_ids: Iterable[str] | None = None) -> dict[str, Any]:
+    """Per kernel, a sha256 over its compiled-code fingerprints (every target and config) from the
+    golden file ``rlk/gate/crosstarget_golden.json``. The gate's L0 check proves the current
+    toolchain compiles to exactly these; a toolchain or kernel change shows up here by name."""
+    try:
+        from rlk.gate.crosstarget import kernel_fingerprints
+
+        fp = kernel_fingerprints()
+    except Exception as e:  # recorded, never invented
+        return {"error": f"{type(e).__name__}: {e}"}
+    want = None if contract_ids is None else set(contract_ids)
+    kernels = {}
+    for name, entry in sorted(fp["kernels"].items()):
+        if want is None or entry["contract_id"] in want:
+            blob = json.dumps(entry["fingerprints"], sort_keys=True).encode()
+            kernels[name] = hashlib.sha256(blob).hexdigest()
+    return {"triton_version": fp["triton_version"], "source": fp["source"], "kernels": kernels}
+
+
 def _device_info() -> dict[str, Any]:
     import torch
 
@@ -157,6 +176,7 @@ def capability_record(
         "contracts": {i: registered.get(i) for i in ids},
         "kernel_sources": kernel_source_hashes(),
         "tuning_tables": tuning_table_hashes(),
+        "compiled_kernels": compiled_kernel_fingerprints(None if contract_ids is None else ids),
         "environment": determinism.snapshot(),
         "image": {"tag": os.environ.get("RLK_IMAGE_TAG"), "digest": os.environ.get("RLK_IMAGE_DIGEST")},
         "extra": dict(extra or {}),

@@ -63,3 +63,12 @@ def test_paired_arms_may_differ_only_in_route(rec):
     other = provenance.capability_record(route="native", extra={"model": "other"}, load_contracts=False)
     with pytest.raises(ProvenanceError, match="extra.model"):
         provenance.require_paired(rec, other)
+
+
+def test_record_carries_compiled_kernel_fingerprints():
+    r = provenance.capability_record(load_contracts=True)
+    ck = r["compiled_kernels"]
+    assert "error" not in ck, ck
+    assert ck["kernels"] and all(len(v) == 64 for v in ck["kernels"].values())
+    only = provenance.capability_record(contract_ids=["gemm.bf16.v1"])["compiled_kernels"]["kernels"]
+    assert set(only) and all(k.startswith("gemm.") for k in only)

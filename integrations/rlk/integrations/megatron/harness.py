@@ -69,9 +69,9 @@ def megatron_logp(cfg: Qwen3Config, hf: dict, pk, tp: int = 1, actor: bool = Tru
         with torch.no_grad(), guard:
             return fwd().view(T).detach(), None, model
     model.train()
-    with guard:
+    with guard:  # the model's forward only (the loss below is the caller's arithmetic)
         logp = fwd().view(T)
-        (-(logp * pk.loss_mask.to(logp.dtype)).sum()).backward()
+    (-(logp * pk.loss_mask.to(logp.dtype)).sum()).backward()
     grads = {k: p.grad for k, p in model.named_parameters()}
     return logp.detach(), grads, model
 

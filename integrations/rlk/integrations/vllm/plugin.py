@@ -1,0 +1,81 @@
+"""vLLM general plugin (entry point ``vllm.general_plugins: rlk``).
+
+vLLM calls :func:`register` in the main process, the EngineCore and every worker before any
+model is built. It
+
+1. applies rlk's environment policy (``rlk.determinism``): without CUDA the Triton CPU
+   interpreter must be on before any ``@triton.jit`` decorator of rlk runs; rlk's kernel
+   modules are only imported later, when the model class is built, so setting it here is in
+   time (checked again at model construction: a wrong order fails closed);
+2. registers the strict Qwen3 architecture :data:`ARCH` (lazily, by module path, so the main
+   process never imports kernels). Select it with
+   ``LLM(model=..., hf_overrides={"architectures": [ARCH]}, **strict_engine_kwargs())``.
+"""
+
+from __future__ import annotations
+
+import os
+
+ARCH = "RlkStrictQwen3ForCausalLM"
+MODEL_PATH = "rlk.integrations.vllm.model:RlkStrictQwen3ForCausalLM"
+GATE_PATH = "rlk.integrations.vllm.logits_gate:RlkRequestGate"
+
+_registered = False
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:  # pragma: no cover
+        return False
+
+
+def register() -> None:
+    """Entry point of ``vllm.general_plugins``; idempotent."""
+    global _registered
+    from rlk import determinism
+
+    if not _cuda_available() and not determinism.interpreter_active():
+        determinism.configure_cpu_interpreter()
+    determinism.apply_strict_env()
+    if _registered:
+        return
+    from vllm import ModelRegistry
+
+    ModelRegistry.register_model(ARCH, MODEL_PATH)
+    _registered = True
+
+
+def strict_engine_kwargs(**overrides) -> dict:
+    """Engine arguments strict mode needs (``LLM(**strict_engine_kwargs(model=...))``).
+
+    ``hf_overrides`` selects :data:`ARCH`; ``rlk_temperature`` (default 1.0) is the strict
+    sampling temperature applied inside rlk's fused LM head. The request gate is installed as
+    a logits processor (its ``validate_params`` rejects uncovered requests at admission).
+    """
+    temperature = overrides.pop("rlk_temperature", 1.0)
+    hf = {"architectures": [ARCH], "rlk_temperature": float(temperature)}
+    hf.update(overrides.pop("hf_overrides", {}) or {})
+    kw = dict(
+        hf_overrides=hf,
+        dtype="bfloat16",
+        logprobs_mode="raw_logits",
+        enforce_eager=True,
+        enable_prefix_caching=False,
+        logits_processors=[GATE_PATH],
+    )
+    kw.update(overrides)
+    return kw
+
+
+def worker_env() -> dict[str, str]:
+    """Environment a CPU engine needs before vLLM starts (interpreter on, strict variables)."""
+    from rlk import determinism
+
+    env = dict(determinism.STRICT_ENV)
+    if not _cuda_available():
+        env["TRITON_INTERPRET"] = "1"
+        env.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    return {k: v for k, v in env.items() if os.environ.get(k) != v}

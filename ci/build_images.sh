@@ -5,6 +5,7 @@
 #   sudo bash ci/build_images.sh cpu h200         # also the CUDA image (~10 GB, PyPI downloads)
 #   sudo bash ci/build_images.sh --clean cpu      # wipe the build folder first (rebuild from scratch)
 #   sudo bash ci/build_images.sh --smoke cpu      # then: imports smoke + paired-arm provenance
+#   RLK_SRC_REV=worktree bash ci/build_images.sh  # rlk's sources from the working tree, not HEAD
 #   bash ci/build_images.sh --env                 # print the exports to use podman on that storage
 #
 # Steps (docker/README.md has the table):
@@ -30,7 +31,10 @@ SUITE=bookworm
 MIRROR=${RLK_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 BASE_NAME=localhost/rlk-base:bookworm-minbase
 HOST_CA=${RLK_HOST_CA:-/etc/ssl/certs/ca-certificates.crt}
-LOCK_OUT=docker/images.lock.json
+LOCK_OUT=${RLK_IMAGE_LOCK_OUT:-docker/images.lock.json}
+# rlk's sources: a commit (default HEAD: what a clean checkout builds) or `worktree`.
+SRC_REV=${RLK_SRC_REV:-HEAD}
+[ "$SRC_REV" = worktree ] || SRC_REV=$(git rev-parse --verify "$SRC_REV^{commit}")
 log() { echo "build_images: $*" >&2; }
 
 CLEAN=0 SMOKE=0 ENV_ONLY=0 IMAGES=()
@@ -112,13 +116,20 @@ stage_context() {  # name ctxdir
   rm -rf "$ctx"; mkdir -p "$ctx/src" "$ctx/wheels"
   cp "docker/$name/Dockerfile" "$ctx/Dockerfile"
   cp third_party/requirements.lock "$ctx/requirements.lock"
-  cp docker/smoke.py "$ctx/smoke.py"
+  cp docker/smoke.py "$ctx/"
+  [ "$name" = rlk-cpu ] || cp docker/lock_subtract.py "$ctx/"
   [ ! -f "docker/$name/requirements.lock" ] || cp "docker/$name/requirements.lock" "$ctx/engine.lock"
-  cp setup.py pyproject.toml "$ctx/src/"
-  # rlk's four source roots as git sees them (tracked + untracked-not-ignored), nothing else.
-  git ls-files -z --cached --others --exclude-standard -- python kernels collectives integrations \
-    | while IFS= read -r -d '' f; do [ -f "$f" ] && printf '%s\0' "$f"; done \
-    | tar --null -T - -cf - | tar -C "$ctx/src" -xf -
+  if [ "$SRC_REV" = worktree ]; then
+    # rlk's four source roots as git sees them (tracked + untracked-not-ignored), nothing else.
+    cp setup.py pyproject.toml "$ctx/src/"
+    git ls-files -z --cached --others --exclude-standard -- python kernels collectives integrations \
+      | while IFS= read -r -d '' f; do [ -f "$f" ] && printf '%s\0' "$f"; done \
+      | tar --null -T - -cf - | tar -C "$ctx/src" -xf -
+  else
+    # A clean checkout of the sources: git archive of one commit (read-only on the repo).
+    git archive --format=tar "$SRC_REV" -- setup.py pyproject.toml python kernels collectives integrations \
+      | tar -C "$ctx/src" -xf -
+  fi
   if [ "$name" = rlk-cpu ]; then
     # The lock's torch CPU wheel (only on disk here, not on PyPI); chosen by the lock's hash.
     local want whl
@@ -161,9 +172,9 @@ args=()
 for short in "${IMAGES[@]}"; do
   args+=("rlk-$short" "${TAGS[$short]}" "${DIGEST[$short]}" "${INPUTS[$short]}" "${SIZE[$short]}" "${SECS[$short]}")
 done
-python3 - "$LOCK_OUT" "$BASE_NAME" "$BASE_DIGEST" "${args[@]}" <<'EOF'
+python3 - "$LOCK_OUT" "$BASE_NAME" "$BASE_DIGEST" "$SRC_REV" "${args[@]}" <<'EOF'
 import json, os, subprocess, sys
-out, base_name, base_digest, rest = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+out, base_name, base_digest, src_rev, rest = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:]
 try:
     lock = json.load(open(out))
 except (OSError, ValueError):
@@ -177,7 +188,8 @@ imgs = lock.setdefault("images", {})
 for i in range(0, len(rest), 6):
     name, tag, digest, inputs, size, secs = rest[i:i + 6]
     imgs[name] = {"tag": tag, "digest": digest, "base_digest": base_digest, "inputs_sha256": inputs,
-                  "size_mb": round(int(size) / 1e6, 1), "build_seconds": int(secs)}
+                  "size_mb": round(int(size) / 1e6, 1), "build_seconds": int(secs),
+                  "sources": "working tree" if src_rev == "worktree" else f"git {src_rev}"}
 with open(out, "w") as f:
     json.dump(lock, f, indent=1, sort_keys=True)
     f.write("\n")

@@ -23,6 +23,16 @@ from rlk.models.qwen3 import Qwen3Config, random_weights
 from rlk.replay import trainer
 
 
+def tp2_config(layers: int = 2) -> Qwen3Config:
+    """The tiny Qwen3 widened so that TP=2 gives the TP=1 bits: o_proj and down_proj have
+    K = 512 (``rlk.nn.tensor_parallel.row_parallel_matches_tp1(512, 64, 2)``), vocab 256 = 2 x
+    the (128, 128) logp segmentation."""
+    import dataclasses
+
+    return dataclasses.replace(Qwen3Config.named("tiny"), num_attention_heads=8, head_dim=64, intermediate_size=512,
+                               num_hidden_layers=layers, name="tiny-tp2")
+
+
 def fixture(cfg: Qwen3Config, seed: int = 0, n: int = 3):
     """Seeded HF weights (bf16) and a packed batch of ``n`` prompt + response sequences."""
     w = random_weights(cfg, seed)
@@ -99,7 +109,7 @@ def spawn_tp(cfg: Qwen3Config, hf: dict, pk, tp: int, actor: bool = True, timeou
         port = str(_free_port())
         procs = []
         for r in range(tp):
-            env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(tp), LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), RANK=str(r), WORLD_SIZE=str(tp), LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
                        MASTER_PORT=port, OMP_NUM_THREADS="1", TRITON_INTERPRET=os.environ.get("TRITON_INTERPRET", "1"))
             procs.append(subprocess.Popen([sys.executable, "-m", "rlk.integrations.megatron.harness", inp,
                                            os.path.join(d, f"out{r}.pt")], env=env,

@@ -86,6 +86,7 @@ def check(records: list[dict], min_workers: int = 1) -> dict:
         raise ExactnessError(f"rlk vLLM: {len(records)} worker counter files, expected >= {min_workers} "
                              "(plugin not loaded in the worker, or RLK_VLLM_COUNTERS_DIR not passed)")
     total: collections.Counter = collections.Counter()
+    contracts = {}
     for r in records:
         c = r.get("counts", {})
         if c.get(STOCK, 0):
@@ -94,4 +95,5 @@ def check(records: list[dict], min_workers: int = 1) -> dict:
         if missing:
             raise ExactnessError(f"rlk vLLM: worker pid {r.get('pid')} never ran rlk ops {missing} (counts {c})")
         total.update(c)
-    return {"workers": len(records), "counts": dict(total), "strict_backend_ran": True}
+        contracts.update(r.get("contracts", {}))
+    return {"workers": len(records), "counts": dict(total), "contracts": contracts, "strict_backend_ran": True}

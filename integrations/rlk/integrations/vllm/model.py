@@ -178,7 +178,7 @@ class RlkStrictQwen3ForCausalLM(nn.Module):
 
     # ---- vLLM model interface -----------------------------------------------------------------
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self._get_plan().ops.embedding(input_ids, self.model.embed_tokens.weight)
+        return self._get_plan().ops.embedding(input_ids.to(torch.int64), self.model.embed_tokens.weight)
 
     def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None, **kwargs):
         if inputs_embeds is not None or intermediate_tensors is not None:
@@ -206,7 +206,7 @@ class RlkStrictQwen3ForCausalLM(nn.Module):
             return out
 
         pos = positions.to(torch.int64)
-        h = m._forward(m.w, input_ids, pos, attn_fn)
+        h = m._forward(m.w, input_ids.to(torch.int64), pos, attn_fn)
         if md is not None:
             self.counters.flush()
         return h

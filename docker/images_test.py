@@ -1,0 +1,277 @@
+"""Static checks of rlk's image recipes (fast, no build, no daemon; runs in CI).
+
+    .venv/bin/python -m pytest docker/images_test.py -q
+
+Checks: every FROM base is pinned by digest or built locally by ci/build_images.sh; every pip
+install uses a hash-locked file (--require-hashes) or exact pins; every apt-get install pins
+versions; the three recipes install the same shared lock (third_party/requirements.lock); the
+engine lock is fully hashed; docker/images.lock.json and docs/results/images.json are well
+formed. The checkers are also run on bad recipes, so each check can fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+IMAGES = ("rlk-cpu", "rlk-h200", "rlk-mi300x")
+PROFILES = {"rlk-cpu": "cpu", "rlk-h200": "h200", "rlk-mi300x": "mi300x-8"}
+SHA = re.compile(r"^sha256:[0-9a-f]{64}$")
+PLACEHOLDER = "sha256:" + "0" * 64
+SHARED_LOCK = os.path.join(ROOT, "third_party", "requirements.lock")
+BUILD_SCRIPT = os.path.join(ROOT, "ci", "build_images.sh")
+
+
+def read(path: str) -> str:
+    with open(path) as f:
+        return f.read()
+
+
+def instructions(text: str) -> list[tuple[str, str]]:
+    """(KEYWORD, rest) of a Dockerfile, continuation lines joined, comments dropped."""
+    out, buf = [], ""
+    for line in text.splitlines():
+        s = line.strip()
+        if not buf and (not s or s.startswith("#")):
+            continue
+        if buf and s.startswith("#"):
+            continue
+        buf += " " + s[:-1] if s.endswith("\\") else " " + s
+        if not s.endswith("\\"):
+            kw, _, rest = buf.strip().partition(" ")
+            out.append((kw.upper(), rest.strip()))
+            buf = ""
+    return out
+
+
+def local_base_names() -> set[str]:
+    """Bases ci/build_images.sh builds locally (BASE_NAME=...)."""
+    return set(re.findall(r"^BASE_NAME=(\S+)", read(BUILD_SCRIPT), re.M))
+
+
+def base_problems(text: str, local: set[str]) -> list[str]:
+    ins = instructions(text)
+    args = {}
+    probs = []
+    for kw, rest in ins:
+        if kw == "ARG" and "=" in rest:
+            k, _, v = rest.partition("=")
+            args.setdefault(k, v)
+        if kw == "FROM":
+            ref = rest.split()[0]
+            m = re.fullmatch(r"\$\{?(\w+)\}?", ref)
+            if m:
+                ref = args.get(m.group(1), "")
+            if ref in local:
+                continue
+            name, _, digest = ref.partition("@")
+            if not SHA.match(digest):
+                probs.append(f"FROM {ref}: not pinned by digest and not built locally")
+            elif digest == PLACEHOLDER and "DIGEST-UNVERIFIED:" not in text:
+                probs.append(f"FROM {ref}: placeholder digest not declared DIGEST-UNVERIFIED")
+    if not any(kw == "FROM" for kw, _ in ins):
+        probs.append("no FROM")
+    return probs
+
+
+def _commands(run: str) -> list[list[str]]:
+    run = re.sub(r"^(--mount=\S+\s+)+", "", run)
+    out = []
+    for part in re.split(r"&&|;|\|\||>", run):
+        try:
+            toks = shlex.split(part)
+        except ValueError:
+            toks = part.split()
+        if toks:
+            out.append(toks)
+    return out
+
+
+HASHED_FILES = ("/opt/rlk/requirements.lock", "/opt/rlk/engine.lock", "/tmp/rest.lock")
+
+
+def pip_problems(text: str) -> list[str]:
+    probs = []
+    for kw, rest in instructions(text):
+        if kw != "RUN":
+            continue
+        for toks in _commands(rest):
+            if "pip" not in " ".join(toks[:3]) or "install" not in toks:
+                continue
+            args = toks[toks.index("install") + 1:]
+            reqs = [args[i + 1] for i, a in enumerate(args) if a in ("-r", "--requirement")]
+            positional, skip = [], False
+            for a in args:
+                if skip:
+                    skip = False
+                    continue
+                if a in ("-r", "--requirement", "--cert", "--find-links", "-f", "--index-url", "-i",
+                         "--extra-index-url", "-c", "--constraint"):
+                    skip = True
+                elif not a.startswith("-"):
+                    positional.append(a)
+            line = " ".join(toks)
+            if reqs:
+                if "--require-hashes" not in args:
+                    probs.append(f"pip -r without --require-hashes: {line}")
+                probs += [f"pip -r {r}: not a hash-locked file" for r in reqs if r not in HASHED_FILES]
+            for p in positional:
+                local = p.startswith("/") and "--no-index" in args and "--no-deps" in args
+                if not local and not re.fullmatch(r"[A-Za-z0-9_.\-\[\]]+==[A-Za-z0-9_.+!]+", p):
+                    probs.append(f"pip install {p}: not an exact pin")
+            if not reqs and not positional:
+                probs.append(f"pip install with nothing to install: {line}")
+    return probs
+
+
+def apt_problems(text: str) -> list[str]:
+    probs = []
+    for kw, rest in instructions(text):
+        if kw != "RUN":
+            continue
+        for toks in _commands(rest):
+            if toks[:1] in (["apt-get"], ["apt"]) and "install" in toks:
+                for a in toks[toks.index("install") + 1:]:
+                    if not a.startswith("-") and not re.fullmatch(r"[a-z0-9.+\-]+=[A-Za-z0-9.+~:\-]+", a):
+                        probs.append(f"apt package without an exact version: {a}")
+    return probs
+
+
+def recipe(name: str) -> str:
+    return read(os.path.join(HERE, name, "Dockerfile"))
+
+
+@pytest.mark.parametrize("name", IMAGES)
+def test_base_pinned(name):
+    assert base_problems(recipe(name), local_base_names()) == []
+
+
+@pytest.mark.parametrize("name", IMAGES)
+def test_pip_hash_locked_or_pinned(name):
+    text = recipe(name)
+    assert pip_problems(text) == []
+    assert "--require-hashes" in text
+
+
+@pytest.mark.parametrize("name", IMAGES)
+def test_apt_versions_pinned(name):
+    assert apt_problems(recipe(name)) == []
+
+
+@pytest.mark.parametrize("name", IMAGES)
+def test_shared_lock_and_provenance_env(name):
+    ins = instructions(recipe(name))
+    copies = " ".join(rest for kw, rest in ins if kw == "COPY")
+    assert "requirements.lock" in copies.split(), f"{name} does not install the shared lock"
+    runs = " ".join(rest for kw, rest in ins if kw == "RUN")
+    assert "-r /opt/rlk/requirements.lock" in runs or "/opt/rlk/requirements.lock --" in runs
+    env = " ".join(rest for kw, rest in ins if kw == "ENV")
+    assert "RLK_IMAGE_TAG=${RLK_IMAGE_TAG}" in env and "RLK_IMAGE_DIGEST=${RLK_IMAGE_DIGEST}" in env
+    cmd = [rest for kw, rest in ins if kw == "CMD"]
+    assert len(cmd) == 1
+    argv = json.loads(cmd[0])
+    assert argv[1:4] == ["-m", "rlk.gate.release_gate", "--profile"] and argv[4] == PROFILES[name]
+    assert argv[5:] == ["--out", "/out"]
+
+
+def test_build_script_ships_the_shared_lock():
+    s = read(BUILD_SCRIPT)
+    assert 'cp third_party/requirements.lock "$ctx/requirements.lock"' in s
+    assert "--timestamp 0" in s and "SOURCE_DATE_EPOCH=0" in s and "aux-cache" in s
+    assert "--secret" in s and "--pull=never" in s
+
+
+def _lock_subtract():
+    sys.path.insert(0, HERE)
+    try:
+        import lock_subtract
+    finally:
+        sys.path.remove(HERE)
+    return lock_subtract
+
+
+@pytest.mark.parametrize("path", [SHARED_LOCK, os.path.join(HERE, "rlk-h200", "requirements.lock")])
+def test_locks_fully_hashed(path):
+    ents = _lock_subtract().entries(path)
+    assert len(ents) > 10
+    for name, lines in ents:
+        assert any("--hash=sha256:" in l for l in lines), f"{path}: {name} has no hash"
+
+
+def test_engine_lock_pins():
+    pins = {n: ls[0].split("==")[1].split()[0] for n, ls in _lock_subtract().entries(
+        os.path.join(HERE, "rlk-h200", "requirements.lock"))}
+    assert pins["vllm"] == "0.33.0" and pins["megatron-core"] == "0.19.2"
+    assert pins["torch"] == "2.14.0", "vLLM 0.33.0 pins torch==2.14.0"
+    assert "+cpu" not in pins["torch"]
+
+
+def test_lock_subtract_keeps_the_rest_hashed(tmp_path):
+    out = subprocess.run(
+        [sys.executable, os.path.join(HERE, "lock_subtract.py"), SHARED_LOCK,
+         "--engine", os.path.join(HERE, "rlk-h200", "requirements.lock")],
+        capture_output=True, text=True, check=True).stdout
+    p = tmp_path / "rest.lock"
+    p.write_text(out)
+    kept = dict(_lock_subtract().entries(str(p)))
+    assert "torch" not in kept and "triton" not in kept and "numpy" not in kept
+    assert "absl-py" in kept and "pytest" in kept
+    assert all(any("--hash=" in l for l in ls) for ls in kept.values())
+
+
+def test_images_lock_well_formed():
+    lock = json.loads(read(os.path.join(HERE, "images.lock.json")))
+    assert lock["schema"] == "rlk.images.lock.v1"
+    assert SHA.match(lock["base"]["digest"]) and lock["base"]["name"] in local_base_names()
+    assert "rlk-cpu" in lock["images"]
+    assert "rlk-mi300x" not in lock["images"], "rlk-mi300x cannot be built here"
+    for name, e in lock["images"].items():
+        assert name in IMAGES
+        assert SHA.match(e["digest"]) and SHA.match(e["inputs_sha256"]) and SHA.match(e["base_digest"])
+        assert e["tag"].startswith(f"localhost/{name}:") and e["tag"].endswith(e["inputs_sha256"][7:19])
+        assert e["size_mb"] > 0
+
+
+def test_results_images_json():
+    res = json.loads(read(os.path.join(ROOT, "docs", "results", "images.json")))
+    lock = json.loads(read(os.path.join(HERE, "images.lock.json")))
+    rows = {r["image"]: r for r in res["images"]}
+    assert set(rows) == set(IMAGES)
+    for name, r in rows.items():
+        for k in ("tag", "digest", "size_mb", "built", "why", "smoke_passed", "rebuild_digest_equal"):
+            assert k in r, f"{name}: {k} missing"
+        assert isinstance(r["built"], bool) and r["why"]
+        if r["built"]:
+            assert r["digest"] == lock["images"][name]["digest"] and r["tag"] == lock["images"][name]["tag"]
+        else:
+            assert r["smoke_passed"] is False and r["rebuild_digest_equal"] is None
+
+
+# --- the checkers catch bad recipes ------------------------------------------------------------
+BAD = """ARG BASE=debian:bookworm-slim
+FROM ${BASE}
+RUN apt-get update && apt-get install -y python3 curl=7.88.1-10
+RUN pip install numpy && pip install torch==2.13.0
+RUN pip install -r requirements.txt
+"""
+
+
+def test_checkers_flag_bad_recipe():
+    assert base_problems(BAD, {"localhost/x:y"}) == [
+        "FROM debian:bookworm-slim: not pinned by digest and not built locally"]
+    assert apt_problems(BAD) == ["apt package without an exact version: python3"]
+    probs = pip_problems(BAD)
+    assert "pip install numpy: not an exact pin" in probs
+    assert not any("torch" in p for p in probs)
+    assert any("without --require-hashes" in p for p in probs)
+    assert any("requirements.txt: not a hash-locked file" in p for p in probs)
+    zero = "FROM rocm/pytorch@" + PLACEHOLDER + "\n"
+    assert base_problems(zero, set()) and not base_problems("# DIGEST-UNVERIFIED: x\n" + zero, set())

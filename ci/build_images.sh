@@ -16,7 +16,8 @@
 #      committed with `buildah commit --timestamp 0` as localhost/rlk-base:bookworm-minbase; the
 #      recipes get it by digest (BASE=localhost/rlk-base@sha256:...).
 #   4. Per image: a build context of exactly the inputs (the recipe, third_party/requirements.lock,
-#      rlk's four source roots as git sees them, the lock's torch CPU wheel for rlk-cpu), an
+#      rlk's checkout at one commit (git archive HEAD, minus docs/), the lock's torch CPU wheel
+#      for rlk-cpu), an
 #      inputs hash over all of it + base digest, then `buildah bud --timestamp 0 --pull=never`
 #      with the host CA as a build *secret* only (never in a layer). The inputs hash goes into
 #      the image as RLK_IMAGE_DIGEST (an image cannot know its own digest), the tag as
@@ -119,16 +120,16 @@ stage_context() {  # name ctxdir
   cp docker/smoke.py "$ctx/"
   [ "$name" = rlk-cpu ] || cp docker/lock_subtract.py "$ctx/"
   [ ! -f "docker/$name/requirements.lock" ] || cp "docker/$name/requirements.lock" "$ctx/engine.lock"
+  # rlk's checkout (the gate's L0 build.consistent check reads it; rlk is installed editable from
+  # it): every file git knows, minus results and this lock (outputs, not inputs).
+  local excl=(':!docs' ':!docker/images.lock.json' ':!out')
   if [ "$SRC_REV" = worktree ]; then
-    # rlk's four source roots as git sees them (tracked + untracked-not-ignored), nothing else.
-    cp setup.py pyproject.toml "$ctx/src/"
-    git ls-files -z --cached --others --exclude-standard -- python kernels collectives integrations \
+    git ls-files -z --cached --others --exclude-standard -- . "${excl[@]}" \
       | while IFS= read -r -d '' f; do [ -f "$f" ] && printf '%s\0' "$f"; done \
       | tar --null -T - -cf - | tar -C "$ctx/src" -xf -
   else
-    # A clean checkout of the sources: git archive of one commit (read-only on the repo).
-    git archive --format=tar "$SRC_REV" -- setup.py pyproject.toml python kernels collectives integrations \
-      | tar -C "$ctx/src" -xf -
+    # A clean checkout: git archive of one commit (read-only on the repo).
+    git archive --format=tar "$SRC_REV" -- . "${excl[@]}" | tar -C "$ctx/src" -xf -
   fi
   if [ "$name" = rlk-cpu ]; then
     # The lock's torch CPU wheel (only on disk here, not on PyPI); chosen by the lock's hash.

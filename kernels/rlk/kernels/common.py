@@ -11,6 +11,9 @@ loads, stores and ``.to(tl.float32)`` are exact. Every strict kernel therefore:
 
 from __future__ import annotations
 
+import contextlib
+import threading
+
 import torch
 import triton
 import triton.language as tl
@@ -67,3 +70,32 @@ def check_tensor(name: str, t: torch.Tensor, *, dtype=None, dim=None, device=Non
         raise UnsupportedConfigError(f"{name}: on {t.device}, expected {device}")
     if contiguous_last and t.dim() > 0 and t.numel() > 0 and t.stride(-1) != 1:
         raise UnsupportedConfigError(f"{name}: last dimension must be contiguous (stride {t.stride()})")
+
+
+# Device value checks (token ids, positions, block ids, lengths within range) read device memory:
+# one host synchronization each. Shape, dtype and device checks never sync and always run.
+_CHECKS = threading.local()
+
+
+def device_value_checks_enabled() -> bool:
+    """False inside :func:`host_validated` (and while a CUDA graph is being captured)."""
+    if not getattr(_CHECKS, "on", True):
+        return False
+    return not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+
+
+@contextlib.contextmanager
+def host_validated():
+    """Skip the launchers' device-reading value checks for the enclosed launches.
+
+    Only for callers that built or validated every id, position, slot and length on the host
+    (the replay harness, engine adapters): then the checks would only add one host sync per
+    launch. Arithmetic is unchanged; out-of-range values would give NaN rows or wrong gathers, so
+    the caller owns that validation. Nests; restores the previous state on exit.
+    """
+    prev = getattr(_CHECKS, "on", True)
+    _CHECKS.on = False
+    try:
+        yield
+    finally:
+        _CHECKS.on = prev

@@ -84,8 +84,31 @@ def pages_needed(requests, block_size):
     return sum(-(-(len(r.prompt) + r.max_new_tokens - 1) // block_size) for r in requests)
 
 
+def check_tokens(vocab_size: int, *token_lists) -> None:
+    """Host-side range check of every token id (so launches need not read device memory)."""
+    for lists in token_lists:
+        for i, toks in enumerate(lists or ()):
+            bad = [t for t in toks if not 0 <= int(t) < vocab_size]
+            if bad:
+                raise UnsupportedConfigError(f"sequence {i}: token id {bad[0]} outside [0, {vocab_size})")
+
+
 def run_rollout(model, requests: list[Request], rc: RolloutConfig, forced: list[list[int]] | None = None,
                 probes: bool = False, progress=None) -> RolloutResult:
+    """Generates (or, with ``forced``, replays) every request; see the module docstring.
+
+    Every token id, position, slot and page id the executor feeds is built or checked on the host,
+    so the steps run under :func:`rlk.kernels.common.host_validated` (no per-launch device reads).
+    """
+    from rlk.kernels.common import host_validated
+
+    check_tokens(model.cfg.vocab_size, [r.prompt for r in requests], forced)
+    with host_validated():
+        return _run_rollout(model, requests, rc, forced, probes, progress)
+
+
+def _run_rollout(model, requests: list[Request], rc: RolloutConfig, forced: list[list[int]] | None = None,
+                 probes: bool = False, progress=None) -> RolloutResult:
     """Generates (or, with ``forced``, replays) every request; see the module docstring.
 
     Determinism: strict route: each row's bytes are independent of the step's batch composition,

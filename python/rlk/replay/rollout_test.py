@@ -68,3 +68,36 @@ def test_bad_requests_raise():
     with pytest.raises(UnsupportedConfigError, match="exhausted"):
         rollout.run_rollout(m, [rollout.Request(prompt=[1] * 40, max_new_tokens=2)],
                             rollout.RolloutConfig(num_blocks=2))
+
+
+def test_out_of_range_tokens_rejected_on_the_host():
+    m = harness.build_model(SPEC, "native")
+    with pytest.raises(UnsupportedConfigError, match="token id 256 outside"):
+        rollout.run_rollout(m, [rollout.Request(prompt=[1, 256], max_new_tokens=2)], rollout.RolloutConfig())
+    with pytest.raises(UnsupportedConfigError, match="token id -1 outside"):
+        rollout.run_rollout(m, [rollout.Request(prompt=[1, 2], max_new_tokens=2)], rollout.RolloutConfig(),
+                            forced=[[3, -1]])
+    with pytest.raises(UnsupportedConfigError, match="outside"):
+        trainer.score(m, [[1, 2]], [[999]])
+    with pytest.raises(UnsupportedConfigError, match="max_position_embeddings"):
+        trainer.score(m, [[1] * m.cfg.max_position_embeddings], [[2]])
+
+
+def test_host_validated_skips_device_value_checks_and_nests():
+    from rlk.kernels.common import device_value_checks_enabled, host_validated
+    from rlk.kernels.rowops import launch as rowops
+
+    w = torch.randn(8, 16).bfloat16()
+    bad = torch.tensor([1, 9])
+    with pytest.raises(UnsupportedConfigError):
+        rowops.embedding(bad, w)
+    assert device_value_checks_enabled()
+    with host_validated():
+        with host_validated():
+            assert not device_value_checks_enabled()
+        assert not device_value_checks_enabled()
+        out = rowops.embedding(bad, w)  # caller's responsibility: no check, no sync
+        assert out.shape == (2, 16)
+    assert device_value_checks_enabled()
+    with pytest.raises(UnsupportedConfigError):
+        rowops.embedding(bad, w)

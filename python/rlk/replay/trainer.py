@@ -53,6 +53,24 @@ def response_logp(pk: Packed, logp: torch.Tensor, n: int) -> list[torch.Tensor]:
 
 
 def score(model, prompts, responses, *, actor=False, order=None, microbatch_tokens=None, probes=None):
+    """Trainer logp of every response; see :func:`_score`. Token ids are range-checked on the host
+    and ``cu_seqlens`` is built there, so launches run under ``host_validated`` (no device reads)."""
+    from rlk.kernels.common import host_validated
+    from rlk.replay.rollout import check_tokens
+
+    check_tokens(model.cfg.vocab_size, prompts, responses)
+    longest = max((len(p) + len(r) for p, r in zip(prompts, responses)), default=0)
+    if longest > model.cfg.max_position_embeddings:
+        from rlk.errors import UnsupportedConfigError
+
+        raise UnsupportedConfigError(f"a sequence of {longest} tokens exceeds max_position_embeddings "
+                                     f"{model.cfg.max_position_embeddings}")
+    with host_validated():
+        return _score(model, prompts, responses, actor=actor, order=order, microbatch_tokens=microbatch_tokens,
+                      probes=probes)
+
+
+def _score(model, prompts, responses, *, actor=False, order=None, microbatch_tokens=None, probes=None):
     """Trainer logp of every response (list per request) plus grads (actor) and seconds.
 
     ``microbatch_tokens`` splits the packed batch into consecutive groups of whole sequences of

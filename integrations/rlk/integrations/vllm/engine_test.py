@@ -52,20 +52,25 @@ def test_engine_gate_rejects_each_unsupported_request(engine):
 
 
 def test_engine_weight_update_generations(engine):
-    llm, wd = engine
+    import functools
     import os
 
+    from rlk.integrations.vllm import model
+
+    llm, wd = engine
     from rlk.models.qwen3 import Qwen3Config, load_safetensors
 
     model_dir = os.path.join(wd, "model")
     cfg = Qwen3Config.from_json(os.path.join(model_dir, "config.json"))
     hf = load_safetensors(model_dir, cfg)
-    assert llm.apply_model(lambda m: m.rlk_weight_generation) == [1]
+    w = list(hf.items())
+    assert llm.apply_model(model.rpc_generation) == [1]
     with pytest.raises(Exception, match="stale"):
-        llm.apply_model(lambda m: m.rlk_update_weights(list(hf.items()), 1))
-    assert llm.apply_model(lambda m: m.rlk_update_weights(list(hf.items()), 5)) == [5]
+        llm.apply_model(functools.partial(model.rpc_update_weights, weights=w, generation=1))
+    assert llm.apply_model(model.rpc_generation) == [1]
+    assert llm.apply_model(functools.partial(model.rpc_update_weights, weights=w, generation=5)) == [5]
     with pytest.raises(Exception, match="caller expects 4"):
-        llm.apply_model(lambda m: m.rlk_check_generation(4))
+        llm.apply_model(functools.partial(model.rpc_check_generation, expected=4))
     llm.reset_prefix_cache()
     # The plan was rebuilt over the reloaded parameters: still bitwise equal to the trainer.
     resps, lps = check.generate(llm, check.PROMPTS[:1], max_tokens=2)

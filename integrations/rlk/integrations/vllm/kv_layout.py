@@ -7,9 +7,10 @@ engine layout is adapted here by views only; the kernels stay independent of the
 * CPU (``CPUAttentionBackendImpl``): ``[num_blocks, Hk, block_size, 2 * D]``, read by vLLM as
   ``view(num_blocks, Hk, 2 * block_size, D).chunk(2, dim=2)``: within each (block, head) the
   first ``block_size * D`` elements are K rows, the next ``block_size * D`` are V rows.
-* FlashAttention / Triton (GPU): ``[2, num_blocks, block_size, Hk, D]`` (K = ``[0]``).
-* FlashInfer (GPU, NHD): ``[num_blocks, 2, block_size, Hk, D]``.
-GPU layouts are written from the backends' ``get_kv_cache_shape`` and not run here.
+* FlashAttention / Triton (GPU, vLLM 0.32/0.33): ``[num_blocks, Hk, block_size, 2 * D]`` read
+  as ``kv_cache.transpose(1, 2).split(D, dim=-1)``: each (block, head, token) row holds K then V.
+The GPU entry is written from the backends' source (``api_check`` pins that line) and was not
+run here; other backends (FlashInfer, MLA, ROCm) are rejected.
 """
 
 from __future__ import annotations
@@ -20,8 +21,7 @@ from rlk.errors import UnsupportedConfigError
 from rlk.models.qwen3.routes import PagedMeta
 
 CPU_IMPLS = ("CPUAttentionBackendImpl",)
-GPU_KFIRST_IMPLS = ("FlashAttentionImpl", "TritonAttentionImpl")
-GPU_BLOCKFIRST_IMPLS = ("FlashInferImpl",)
+GPU_BHN2D_IMPLS = ("FlashAttentionImpl", "TritonAttentionImpl")
 
 
 def kv_views(kv_cache: torch.Tensor, impl_name: str, num_kv_heads: int, head_dim: int):
@@ -36,14 +36,11 @@ def kv_views(kv_cache: torch.Tensor, impl_name: str, num_kv_heads: int, head_dim
         nb, _, bs, _ = s
         kv = kv_cache.view(nb, Hk, 2 * bs, D)
         return kv[:, :, :bs].permute(0, 2, 1, 3), kv[:, :, bs:].permute(0, 2, 1, 3)
-    if impl_name in GPU_KFIRST_IMPLS:
-        if len(s) != 5 or s[0] != 2 or s[3:] != (Hk, D):
-            raise UnsupportedConfigError(f"rlk strict vLLM: KV cache {s} is not [2, nb, bs, {Hk}, {D}]")
-        return kv_cache[0], kv_cache[1]
-    if impl_name in GPU_BLOCKFIRST_IMPLS:
-        if len(s) != 5 or s[1] != 2 or s[3:] != (Hk, D):
-            raise UnsupportedConfigError(f"rlk strict vLLM: KV cache {s} is not [nb, 2, bs, {Hk}, {D}]")
-        return kv_cache[:, 0], kv_cache[:, 1]
+    if impl_name in GPU_BHN2D_IMPLS:
+        if len(s) != 4 or s[1] != Hk or s[3] != 2 * D or kv_cache.stride(-1) != 1:
+            raise UnsupportedConfigError(f"rlk strict vLLM: KV cache {s} is not [nb, {Hk}, bs, {2 * D}]")
+        k, v = kv_cache.transpose(1, 2).split(D, dim=-1)
+        return k, v
     raise UnsupportedConfigError(f"rlk strict vLLM: KV layout of attention impl {impl_name!r} is not known")
 
 

@@ -44,15 +44,14 @@ def test_rlk_write_kv_into_cpu_layout_is_exact():
     assert int((cache != 0).sum()) == int((k != 0).sum() + (v != 0).sum())
 
 
-def test_gpu_layouts_and_unknown():
-    c = torch.zeros(2, 4, 16, 2, 64)
+def test_gpu_flash_layout_views_and_unknown():
+    """vLLM's FlashAttention reading: ``kv_cache.transpose(1, 2).split(D, dim=-1)`` (not run on a GPU)."""
+    c = torch.arange(4 * 2 * 16 * 128, dtype=torch.float32).view(4, 2, 16, 128)
     k, v = kv_layout.kv_views(c, "FlashAttentionImpl", 2, 64)
-    assert k.data_ptr() == c[0].data_ptr() and v.data_ptr() == c[1].data_ptr()
-    c2 = torch.zeros(4, 2, 16, 2, 64)
-    k, v = kv_layout.kv_views(c2, "FlashInferImpl", 2, 64)
-    assert k.shape == (4, 16, 2, 64)
+    ek, ev = c.transpose(1, 2).split(64, dim=-1)
+    assert k.shape == (4, 16, 2, 64) and torch.equal(k, ek) and torch.equal(v, ev) and k.stride(-1) == 1
     with pytest.raises(UnsupportedConfigError, match="not known"):
-        kv_layout.kv_views(c, "SomeOtherImpl", 2, 64)
+        kv_layout.kv_views(c, "FlashInferImpl", 2, 64)
     with pytest.raises(UnsupportedConfigError):
         kv_layout.kv_views(torch.zeros(4, 2, 16, 64), "CPUAttentionBackendImpl", 2, 64)
 

@@ -70,6 +70,12 @@ class RlkStrictQwen3ForCausalLM(nn.Module):
         if not torch.cuda.is_available() and not determinism.interpreter_active():
             raise UnsupportedConfigError("rlk strict vLLM: no CUDA and TRITON_INTERPRET is off in this worker "
                                          "(the plugin did not run before the kernels were imported)")
+        if not torch.cuda.is_available():
+            from rlk.kernels.attention import kernel as _attn_kernel
+
+            if type(_attn_kernel.write_kv_kernel).__name__ != "InterpretedFunction":
+                raise UnsupportedConfigError("rlk strict vLLM: rlk kernels were imported before TRITON_INTERPRET=1 "
+                                             "was set in this worker (plugin order)")
         from vllm.model_executor.layers.attention import Attention
 
         cfg = self.rlk_cfg = _rlk_config(vllm_config)
@@ -235,3 +241,17 @@ def _install_tripwire(layer, counters) -> None:
         return orig(*a, **k)
 
     impl.forward = forward
+
+
+# ---- weight-generation RPCs (``LLM.apply_model(functools.partial(rpc_..., ...))``) ---------------
+# Module-level so vLLM can pickle them by reference (needs VLLM_ALLOW_INSECURE_SERIALIZATION=1).
+def rpc_generation(model) -> int:
+    return model.rlk_weight_generation
+
+
+def rpc_update_weights(model, weights, generation: int) -> int:
+    return model.rlk_update_weights(weights, generation)
+
+
+def rpc_check_generation(model, expected: int) -> None:
+    model.rlk_check_generation(expected)

@@ -17,7 +17,7 @@ from rlk.errors import UnsupportedConfigError
 from rlk.kernels.attention import config
 from rlk.kernels.attention.kernel import attn_fwd_kernel, attn_merge_kernel, write_kv_kernel
 from rlk.kernels.attention.kernel_bwd import bwd_delta_kernel, bwd_dkdv_kernel, bwd_dq_kernel
-from rlk.kernels.common import check_tensor, dot_dtype_for, interpret_flag, launch_options
+from rlk.kernels.common import check_tensor, device_value_checks_enabled, dot_dtype_for, interpret_flag, launch_options
 
 LOG2E = 1.4426950408889634
 _ACT = (torch.bfloat16,)
@@ -42,7 +42,7 @@ def _opts(sched: dict) -> dict:
 def _should_validate(validate) -> bool:
     if validate is not None:
         return bool(validate)
-    return not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+    return device_value_checks_enabled()  # off inside host_validated() and graph capture
 
 
 def _check_heads(q, k, v, what_q="q", what_k="k"):

@@ -14,7 +14,7 @@ import torch
 import triton
 
 from rlk.errors import UnsupportedConfigError
-from rlk.kernels.common import check_tensor, dot_dtype_for, interpret_flag, launch_options
+from rlk.kernels.common import check_tensor, device_value_checks_enabled, dot_dtype_for, interpret_flag, launch_options
 from rlk.kernels.linear_logp import config as cfgmod
 from rlk.kernels.linear_logp import kernel as K
 
@@ -97,7 +97,7 @@ def check_inputs(hidden, weight, targets, vocab_start: int, vocab_real: int,
             "holding the last real column may hold a partial block")
     if max(T, V_local, H) >= 2**31 or T * max(H, V_local) >= 2**62:
         raise UnsupportedConfigError(f"{CONTRACT_ID}: sizes too large")
-    if validate_targets and targets.numel():
+    if validate_targets and targets.numel() and device_value_checks_enabled():
         # One device sync; engines that capture graphs validate their token ids upstream.
         bad = (targets < 0) | (targets >= vocab_real)
         if bool(bad.any()):

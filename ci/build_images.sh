@@ -73,7 +73,7 @@ if [ "$CLEAN" = 1 ] && [ -d "$BUILD_DIR" ]; then
   log "--clean: removing $BUILD_DIR"
   # Unmount anything buildah/podman left mounted under the storage before deleting it.
   if [ -f "$CONTAINERS_STORAGE_CONF" ]; then buildah rm --all >/dev/null 2>&1 || true; fi
-  grep -o " $BUILD_DIR/[^ ]*" /proc/mounts | sort -r | while read -r m; do umount -l "$m" 2>/dev/null || true; done
+  { grep -o " $BUILD_DIR/[^ ]*" /proc/mounts || true; } | sort -r | while read -r m; do umount -l "$m" 2>/dev/null || true; done
   rm -rf "$BUILD_DIR"
 fi
 mkdir -p "$BUILD_DIR"

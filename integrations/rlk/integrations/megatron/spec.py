@@ -21,21 +21,13 @@ import torch
 
 from rlk.errors import UnsupportedConfigError
 from rlk.models.qwen3.config import Qwen3Config
+from rlk.models.qwen3.routes import STRICT_CONTRACTS
 
 MEGATRON_VERSION = "0.19.2"
 
-# Contract IDs of the arithmetic this provider puts in megatron's slots (docs/API.md).
-CONTRACTS = {
-    "gemm": "gemm.bf16.v1",
-    "rmsnorm": "rmsnorm.v1",
-    "rope": "rope.v1",
-    "swiglu": "swiglu.v1",
-    "embedding": "embedding.v1",
-    "attention": "attn.v1",
-    "linear_logp": "logp.v1",
-    "all_reduce": "ar.v1",
-    "all_gather": "ag.v1",
-}
+# Contract IDs of the arithmetic this provider puts in megatron's slots: the strict model's, plus
+# the fixed-order collectives of the TP layers (docs/API.md).
+CONTRACTS = {**STRICT_CONTRACTS, "all_reduce": "ar.v1", "all_gather": "ag.v1"}
 
 # TransformerConfig fields the guard pins: name -> the only accepted value.
 _PINNED = {

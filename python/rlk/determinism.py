@@ -33,6 +33,42 @@ def configure_cpu_interpreter() -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+def configure_cpu_interpreter_without_gpu() -> bool:
+    """Turns the CPU interpreter on when no CUDA device is present; returns whether it did.
+    Must run before any kernel module is imported (CLIs call it first)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return False
+    configure_cpu_interpreter()
+    return True
+
+
+def single_process_rendezvous_defaults() -> dict[str, str]:
+    """env:// rendezvous defaults for a process that starts torch.distributed alone (loopback,
+    a free port, rank 0 of 1). Variables already set (a launcher's) are kept; returns what it set."""
+    import socket
+
+    wanted = {"MASTER_ADDR": "127.0.0.1", "RANK": "0", "WORLD_SIZE": "1"}
+    if "MASTER_PORT" not in os.environ:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            wanted["MASTER_PORT"] = str(s.getsockname()[1])
+    return export({k: v for k, v in wanted.items() if k not in os.environ})
+
+
+def export(variables: dict[str, str]) -> dict[str, str]:
+    """Sets variables another component needs in this process (engine settings, rendezvous).
+    Refuses a value that contradicts ``STRICT_ENV`` or the pinned fp fusion."""
+    for k, v in variables.items():
+        if k in STRICT_ENV and v != STRICT_ENV[k]:
+            raise ValueError(f"{k}={v!r} contradicts strict mode ({STRICT_ENV[k]!r})")
+        if k == "TRITON_DEFAULT_FP_FUSION" and v != ("1" if FP_FUSION else "0"):
+            raise ValueError(f"{k}={v!r} contradicts the pinned fp_fusion={FP_FUSION}")
+    os.environ.update(variables)
+    return dict(variables)
+
+
 def apply_strict_env() -> dict[str, str]:
     """Sets the variables of ``STRICT_ENV`` that are unset; returns what it set."""
     changed = {}

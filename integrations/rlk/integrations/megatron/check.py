@@ -19,14 +19,10 @@ import os
 import sys
 import time
 
-if not os.environ.get("TRITON_INTERPRET"):
-    try:
-        import torch as _t
+from rlk import determinism  # noqa: E402  (before any kernel module)
 
-        if not _t.cuda.is_available():
-            os.environ["TRITON_INTERPRET"] = "1"
-    except ImportError:  # pragma: no cover
-        pass
+if not os.environ.get("TRITON_INTERPRET"):
+    determinism.configure_cpu_interpreter_without_gpu()
 
 import torch  # noqa: E402
 

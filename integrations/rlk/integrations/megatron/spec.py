@@ -202,21 +202,13 @@ def build_gpt_model(cfg: Qwen3Config, tp: int = 1, audit: bool = True, **config_
 def init_parallel(tp: int = 1) -> None:
     """Initializes torch.distributed (gloo on CPU, env:// rendezvous; a single process at TP=1
     when nothing is set) and megatron's parallel state at TP=``tp``."""
-    import os
-
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
 
-    if not dist.is_initialized():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        if "MASTER_PORT" not in os.environ:
-            import socket
+    from rlk import determinism
 
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                os.environ["MASTER_PORT"] = str(s.getsockname()[1])
-        os.environ.setdefault("RANK", "0")
-        os.environ.setdefault("WORLD_SIZE", "1")
+    if not dist.is_initialized():
+        determinism.single_process_rendezvous_defaults()
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         dist.init_process_group(backend)
     if ps.model_parallel_is_initialized():

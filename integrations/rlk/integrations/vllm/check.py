@@ -131,13 +131,14 @@ def compare(engine: list, train: list) -> dict:
 
 def run(workdir: str, llm=None) -> tuple[dict, object]:
     """Engine run + trainer comparison + counters; returns (result record, llm)."""
+    from rlk import determinism
     from rlk.integrations.vllm import counters
 
     model_dir = os.path.join(workdir, "model")
     cdir = os.path.join(workdir, "counters")
     if llm is None:
         write_tiny_model(model_dir)
-        os.environ.update(engine_env(cdir))  # the CLI's / test's own process: before vLLM starts
+        determinism.export(engine_env(cdir))  # the CLI's / test's own process: before vLLM starts
         llm = make_llm(model_dir)
     resps, lps = generate(llm, PROMPTS)
     cmp = compare(lps, trainer_logp(model_dir, PROMPTS, resps))

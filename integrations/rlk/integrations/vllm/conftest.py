@@ -32,9 +32,10 @@ def vllm_workdir():
             pytest.fail(f"vLLM is not importable in CI ({missing}); run `bash ci/setup_vllm.sh` and use "
                         ".venv-vllm/bin/python", pytrace=False)
         pytest.skip(f"vLLM not installed ({missing}): not run, not verified; bash ci/setup_vllm.sh")
+    from rlk import determinism
     from rlk.integrations.vllm import check
 
-    os.environ.update(check.engine_env(os.path.join(_WORK, "counters")))
+    determinism.export(check.engine_env(os.path.join(_WORK, "counters")))
     return _WORK
 
 

@@ -32,7 +32,7 @@ DEFAULT_CONTRACTS = {
     "swiglu": "swiglu.v1",
     "embedding": "embedding.v1",
     "attention": "attn.v1",
-    "logp": "logp.v1",
+    "logp": "logp.v2",
     "all_reduce": "ar.v1",
     "reduce_scatter": "rs.v1",
     "all_gather": "ag.v1",

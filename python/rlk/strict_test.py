@@ -18,7 +18,7 @@ def fake_registry(monkeypatch):
     contracts.register(contracts.Contract(id="gemm.bf16.v2", summary="g2", bit_fields=BITS))
     contracts.register(contracts.Contract(
         id="attn.v1", summary="a", bit_fields={**BITS, "head_dims": [64, 128], "page_sizes": [16, 64]}))
-    contracts.register(contracts.Contract(id="logp.v1", summary="l", bit_fields=BITS))
+    contracts.register(contracts.Contract(id="logp.v2", summary="l", bit_fields=BITS))
 
 
 def cfg(**kw):
@@ -30,7 +30,7 @@ def test_valid_plan_names_contracts_and_is_active_only_inside():
     assert strict.current_plan() is None
     with strict.strict_mode(cfg(head_dim=128, page_size=16), load=False) as plan:
         assert strict.current_plan() is plan
-        assert plan.contracts == {"gemm": "gemm.bf16.v1", "attention": "attn.v1", "logp": "logp.v1"}
+        assert plan.contracts == {"gemm": "gemm.bf16.v1", "attention": "attn.v1", "logp": "logp.v2"}
         assert plan.contract("attention").id == "attn.v1"
     assert strict.current_plan() is None
 
@@ -52,12 +52,12 @@ def test_unknown_or_foreign_contract_ids_raise():
     with pytest.raises(ContractMismatchError, match="unknown contract"):
         strict.build_plan(cfg(contracts={"gemm": "gemm.bf16.v9"}), load=False)
     with pytest.raises(ContractMismatchError, match="not one for op 'gemm'"):
-        strict.build_plan(cfg(contracts={"gemm": "logp.v1"}), load=False)
+        strict.build_plan(cfg(contracts={"gemm": "logp.v2"}), load=False)
 
 
 def test_peer_with_other_contract_version_is_rejected():
     plan = strict.build_plan(cfg(), load=False)
-    plan.check_peer({"gemm": "gemm.bf16.v1", "logp": "logp.v1"}, "rollout")
+    plan.check_peer({"gemm": "gemm.bf16.v1", "logp": "logp.v2"}, "rollout")
     with pytest.raises(ContractMismatchError, match="gemm"):
         plan.check_peer({"gemm": "gemm.bf16.v2"}, "rollout")
 

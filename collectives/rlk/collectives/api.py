@@ -124,7 +124,7 @@ def _segment_merge() -> Callable:
     except ImportError as e:
         raise UnsupportedConfigError(
             "merge_logsumexp_stats: rlk.ops.linear_logp.merge_segment_stats is not available "
-            f"({e}); strict mode has no other merge (logp.v1 owns the merge arithmetic)") from None
+            f"({e}); strict mode has no other merge (logp.v2 owns the merge arithmetic)") from None
     return merge_segment_stats
 
 
@@ -141,7 +141,7 @@ def merge_logsumexp_stats(stats: torch.Tensor | Sequence[torch.Tensor], group=No
     Returns ``merge_fn([stats of rank 0, stats of rank 1, ...])`` (identical on every rank).
 
     **Determinism:** transport ``ag.v1`` (exact copies); the merge arithmetic and its order
-    (segments = ranks ascending, i.e. ascending vocab shards) belong to ``logp.v1``.
+    (segments = ranks ascending, i.e. ascending vocab shards) belong to ``logp.v2``.
     """
     fn = merge_fn if merge_fn is not None else _segment_merge()
     sg = as_strict_group(group)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from rlk.kernels.attention import launch
+from rlk.ops._dispatch import direct
 
 CONTRACT_ID = "attn.v1"
 
@@ -62,10 +63,14 @@ def varlen_attention(q, k, v, cu_seqlens, max_seqlen: int, scale: float) -> torc
     Determinism: contract ``attn.v1``: forward rows byte-identical to the paged (rollout) kernels
     for any batch composition; backward bitwise run to run (no atomics, fixed loop order).
     """
+    if direct(q, k, v, cu_seqlens):
+        return launch.prefill(q, k, v, cu_seqlens, int(max_seqlen), float(scale))[0]
     out, _ = _fwd(q, k, v, cu_seqlens, int(max_seqlen), float(scale))
     return out
 
 
 def varlen_attention_with_lse(q, k, v, cu_seqlens, max_seqlen: int, scale: float):
     """Like :func:`varlen_attention` but also returns lse [T, Hq] fp32 (no gradient through it)."""
+    if direct(q, k, v, cu_seqlens):
+        return launch.prefill(q, k, v, cu_seqlens, int(max_seqlen), float(scale))
     return _fwd(q, k, v, cu_seqlens, int(max_seqlen), float(scale))

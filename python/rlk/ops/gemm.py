@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from rlk.kernels.gemm import launch
+from rlk.ops._dispatch import direct
 
 _OP = "rlk::gemm"
 
@@ -59,6 +60,8 @@ def gemm(x: torch.Tensor, w: torch.Tensor, out_fp32: bool = False) -> torch.Tens
 
     Determinism: contract gemm.bf16.v1 (batch-invariant rows; bitwise run to run).
     """
+    if direct(x, w):
+        return launch.gemm(x, w, out_dtype=torch.float32 if out_fp32 else torch.bfloat16)
     return torch.ops.rlk.gemm(x, w, out_fp32)
 
 
@@ -72,5 +75,6 @@ def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     the number of rows, their order or padding; no atomics.
     """
     lead = x.shape[:-1]
-    y = torch.ops.rlk.gemm(x.reshape(-1, x.shape[-1]), w, False)
+    x2 = x.reshape(-1, x.shape[-1])
+    y = launch.gemm(x2, w) if direct(x2, w) else torch.ops.rlk.gemm(x2, w, False)
     return y.reshape(*lead, w.shape[0])

@@ -1,4 +1,4 @@
-"""Autograd and ``torch.library`` registration of ``logp.v1`` (fused LM head + selected-token
+"""Autograd and ``torch.library`` registration of ``logp.v2`` (fused LM head + selected-token
 log-prob). Kernels: ``rlk.kernels.linear_logp``.
 
 Ops: ``rlk::linear_logp_fwd`` and ``rlk::linear_logp_bwd`` (custom ops with fake kernels, so they
@@ -16,6 +16,7 @@ import torch
 from rlk.kernels.linear_logp import config as _cfg
 from rlk.kernels.linear_logp import launch as _launch
 from rlk.kernels.linear_logp.launch import SegmentStats, merge_segment_stats, segment_stats
+from rlk.ops._dispatch import direct
 
 CONTRACT_ID = _cfg.CONTRACT_ID
 
@@ -40,7 +41,7 @@ def _fwd_op(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, v
             align: int, seg_v: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     logp, lse, ent, logits = _launch.linear_logp_fwd(
         hidden, weight, targets, vocab_start, vocab_real, temperature, return_entropy,
-        return_logits, (align, seg_v))
+        return_logits, (align, seg_v), validate_targets=False)  # validated by linear_logp()
     return (logp, lse, ent if ent is not None else _empty(hidden),
             logits if logits is not None else _empty(hidden))
 
@@ -104,20 +105,25 @@ def linear_logp(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tenso
       return_entropy: also entropy [T] fp32 (differentiable).
       return_logits: also logits [T, V_local] fp32 (the exact values the statistics use; padded
         columns -inf; not differentiable); logp/lse bytes do not change.
-      segmentation: (ALIGN, SEG_V) from the contract's allowed list; default (18992, 512).
+      segmentation: (ALIGN, SEG_V) from the contract's allowed list; default (18992, 256).
 
     Returns: LogpOutput(logp [T] fp32, lse [T] fp32, entropy [T] fp32 | None, logits | None).
     Single shard only: with tensor parallelism call :func:`segment_stats` on each rank, all_gather,
     then :func:`merge_segment_stats` in rank order (the collectives layer does that).
     Autograd: d(hidden), d(weight) recomputed from the saved lse (gradients of logp, lse, entropy).
 
-    Determinism: logp.v1 — rows independent of T, bitwise run to run, logp/lse identical for every
+    Determinism: logp.v2 — rows independent of T, bitwise run to run, logp/lse identical for every
     shard count that follows the segmentation rule (TP 1/2/4/8 for Qwen3's 151936 columns).
     """
     vocab_real = int(weight.shape[0] + vocab_start if vocab_real is None else vocab_real)
     align, seg_v = _cfg.DEFAULT_SEGMENTATION if segmentation is None else tuple(segmentation)
     # Checks run eagerly (clear errors before any launch, also under autograd).
     _launch.check_inputs(hidden, weight, targets, int(vocab_start), vocab_real, align, seg_v)
+    if direct(hidden, weight, targets):
+        logp, lse, ent, logits = _launch.linear_logp_fwd(
+            hidden, weight, targets, int(vocab_start), vocab_real, float(temperature), bool(return_entropy),
+            bool(return_logits), (int(align), int(seg_v)), validate_targets=False)
+        return LogpOutput(logp, lse, ent, logits)
     logp, lse, ent, logits = _fwd_op(hidden, weight, targets, int(vocab_start), vocab_real,
                                      float(temperature), bool(return_entropy), bool(return_logits),
                                      int(align), int(seg_v))

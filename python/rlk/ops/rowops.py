@@ -13,6 +13,7 @@ from typing import Optional
 import torch
 
 from rlk.kernels.rowops import launch as L
+from rlk.ops._dispatch import direct
 
 _lib = torch.library
 
@@ -177,6 +178,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
     **Determinism:** ``rmsnorm.v1``; rows batch-invariant; run-to-run bitwise (fwd and bwd).
     """
+    if direct(x, weight):
+        return L._norm_fwd(x, weight, float(eps))[0]
     return _rms_norm_op(x, weight, float(eps))
 
 
@@ -189,6 +192,8 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
 
     **Determinism:** ``rmsnorm.v1``; rows batch-invariant; fused == unfused bitwise.
     """
+    if direct(x, residual, weight):
+        return L.add_rms_norm(x, residual, weight, float(eps))
     return _add_rms_norm_op(x, residual, weight, float(eps))
 
 
@@ -199,6 +204,8 @@ def qk_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
     **Determinism:** ``rmsnorm.v1``; rows (token, head) batch-invariant; run-to-run bitwise.
     """
+    if direct(x, weight):
+        return L._norm_fwd(x, weight, float(eps))[0]
     return _rms_norm_op(x, weight, float(eps))
 
 
@@ -218,6 +225,8 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin:
 
     **Determinism:** ``rope.v1``; elementwise, batch-invariant, run-to-run bitwise.
     """
+    if direct(x, positions, cos, sin):
+        return L.apply_rope(x, positions, cos, sin, backward=False)
     return _rope_op(x, positions, cos, sin, False)
 
 
@@ -227,6 +236,8 @@ def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
 
     **Determinism:** ``swiglu.v1``; elementwise, batch-invariant, run-to-run bitwise.
     """
+    if direct(gate_up):
+        return L.swiglu(gate_up)
     return _swiglu_op(gate_up)
 
 
@@ -236,6 +247,8 @@ def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
     **Determinism:** ``embedding.v1``; exact; dW run-to-run bitwise.
     """
+    if direct(ids, weight):
+        return L.embedding(ids, weight)
     return _embedding_op(ids, weight)
 
 

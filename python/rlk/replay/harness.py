@@ -118,6 +118,7 @@ def record(spec: ModelSpec, requests: list[rollout.Request], rc: rollout.Rollout
         "logp_segmentation": getattr(model.ops, "logp_segmentation", None),
         "steps": res.steps, "composition_changes": res.composition_changes,
         "max_batch_seen": max(res.batch_sizes), "rollout_seconds": res.seconds,
+        "graph_replays": res.graph_replays, "padded_steps": res.padded_steps,
         "provenance": _provenance(route, {"model": model.cfg.name, "pattern": "rollout"}),
     }
     fx = Fixture(prompts=[r.prompt for r in requests], responses=res.responses,

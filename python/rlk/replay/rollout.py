@@ -6,11 +6,22 @@ pages go to the back of the list and are reused by later requests); chunked pref
 continuous batching (requests arrive at different steps, finish at different lengths, and a
 seeded jitter defers some ready requests each step, so batch composition changes); sampling
 with a seeded ``torch.Generator`` (Gumbel-max over fp32 softmax of the logits from the route's
-``logits``, temperature 1.0); the selected-token logp of every sampled token recorded from the
-route's ``logp`` (``linear_logp`` on the strict route).
+``logits_for_sampling``, temperature 1.0); the selected-token logp of every sampled token taken
+from the same LM-head pass (strict: ``x_target - lse`` of ``linear_logp``, byte-identical to its
+``logp``; replays with forced tokens call ``linear_logp`` itself, and L1 checks they agree).
 
 With ``forced`` responses the executor replays given tokens instead of sampling (same
 schedule), which is how a frozen fixture is re-run.
+
+Decode steps (every scheduled request has one query) can run at bucket shapes
+(``RolloutConfig.pad_decode``): the batch is padded to the smallest of ``decode_buckets`` that
+holds it (padding rows: token 0, position 0, slot -1, kv length 0, a zero block-table row) and
+the block table has one width for the whole rollout, so each bucket has static shapes. With
+``cuda_graphs`` (default: on when the model is on CUDA) each bucket's step is captured once as a
+CUDA graph and replayed (:mod:`rlk.replay.decode_graphs`); prefill and mixed steps, and decode
+steps larger than the largest bucket, run eagerly. Sampling, logits and logp run eagerly on the
+real rows only. On the strict route the logp are bitwise the same either way (gate L1, "graph vs
+eager").
 """
 
 from __future__ import annotations
@@ -23,6 +34,7 @@ import torch
 
 from rlk.errors import UnsupportedConfigError
 from rlk.models.qwen3.routes import PagedMeta
+from rlk.replay import decode_graphs
 
 
 @dataclasses.dataclass
@@ -43,6 +55,9 @@ class RolloutConfig:
     sample_seed: int = 2
     jitter: float = 0.25  # probability a ready request is deferred this step (seeded)
     jitter_seed: int = 3
+    cuda_graphs: bool | None = None  # decode steps as CUDA graphs per bucket (None: on iff the model is on CUDA)
+    decode_buckets: tuple = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # padded decode batch sizes
+    pad_decode: bool | None = None  # pad decode steps to a bucket (None: same as cuda_graphs)
 
     def to_dict(self):
         return dataclasses.asdict(self)
@@ -59,6 +74,11 @@ class RolloutResult:
     composition_changes: int  # steps whose set of requests differs from the previous step's
     seconds: float
     probes: list[dict] | None = None  # per request: name -> [len, H] (rows by position)
+    graph_captures: int = 0  # CUDA graphs captured (one per bucket used)
+    graph_replays: int = 0  # decode steps run by replaying a graph
+    bucket_steps: int = 0  # decode steps run at bucket shapes (graph or eager)
+    padded_steps: int = 0  # bucket steps with at least one padding row
+    over_bucket_steps: int = 0  # decode steps larger than the largest bucket (eager, unpadded)
 
 
 class _Seq:
@@ -93,12 +113,37 @@ def check_tokens(vocab_size: int, *token_lists) -> None:
                 raise UnsupportedConfigError(f"sequence {i}: token id {bad[0]} outside [0, {vocab_size})")
 
 
+def decode_mode(rc: RolloutConfig, device: torch.device, probes: bool = False) -> tuple[bool, bool, tuple]:
+    """``(cuda_graphs, pad_decode, buckets)`` in effect for ``rc`` on ``device``.
+
+    ``probes`` force the eager unpadded path (probe rows are read per step, by request).
+    """
+    graphs = rc.cuda_graphs if rc.cuda_graphs is not None else device.type == "cuda"
+    pad = rc.pad_decode if rc.pad_decode is not None else graphs
+    if probes:
+        return False, False, ()
+    if graphs and device.type != "cuda":
+        raise UnsupportedConfigError(f"cuda_graphs=True needs the model on a CUDA device (it is on {device})")
+    if graphs and not pad:
+        raise UnsupportedConfigError("cuda_graphs=True needs pad_decode (a graph has static shapes per bucket)")
+    buckets = tuple(int(b) for b in rc.decode_buckets)
+    if pad and (not buckets or any(b < 1 for b in buckets) or list(buckets) != sorted(set(buckets))):
+        raise UnsupportedConfigError(f"decode_buckets must be increasing positive ints, got {rc.decode_buckets!r}")
+    return graphs, pad, buckets
+
+
 def run_rollout(model, requests: list[Request], rc: RolloutConfig, forced: list[list[int]] | None = None,
                 probes: bool = False, progress=None) -> RolloutResult:
     """Generates (or, with ``forced``, replays) every request; see the module docstring.
 
     Every token id, position, slot and page id the executor feeds is built or checked on the host,
-    so the steps run under :func:`rlk.kernels.common.host_validated` (no per-launch device reads).
+    so the steps run under :func:`rlk.kernels.common.host_validated` (no per-launch device reads;
+    CUDA graphs are captured there too). ``probes=True`` records per-layer rows and forces the
+    eager unpadded path (no CUDA graphs, no decode padding) whatever ``rc`` says.
+
+    Determinism: strict route: each row's bytes are independent of the step's batch composition,
+    page placement, chunking, decode padding and CUDA-graph replay (contracts ``attn.v1``,
+    ``gemm.bf16.v1``, row ops, ``logp.v2``); sampling is seeded. Native route: none.
     """
     from rlk.kernels.common import host_validated
 
@@ -109,10 +154,9 @@ def run_rollout(model, requests: list[Request], rc: RolloutConfig, forced: list[
 
 def _run_rollout(model, requests: list[Request], rc: RolloutConfig, forced: list[list[int]] | None = None,
                  probes: bool = False, progress=None) -> RolloutResult:
-    """Generates (or, with ``forced``, replays) every request; see the module docstring.
+    """The body of :func:`run_rollout` (called under ``host_validated``).
 
-    Determinism: strict route: each row's bytes are independent of the step's batch composition,
-    page placement and chunking (contracts ``attn.v1``, ``gemm.bf16.v1``, row ops, ``logp.v1``).
+    Determinism: as :func:`run_rollout`.
     """
     cfg, dev = model.cfg, model.device
     bs = rc.block_size
@@ -128,7 +172,12 @@ def _run_rollout(model, requests: list[Request], rc: RolloutConfig, forced: list
     gen = torch.Generator(device=dev)
     gen.manual_seed(rc.sample_seed)
     budget = rc.token_budget or (rc.max_batch + rc.chunk_size)
-    kv = model.new_kv_cache(num_blocks, bs)
+    graphs, pad, buckets = decode_mode(rc, dev, probes)
+    # Block-table width of every padded decode step: the most pages any request can need.
+    width = max(-(-(len(r.prompt) + r.max_new_tokens - 1) // bs) for r in requests)
+    kv = model.new_kv_cache(num_blocks, bs)  # once: captured graphs hold these addresses
+    runner = decode_graphs.DecodeGraphs(model, kv, bs) if graphs else None
+    counts = dict(bucket_steps=0, padded_steps=0, over_bucket_steps=0)
     seqs = [_Seq(i, r, forced[i] if forced is not None else None) for i, r in enumerate(requests)]
     waiting = sorted(seqs, key=lambda s: (s.req.arrival_step, s.idx))
     running: list[_Seq] = []
@@ -167,18 +216,31 @@ def _run_rollout(model, requests: list[Request], rc: RolloutConfig, forced: list
                 slots.append(s.pages[p // bs] * bs + p % bs)
             cu.append(cu[-1] + n)
             lens.append(s.computed + n)
-        nb = max(len(s.pages) for s, _ in sched)
-        bt = torch.zeros(len(sched), nb, dtype=torch.int32)
-        for b, (s, _) in enumerate(sched):
-            bt[b, : len(s.pages)] = torch.tensor(s.pages, dtype=torch.int32)
-        meta = PagedMeta(
-            block_tables=bt.to(dev), cu_seqlens_q=torch.tensor(cu, dtype=torch.int32, device=dev),
-            seq_lens_kv=torch.tensor(lens, dtype=torch.int32, device=dev),
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev), block_size=bs,
-            max_seqlen_q=max(n for _, n in sched))
+        bucket = None
+        if pad and all(n == 1 for _, n in sched):
+            bucket = next((p for p in buckets if p >= len(sched)), None)
+            counts["over_bucket_steps" if bucket is None else "bucket_steps"] += 1
         pr = {} if probes else None
-        hidden = model.rollout_step(torch.tensor(ids, dtype=torch.int64, device=dev),
-                                    torch.tensor(pos, dtype=torch.int64, device=dev), kv, meta, pr)
+        if bucket is not None:
+            # Padded decode step; rows >= len(sched) are padding and never read below.
+            counts["padded_steps"] += bucket > len(sched)
+            host = decode_graphs.pad_decode_inputs(ids, pos, slots, lens, [s.pages for s, _ in sched], bucket, width)
+            if runner is not None:
+                hidden = runner.step(host)
+            else:
+                hidden = model.rollout_step(host.ids.to(dev), host.positions.to(dev), kv, host.meta(dev, bs))
+        else:
+            nb = max(len(s.pages) for s, _ in sched)
+            bt = torch.zeros(len(sched), nb, dtype=torch.int32)
+            for b, (s, _) in enumerate(sched):
+                bt[b, : len(s.pages)] = torch.tensor(s.pages, dtype=torch.int32)
+            meta = PagedMeta(
+                block_tables=bt.to(dev), cu_seqlens_q=torch.tensor(cu, dtype=torch.int32, device=dev),
+                seq_lens_kv=torch.tensor(lens, dtype=torch.int32, device=dev),
+                slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev), block_size=bs,
+                max_seqlen_q=max(n for _, n in sched), host_cu=list(cu), host_lens=list(lens))
+            hidden = model.rollout_step(torch.tensor(ids, dtype=torch.int64, device=dev),
+                                        torch.tensor(pos, dtype=torch.int64, device=dev), kv, meta, pr)
         if probes:
             _scatter_probes(pr, sched, cu, probe_rows)
         # Rows that sample: the last row of each request whose prompt is complete after this step.
@@ -189,14 +251,18 @@ def _run_rollout(model, requests: list[Request], rc: RolloutConfig, forced: list
             rows = torch.tensor([cu[b + 1] - 1 for b, _ in samplers], device=dev)
             h = hidden.index_select(0, rows).contiguous()
             if forced is None:
-                logits = model.logits(h).float()
+                # One LM-head pass: the logits sample, and the same pass's statistics give the
+                # sampled tokens' logp (strict: x_target - lse of logp.v2, the bytes linear_logp
+                # returns; native: log_softmax of the same logits).
+                logits, stats = model.logits_for_sampling(h)
                 q = torch.empty_like(logits).exponential_(generator=gen)
                 toks = (torch.softmax(logits, dim=-1) / q).argmax(dim=-1)
+                lp = model.logp_of_sampled(logits, stats, toks)
             else:
                 toks = torch.tensor([s.forced[len(s.generated)] for _, s in samplers], dtype=torch.int64, device=dev)
-            lp = model.logp(h, toks)
-            for j, (_, s) in enumerate(samplers):
-                s.generated.append(int(toks[j]))
+                lp = model.logp(h, toks)
+            for j, ((_, s), t) in enumerate(zip(samplers, toks.tolist())):  # one device read per step
+                s.generated.append(int(t))
                 s.logp.append(lp[j])
         comp = frozenset(s.idx for s, _ in sched)
         changes += prev is not None and comp != prev
@@ -218,6 +284,7 @@ def _run_rollout(model, requests: list[Request], rc: RolloutConfig, forced: list
         steps=len(batch_sizes), batch_sizes=batch_sizes, step_tokens=step_tokens,
         composition_changes=changes, seconds=time.perf_counter() - t0,
         probes=[{k: torch.stack([r[k][p] for p in sorted(r[k])]) for k in r} for r in probe_rows] if probes else None,
+        graph_captures=runner.captures if runner else 0, graph_replays=runner.replays if runner else 0, **counts,
     )
 
 

@@ -1,5 +1,7 @@
 """Rollout executor logic (native route, fp32, fast): pages shuffled, batches changing,
-frozen-token replay reproducing the recorded logp, agreement with the trainer pattern."""
+frozen-token replay reproducing the recorded logp, agreement with the trainer pattern; decode
+steps padded to batch buckets (strict route: bitwise equal to unpadded) and, on GPU, CUDA graphs
+vs eager."""
 
 import dataclasses
 
@@ -101,3 +103,143 @@ def test_host_validated_skips_device_value_checks_and_nests():
     assert device_value_checks_enabled()
     with pytest.raises(UnsupportedConfigError):
         rowops.embedding(bad, w)
+
+
+# ---- decode steps at bucket shapes (padding rows) and CUDA graphs -------------------------------
+def _count_kv_allocs(m):
+    calls = []
+    orig = m.new_kv_cache
+
+    def counted(*a, **k):
+        calls.append(a)
+        return orig(*a, **k)
+
+    m.new_kv_cache = counted
+    return calls
+
+
+def test_padded_decode_strict_bitwise_equal_to_unpadded():
+    # Strict route (bf16, interpreter); max_batch 3 is no bucket size, so decode steps of 3 are
+    # padded to 4 (and steps of 1 and 2 run at exact bucket sizes).
+    m = harness.build_model(harness.ModelSpec(), "strict")
+    reqs = harness.make_requests(5, (3, 12), (3, 8), 256, seed=3, arrival_spread=2)
+    rc = rollout.RolloutConfig(max_batch=3, jitter=0.0, cuda_graphs=False, pad_decode=False)
+    a = rollout.run_rollout(m, reqs, rc)
+    assert a.bucket_steps == a.padded_steps == a.graph_replays == 0
+    calls = _count_kv_allocs(m)
+    b = rollout.run_rollout(m, reqs, dataclasses.replace(rc, pad_decode=True), forced=a.responses)
+    assert len(calls) == 1
+    assert b.padded_steps > 0 and b.bucket_steps > b.padded_steps and b.over_bucket_steps == 0
+    assert b.graph_captures == b.graph_replays == 0  # CPU: padded buckets run eagerly
+    assert b.responses == a.responses
+    for x, y in zip(b.logp, a.logp):
+        assert torch.equal(x, y), (x, y)
+
+
+def test_padded_decode_native_finite_and_close(recorded):
+    m, reqs, res = recorded
+    rc = rollout.RolloutConfig(pad_decode=True)
+    r = rollout.run_rollout(m, reqs, rc, forced=res.responses)
+    assert r.padded_steps > 0 and r.graph_replays == 0
+    for a, b in zip(r.logp, res.logp):  # fp32 native: keys gathered over the full width
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-4)
+    # Decode steps above the largest bucket run eagerly, unpadded, and are counted.
+    r2 = rollout.run_rollout(m, reqs, dataclasses.replace(rc, decode_buckets=(1, 2)), forced=res.responses)
+    assert r2.over_bucket_steps > 0 and r2.bucket_steps > 0
+    for a, b in zip(r2.logp, res.logp):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("route", ["native", "strict"])
+def test_padding_rows_touch_no_cache_slot_and_give_zero_attention(route):
+    from rlk.replay import decode_graphs
+
+    m = harness.build_model(harness.ModelSpec(), route)
+    kv = m.new_kv_cache(4, 16)
+    for kc, vc in kv:  # a cache full of distinct finite values
+        kc.copy_(torch.randn(kc.shape)), vc.copy_(torch.randn(vc.shape))
+    before = [(kc.clone(), vc.clone()) for kc, vc in kv]
+    # Two real decode rows (kv lengths 5 and 17, pages [2] and [0, 3]) padded to 4 rows.
+    host = decode_graphs.pad_decode_inputs([7, 9], [4, 16], [2 * 16 + 4, 3 * 16 + 0], [5, 17], [[2], [0, 3]],
+                                           bucket=4, width=3)
+    assert host.slot_mapping.tolist() == [36, 48, -1, -1] and host.seq_lens_kv.tolist() == [5, 17, 0, 0]
+    outs = {}
+    ops = m.ops
+    orig_attn = ops.attn_paged
+
+    def spy(q, kc, vc, meta, scale):
+        o = orig_attn(q, kc, vc, meta, scale)
+        outs.setdefault("attn", []).append(o.clone())
+        return o
+
+    ops.attn_paged = spy
+    try:
+        from rlk.kernels.common import host_validated
+
+        with host_validated():
+            hidden = m.rollout_step(host.ids, host.positions, kv, host.meta(m.device, 16))
+    finally:
+        del ops.attn_paged
+    assert torch.isfinite(hidden).all()
+    for o in outs["attn"]:
+        assert torch.isfinite(o).all() and not o[2:].any(), "padding rows must give attention output 0"
+    for (kc, vc), (k0, v0) in zip(kv, before):
+        for c, c0 in ((kc, k0), (vc, v0)):
+            f, f0 = c.view(-1, *c.shape[2:]), c0.view(-1, *c0.shape[2:])
+            changed = sorted(set(torch.nonzero((f != f0).flatten(1).any(1)).flatten().tolist()))
+            assert changed == [36, 48], changed
+
+
+def test_decode_mode():
+    cpu = torch.device("cpu")
+    assert rollout.decode_mode(rollout.RolloutConfig(), cpu)[:2] == (False, False)
+    assert rollout.decode_mode(rollout.RolloutConfig(pad_decode=True), cpu)[:2] == (False, True)
+    assert rollout.decode_mode(rollout.RolloutConfig(cuda_graphs=True), torch.device("cuda"))[:2] == (True, True)
+    assert rollout.decode_mode(rollout.RolloutConfig(), torch.device("cuda"))[:2] == (True, True)
+    assert rollout.decode_mode(rollout.RolloutConfig(pad_decode=True), cpu, probes=True)[:2] == (False, False)
+    with pytest.raises(UnsupportedConfigError, match="CUDA device"):
+        rollout.decode_mode(rollout.RolloutConfig(cuda_graphs=True), cpu)
+    with pytest.raises(UnsupportedConfigError, match="pad_decode"):
+        rollout.decode_mode(rollout.RolloutConfig(cuda_graphs=True, pad_decode=False), torch.device("cuda"))
+    with pytest.raises(UnsupportedConfigError, match="increasing"):
+        rollout.decode_mode(rollout.RolloutConfig(pad_decode=True, decode_buckets=(4, 2)), cpu)
+    # Buckets survive a JSON round trip of the config (a fixture stores them as a list).
+    assert rollout.decode_mode(rollout.RolloutConfig(pad_decode=True, decode_buckets=[1, 3]), cpu)[2] == (1, 3)
+
+
+def test_probes_force_eager(recorded):
+    m, reqs, res = recorded
+    r = rollout.run_rollout(m, reqs, rollout.RolloutConfig(pad_decode=True), forced=res.responses, probes=True)
+    assert r.bucket_steps == r.padded_steps == 0 and r.probes is not None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config,layers", [("tiny", None), ("qwen3-0.6b", 2)])
+def test_gpu_cuda_graphs_equal_eager(config, layers):
+    spec = harness.ModelSpec(config=config, num_layers=layers, device="cuda")
+    m = harness.build_model(spec, "strict")
+    vocab = m.cfg.vocab_size
+    reqs = harness.make_requests(11, (3, 70), (4, 40), vocab, seed=5, arrival_spread=4)
+    eager = rollout.RolloutConfig(max_batch=11, chunk_size=32, cuda_graphs=False, pad_decode=False)
+    a = rollout.run_rollout(m, reqs, eager)
+    calls = _count_kv_allocs(m)
+    g = rollout.run_rollout(m, reqs, dataclasses.replace(eager, cuda_graphs=True, pad_decode=True),
+                            forced=a.responses)
+    assert len(calls) == 1
+    assert g.graph_replays > 0 and g.graph_captures >= 1 and g.padded_steps > 0
+    assert g.graph_replays == g.bucket_steps and g.graph_captures <= len(set(g.batch_sizes))
+    for x, y in zip(g.logp, a.logp):
+        assert torch.equal(x, y), (x, y)
+    # Sampling with graphs gives the eager tokens too (logits of the real rows only).
+    s = rollout.run_rollout(m, reqs, dataclasses.replace(eager, cuda_graphs=True, pad_decode=True))
+    assert s.responses == a.responses and all(torch.equal(x, y) for x, y in zip(s.logp, a.logp))
+    # Native route: runs under graphs without NaN (no bitwise claim).
+    n = harness.build_model(spec, "native")
+    ng = rollout.run_rollout(n, reqs, dataclasses.replace(eager, cuda_graphs=True, pad_decode=True),
+                             forced=a.responses)
+    ne = rollout.run_rollout(n, reqs, eager, forced=a.responses)
+    assert ng.graph_replays > 0
+    for x, y in zip(ng.logp, ne.logp):
+        assert torch.isfinite(x).all()
+        torch.testing.assert_close(x, y, rtol=0, atol=0.25)

@@ -1,5 +1,5 @@
 """megatron-core ``output_processor``: per-token selected-token logp (and entropy) from rlk's
-fused linear-logp (contract ``logp.v1``), never megatron's logits or cross-entropy.
+fused linear-logp (contract ``logp.v2``), never megatron's logits or cross-entropy.
 
 Use::
 
@@ -8,7 +8,7 @@ Use::
 
 * TP=1: :func:`rlk.ops.linear_logp.linear_logp` (autograd registered on the op).
 * TP>1: each rank computes its vocabulary shard's segment statistics, the statistics are
-  gathered in rank order (``ag.v1``) and merged by ``logp.v1``'s merge
+  gathered in rank order (``ag.v1``) and merged by ``logp.v2``'s merge
   (``rlk.collectives.merge_logsumexp_stats`` with ``merge_segment_stats``): the bytes equal TP=1
   where the shards follow the contract's segmentation rule. Backward: each rank's
   ``linear_logp_bwd`` with the merged lse gives its dW shard and a partial dH, summed with
@@ -44,7 +44,7 @@ class _VocabParallelLogp(torch.autograd.Function):
             return merge_segment_stats([SegmentStats(p[0], p[1], p[3] if with_entropy else None, p[2])
                                         for p in per_rank])
 
-        # Reduction order: logp.v1's merge over global segments ascending (ranks 0..N-1); the
+        # Reduction order: logp.v2's merge over global segments ascending (ranks 0..N-1); the
         # transport is ag.v1 (exact copies).
         logp, lse, ent = collectives.merge_logsumexp_stats(fields, group, merge_fn=merge)
         ctx.save_for_backward(hidden, weight, targets, lse, ent)
@@ -77,7 +77,7 @@ def selected_logp(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Ten
     ``[r V/tp, (r+1) V/tp)``), targets ``[T]`` int64 global ids. Returns ``(logp [T] fp32,
     entropy [T] fp32 | None)``, identical on every rank; differentiable in hidden and weight.
 
-    Determinism: logp.v1 (rows independent of T; TP degrees under the segmentation rule give
+    Determinism: logp.v2 (rows independent of T; TP degrees under the segmentation rule give
     the TP=1 bytes) + ag.v1 / ar.v1.
     """
     seg = _segmentation(vocab_size)
@@ -106,7 +106,7 @@ def output_processor(*, hidden_states, output_layer, output_weight=None, labels=
     ``vocab_size`` (int; default ``output_layer.output_size``).
     Returns logp ``[b, s]`` fp32, or ``(logp, entropy)`` with ``entropy=True``.
 
-    Determinism: logp.v1.
+    Determinism: logp.v2.
     """
     ctx = dict(context or {})
     if labels is None:

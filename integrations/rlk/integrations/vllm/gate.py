@@ -5,7 +5,7 @@ unit-tested without an engine. The request gate is also exposed to vLLM as a v1 
 processor (:mod:`rlk.integrations.vllm.logits_gate`) whose ``validate_params`` rejects a request
 when it is added.
 
-Contract covered: the selected-token logp reported by the engine is ``logp.v1``'s value at the
+Contract covered: the selected-token logp reported by the engine is ``logp.v2``'s value at the
 engine's strict temperature (applied inside the fused LM head). Anything that changes the
 distribution after ``compute_logits`` (penalties, truncation, bias, a second temperature) or asks
 for other logprob values is outside the contract and is rejected, never silently served.
@@ -32,7 +32,7 @@ _NEUTRAL = {
 
 
 def check_sampling_params(sp, strict_temperature: float = 1.0) -> None:
-    """Raises ``UnsupportedConfigError`` when ``sp`` asks for something ``logp.v1`` does not cover.
+    """Raises ``UnsupportedConfigError`` when ``sp`` asks for something ``logp.v2`` does not cover.
 
     Args:
       sp: a ``vllm.SamplingParams`` (or any object with the same attributes).
@@ -50,7 +50,7 @@ def check_sampling_params(sp, strict_temperature: float = 1.0) -> None:
     if t not in ACCEPTED_TEMPERATURES:
         problems.append(
             f"temperature={t}: the engine samples at its strict temperature {strict_temperature}, "
-            "applied inside rlk's logp.v1; requests pass temperature=1.0 (or 0 for greedy)")
+            "applied inside rlk's logp.v2; requests pass temperature=1.0 (or 0 for greedy)")
     lp = getattr(sp, "logprobs", None)
     if lp != 0:
         problems.append(f"logprobs={lp} (must be 0: only the selected token's logp is covered)")

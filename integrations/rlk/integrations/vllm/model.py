@@ -11,7 +11,7 @@ pattern runs); this file only
   ``paged`` kernels, reading ``get_forward_context().attn_metadata[layer_name]``
   (``query_start_loc``, ``seq_lens``, ``block_table``, ``slot_mapping``) and ``layer.kv_cache``
   through strided views (:mod:`rlk.integrations.vllm.kv_layout`);
-* returns from :meth:`compute_logits` rlk's strict log-probabilities: ``logp.v1``'s logits
+* returns from :meth:`compute_logits` rlk's strict log-probabilities: ``logp.v2``'s logits
   output minus its lse, both at the engine's strict temperature. Column ``v`` of row ``t`` is
   the same fp32 subtraction the kernel performs for target ``v``, so with
   ``logprobs_mode="raw_logits"`` and ``logprobs=0`` the reported logp is rlk's, bit for bit.
@@ -218,7 +218,7 @@ class RlkStrictQwen3ForCausalLM(nn.Module):
         return h
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """``[T, V]`` fp32 log-probabilities of ``logp.v1`` at the strict temperature."""
+        """``[T, V]`` fp32 log-probabilities of ``logp.v2`` at the strict temperature."""
         from rlk.models.qwen3.routes import logp_segmentation
         from rlk.ops import linear_logp
 

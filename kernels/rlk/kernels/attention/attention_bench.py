@@ -8,8 +8,10 @@ Cases (Qwen3-8B TP4 shard: 8 q heads / 2 kv heads of 128):
   decode: (B, L) in {(4, 7168), (64, 2048), (256, 1024)}; strict = paged kernel, page 16,
     pages in order; native = SDPA on a dense [B, 8, L, 128] cache (as in PERF.md).
   backward: S=4096; strict = launch.backward; native = SDPA flash backward (autograd.grad).
-Rows: case, shape fields, strict_us, native_us, ratio (= strict / native). Medians of
-``triton.testing.do_bench``. Not run in CI.
+Rows: case, shape fields, strict_us, native_us, ratio (= strict / native), timing (which mode
+strict_us/native_us are: ``graph`` for decode, which engines run as CUDA graphs, ``eager`` for
+prefill and backward), and both modes' times (``*_eager_us``, ``*_graph_us``). Medians of
+``triton.testing.do_bench`` (graph: replay of 10 calls / 10). Not run in CI.
 """
 
 from __future__ import annotations
@@ -38,6 +40,33 @@ def _bench(fn):
     return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")) * 1e3
 
 
+def _graph_bench(fn, calls=10):
+    """Median device time per call of ``fn`` replayed from a CUDA graph of ``calls`` calls (no
+    host launch cost: what a graph-captured engine step pays)."""
+    import triton.testing
+
+    from rlk.kernels.common import host_validated
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s), host_validated():
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with host_validated(), torch.cuda.graph(g):
+        for _ in range(calls):
+            fn()
+    return float(triton.testing.do_bench(g.replay, warmup=5, rep=100, return_mode="median")) * 1e3 / calls
+
+
+def _both(strict_fn, native_fn, primary):
+    """Eager and graph timings of both arms; strict_us/native_us are the ``primary`` mode's."""
+    r = {"strict_eager_us": _bench(strict_fn), "native_eager_us": _bench(native_fn),
+         "strict_graph_us": _graph_bench(strict_fn), "native_graph_us": _graph_bench(native_fn)}
+    r["strict_us"], r["native_us"], r["timing"] = r[f"strict_{primary}_us"], r[f"native_{primary}_us"], primary
+    return r
+
+
 def _sdpa_flash(q, k, v, causal):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -52,12 +81,12 @@ def bench_prefill(s, hq=8, hk=2, d=128):
     q, k, v = (torch.randn((s, h, d), device="cuda", generator=g, dtype=torch.bfloat16) for h in (hq, hk, hk))
     cu = torch.tensor([0, s], dtype=torch.int32, device="cuda")
     scale = d ** -0.5
-    strict = _bench(lambda: launch.prefill(q, k, v, cu, s, scale, validate=False))
     qn = q.transpose(0, 1).unsqueeze(0)
     kn = k.repeat_interleave(hq // hk, 1).transpose(0, 1).unsqueeze(0).contiguous()
     vn = v.repeat_interleave(hq // hk, 1).transpose(0, 1).unsqueeze(0).contiguous()
-    native = _bench(lambda: _sdpa_flash(qn, kn, vn, True))
-    return {"case": "prefill", "S": s, "Hq": hq, "Hk": hk, "D": d, "strict_us": strict, "native_us": native}
+    t = _both(lambda: launch.prefill(q, k, v, cu, s, scale, validate=False),
+              lambda: _sdpa_flash(qn, kn, vn, True), "eager")
+    return {"case": "prefill", "S": s, "Hq": hq, "Hk": hk, "D": d, **t}
 
 
 def bench_decode(b, length, hq=8, hk=2, d=128, page=16):
@@ -72,13 +101,14 @@ def bench_decode(b, length, hq=8, hk=2, d=128, page=16):
     cuq = torch.arange(b + 1, dtype=torch.int32, device="cuda")
     kv = torch.full((b,), length, dtype=torch.int32, device="cuda")
     scale = d ** -0.5
-    strict = _bench(lambda: launch.paged(q, kc, vc, bt, cuq, kv, scale, max_seqlen_q=1, validate=False))
     kd = torch.randn((b, hq, length, d), device="cuda", generator=g, dtype=torch.bfloat16)
     vd = torch.randn_like(kd)
     qd = q.unsqueeze(2)
-    native = _bench(lambda: torch.nn.functional.scaled_dot_product_attention(qd, kd, vd))
-    return {"case": "decode", "B": b, "L": length, "Hq": hq, "Hk": hk, "D": d, "page": page,
-            "strict_us": strict, "native_us": native}
+    # Decode steps run as CUDA graphs in engines (vLLM, rlk's replay executor): the graph time
+    # is the headline; eager times (host launch included) are kept beside it.
+    t = _both(lambda: launch.paged(q, kc, vc, bt, cuq, kv, scale, max_seqlen_q=1, validate=False),
+              lambda: torch.nn.functional.scaled_dot_product_attention(qd, kd, vd), "graph")
+    return {"case": "decode", "B": b, "L": length, "Hq": hq, "Hk": hk, "D": d, "page": page, **t}
 
 
 def bench_backward(s, hq=8, hk=2, d=128):
@@ -91,13 +121,16 @@ def bench_backward(s, hq=8, hk=2, d=128):
     out, lse = launch.prefill(q, k, v, cu, s, scale)
     do = torch.randn_like(q)
     strict = _bench(lambda: launch.backward(do, q, k, v, out, lse, cu, s, scale))
+    strict_graph = _graph_bench(lambda: launch.backward(do, q, k, v, out, lse, cu, s, scale))
     qn = q.transpose(0, 1).unsqueeze(0).detach().requires_grad_(True)
     kn = k.repeat_interleave(hq // hk, 1).transpose(0, 1).unsqueeze(0).contiguous().requires_grad_(True)
     vn = v.repeat_interleave(hq // hk, 1).transpose(0, 1).unsqueeze(0).contiguous().requires_grad_(True)
     on = _sdpa_flash(qn, kn, vn, True)
     don = do.transpose(0, 1).unsqueeze(0)
     native = _bench(lambda: torch.autograd.grad(on, (qn, kn, vn), don, retain_graph=True))
-    return {"case": "backward", "S": s, "Hq": hq, "Hk": hk, "D": d, "strict_us": strict, "native_us": native}
+    return {"case": "backward", "S": s, "Hq": hq, "Hk": hk, "D": d, "strict_us": strict, "native_us": native,
+            "strict_eager_us": strict, "native_eager_us": native, "strict_graph_us": strict_graph,
+            "timing": "eager"}
 
 
 def main(argv=None):
@@ -113,11 +146,11 @@ def main(argv=None):
     for b, length in (((4, 7168), (256, 1024)) if a.quick else ((4, 7168), (64, 2048), (256, 1024))):
         rows.append(bench_decode(b, length))
     rows.append(bench_backward(4096))
-    print(f"{'case':9} {'shape':22} {'strict_us':>10} {'native_us':>10} {'ratio':>7}")
+    print(f"{'case':9} {'shape':22} {'strict_us':>10} {'native_us':>10} {'ratio':>7} timing")
     for r in rows:
         r["ratio"] = r["strict_us"] / r["native_us"]
         shape = f"S={r['S']}" if "S" in r else f"B={r['B']} L={r['L']}"
-        print(f"{r['case']:9} {shape:22} {r['strict_us']:10.1f} {r['native_us']:10.1f} {r['ratio']:7.3f}")
+        print(f"{r['case']:9} {shape:22} {r['strict_us']:10.1f} {r['native_us']:10.1f} {r['ratio']:7.3f} {r['timing']}")
     with open(a.out, "w") as f:
         json.dump({"provenance": _provenance(), "rows": rows}, f, indent=2)
 

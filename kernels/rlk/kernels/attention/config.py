@@ -19,7 +19,9 @@ KV_CHUNK = 64
 HEAD_DIMS = (16, 32, 64, 128)  # 16/32 exist for tiny CPU models; Qwen3 uses 128 (64 for tests)
 PAGE_SIZES = (16, 32, 64, 128, 256)
 
-_PENDING = "pending: attention_invariance_sweep.py on sm_90 (not yet run); interpreter: attention_invariance_test.py"
+_PENDING = ("attention_invariance_sweep@sm_90 (configs/invariance_sm90.json: prefill BLOCK_M/num_warps/GP "
+            "bit-neutral) and attention_variants@sm_90 2026-12-01 (docs/results/attention_variants_h200.json: "
+            "prefill and decode warps/stages/BLOCK_M/GP byte-identical); interpreter: attention_invariance_test.py")
 
 
 def _bit_fields(seg: int) -> dict:

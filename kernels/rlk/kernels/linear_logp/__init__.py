@@ -1,2 +1,2 @@
-"""Contract ``logp.v1``: fused LM head + selected-token log-prob (no full logits), vocab-parallel
+"""Contract ``logp.v2``: fused LM head + selected-token log-prob (no full logits), vocab-parallel
 segment statistics with a fixed merge, entropy, and a deterministic backward."""

@@ -1,4 +1,4 @@
-"""Contract ``logp.v1`` (fused LM head + selected-token log-prob) and its config tables.
+"""Contract ``logp.v2`` (fused LM head + selected-token log-prob) and its config tables.
 
 Every block size below is a bit field (it fixes tl.max/tl.sum trees and MMA shapes); none is
 ever chosen from the number of tokens T. Tables: ``configs/sm90.json`` (GPU, embedded in the
@@ -7,6 +7,7 @@ contract so its hash covers them) and ``CPU_TABLE`` (Triton interpreter, tests o
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -19,7 +20,7 @@ from rlk.errors import UnsupportedConfigError
 from rlk.kernels import registry
 from rlk.kernels.linear_logp import kernel as K
 
-CONTRACT_ID = "logp.v1"
+CONTRACT_ID = "logp.v2"
 BLOCK_K = 64  # the gemm.bf16.v1 K chunk
 _DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
 TABLE_FILES = {"sm_90": "sm90.json", "gfx942": "gfx942.json"}
@@ -31,19 +32,36 @@ TABLE_FILES = {"sm_90": "sm90.json", "gfx942": "gfx942.json"}
 # ranks 0..N-1 in order are exactly the segments of the unsharded vocabulary, and logp/lse are
 # byte-identical for every such shard count.
 # Production: Qwen3's padded vocabulary 151936 = 8 x 18992, so TP 1, 2, 4, 8 all align.
-DEFAULT_SEGMENTATION = (18992, 512)
+# logp.v2 (2026-12-01): SEG_V 256 = one BLOCK_V tile per segment on sm_90 (v1: 512, two tiles
+# folded by the online rule); measured faster at every T on the H200
+# (docs/results/linear_logp_variants_h200.json) and it doubles the programs at decode sizes.
+DEFAULT_SEGMENTATION = (18992, 256)
 # (ALIGN, SEG_V) pairs the contract defines. Small ones exist so that interpreter tests can run
 # several blocks, segments and shards; (128, 48) has a short last segment per block.
-ALLOWED_SEGMENTATIONS = ((18992, 512), (64, 32), (128, 48), (128, 128))
+ALLOWED_SEGMENTATIONS = ((18992, 256), (64, 32), (128, 48), (128, 128))
 
 CPU_TABLE = {
     "arch": "cpu-interpreter",
-    "fwd": {"BLOCK_T": 16, "BLOCK_V": 32, "BLOCK_K": 64, "num_warps": 4, "num_stages": 1},
+    "fwd": {"BLOCK_T": 16, "BLOCK_V": 32, "BLOCK_K": 64, "GROUP_T": 2, "TMA": 1, "num_warps": 4,
+            "num_stages": 1},
     "merge": {"BLOCK": 64, "num_warps": 4, "num_stages": 1},
-    "bwd_grad": {"BLOCK_T": 16, "BLOCK_V": 32, "BLOCK_K": 64, "num_warps": 4, "num_stages": 1},
-    "gemm": {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4, "num_stages": 1},
+    "bwd_grad": {"BLOCK_T": 16, "BLOCK_V": 32, "BLOCK_K": 64, "TMA": 1, "num_warps": 4, "num_stages": 1},
+    "gemm": {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 2, "TMA": 1, "num_warps": 4,
+             "num_stages": 1},
     "V_CHUNK": 64,
 }
+# Schedule fields: they choose the load path (TMA descriptors or masked pointers), the program
+# order or the pipeline depth, never a sum. Everything else in a table is a bit field.
+SCHEDULE_FIELDS = ("GROUP_T", "GROUP_M", "TMA", "num_stages")
+SCHEDULE_EVIDENCE = ("linear_logp_variants@sm_90 2026-12-01 (docs/results/linear_logp_variants_h200.json: "
+                     "logp/lse and d_hidden/d_weight byte-identical with TMA on/off, GROUP 1/8/32, "
+                     "num_stages 3/4); linear_logp_invariance_test (interpreter, TMA on/off)")
+
+
+def bit_table(t: dict) -> dict:
+    """A launch table without its schedule fields (what the contract's bit hash covers)."""
+    return {k: ({f: v for f, v in e.items() if f not in SCHEDULE_FIELDS} if isinstance(e, dict) else e)
+            for k, e in t.items() if k != "status"}
 
 
 @functools.lru_cache(maxsize=None)
@@ -61,6 +79,35 @@ def load_table(arch: str) -> dict:
     if t["V_CHUNK"] % BLOCK_K:
         raise UnsupportedConfigError(f"{TABLE_FILES[arch]}: V_CHUNK must be a multiple of {BLOCK_K}")
     return t
+
+
+# Table overrides for sweeps and tests only (``with override("fwd", BLOCK_V=256):``).
+_OVERRIDES: dict = {}
+
+
+@contextlib.contextmanager
+def override(kind: str, **values):
+    """Temporarily replaces fields of one kernel kind's table entry (variant sweeps, tests)."""
+    old = _OVERRIDES.get(kind)
+    _OVERRIDES[kind] = {**(old or {}), **values}
+    try:
+        yield
+    finally:
+        if old is None:
+            _OVERRIDES.pop(kind, None)
+        else:
+            _OVERRIDES[kind] = old
+
+
+def table(arch: str) -> dict:
+    """The launch table of ``arch`` with any active :func:`override` applied (a copy)."""
+    t = load_table(arch)
+    if not _OVERRIDES:
+        return t
+    out = dict(t)
+    for kind, vals in _OVERRIDES.items():
+        out[kind] = {**t[kind], **vals} if isinstance(t.get(kind), dict) else vals
+    return out
 
 
 def arch_of(device: torch.device) -> str:
@@ -117,11 +164,22 @@ CONTRACT = contracts.register(contracts.Contract(
         "exp_log": "Triton 3.6 tl.exp / tl.log lowering (toolchain pinned in provenance)",
         "backward_formula": "dL/dx = dlogp*(onehot - p) + dlse*p - dent*p*((x - lse) + entropy), "
                             "p = exp(x - lse); dL/dacc = dL/dx * inv_t",
-        "tables": {"sm_90": load_table("sm_90"), "cpu-interpreter": CPU_TABLE},
+        "tables": {"sm_90": bit_table(load_table("sm_90")), "cpu-interpreter": bit_table(CPU_TABLE)},
     },
+    schedule_fields={"GROUP_T": [1, 2, 8, 32], "GROUP_M": [1, 2, 8], "TMA": [0, 1], "num_stages": [1, 2, 3, 4]},
+    bit_neutral_evidence={k: SCHEDULE_EVIDENCE for k in SCHEDULE_FIELDS},
     targets=("sm_90", "cpu-interpreter"),
     kernels=("linear_logp.fwd_stats", "linear_logp.merge", "linear_logp.bwd_grad", "linear_logp.gemm"),
 ))
+
+
+def _launch_fields(entry: dict) -> dict:
+    """A table entry as kernel constexprs: ``TMA`` -> ``USE_TMA=False`` (the registry's compile
+    check uses pointer loads; TMA needs descriptors made from real tensors)."""
+    out = {k: v for k, v in entry.items() if k != "TMA"}
+    if "TMA" in entry:
+        out["USE_TMA"] = False
+    return out
 
 
 def _register_kernels() -> None:
@@ -130,27 +188,31 @@ def _register_kernels() -> None:
     regs = [
         ("fwd_stats", K.fwd_stats_kernel,
          {"m_ptr": ptr, "s_ptr": ptr, "e_ptr": ptr, "tg_ptr": ptr, "logits_ptr": ptr,
-          "h_ptr": "*bf16", "w_ptr": "*bf16", "tgt_ptr": "*i64", "T": "i32", "V_local": "i32",
-          "H": "i32", "vocab_start": "i32", "vocab_real": "i32", "stride_ht": "i32",
+          "h_ptr": "*bf16", "w_ptr": "*bf16", "tgt_ptr": "*i64", "h_desc": "constexpr",
+          "w_desc": "constexpr", "T": "i32", "V_local": "i32",
+          "H": "i32", "vocab_start": "i32", "vocab_real": "i32", "n_seg": "i32", "stride_ht": "i32",
           "stride_wv": "i32", "stride_lt": "i32", "inv_temp": "fp32"},
          {"ALIGN": DEFAULT_SEGMENTATION[0], "SEG_V": DEFAULT_SEGMENTATION[1], "WITH_ENTROPY": True,
-          "WITH_LOGITS": True, **t["fwd"]}),
+          "WITH_LOGITS": True, "h_desc": None, "w_desc": None, **_launch_fields(t["fwd"])}),
         ("merge", K.merge_kernel,
          {"logp_ptr": ptr, "lse_ptr": ptr, "ent_ptr": ptr, "m_ptr": ptr, "s_ptr": ptr, "e_ptr": ptr,
           "tg_ptr": ptr, "S": "i32", "R": "i32", "T": "i32"},
          {"WITH_ENTROPY": True, **t["merge"]}),
         ("bwd_grad", K.bwd_grad_kernel,
-         {"g_ptr": "*bf16", "h_ptr": "*bf16", "w_ptr": "*bf16", "tgt_ptr": "*i64", "lse_ptr": ptr,
-          "ent_ptr": ptr, "dlogp_ptr": ptr, "dlse_ptr": ptr, "dent_ptr": ptr, "T": "i32",
+         {"g_ptr": "*bf16", "h_ptr": "*bf16", "w_ptr": "*bf16", "tgt_ptr": "*i64",
+          "lse_ptr": ptr, "ent_ptr": ptr, "dlogp_ptr": ptr, "dlse_ptr": ptr, "dent_ptr": ptr,
+          "h_desc": "constexpr", "w_desc": "constexpr", "T": "i32",
           "V_local": "i32", "H": "i32", "col0": "i32", "vocab_start": "i32", "vocab_real": "i32",
           "stride_ht": "i32", "stride_wv": "i32", "stride_gt": "i32", "inv_temp": "fp32"},
          {"V_CHUNK": t["V_CHUNK"], "HAS_DLSE": True, "HAS_DENT": True, "INTERPRET": False,
-          **t["bwd_grad"]}),
+          "h_desc": None, "w_desc": None, **_launch_fields(t["bwd_grad"])}),
         ("gemm", K.gemm_kernel,
-         {"c_ptr": ptr, "a_ptr": "*bf16", "b_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32",
+         {"c_ptr": ptr, "a_ptr": "*bf16", "b_ptr": "*bf16", "a_desc": "constexpr", "b_desc": "constexpr",
+          "M": "i32", "N": "i32", "K": "i32",
           "stride_am": "i32", "stride_ak": "i32", "stride_bk": "i32", "stride_bn": "i32",
           "stride_cm": "i32", "stride_cn": "i32"},
-         {"ACC_IN": True, "OUT_BF16": False, "INTERPRET": False, **t["gemm"]}),
+         {"ACC_IN": True, "OUT_BF16": False, "INTERPRET": False, "a_desc": None, "b_desc": None,
+          "A_KM": False, "B_KN": False, **_launch_fields(t["gemm"])}),
     ]
     for name, fn, sig, cfg in regs:
         sig, cfg = dict(sig), dict(cfg)

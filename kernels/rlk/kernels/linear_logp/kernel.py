@@ -1,8 +1,8 @@
-"""Triton kernels of ``logp.v1`` (fused LM head + selected-token log-prob). ``@triton.jit`` only.
+"""Triton kernels of ``logp.v2`` (fused LM head + selected-token log-prob). ``@triton.jit`` only.
 
 Host code (checks, tables, grids) is in ``launch.py``; the arithmetic contract is written out in
 ``config.py``. Every kernel loads bf16, upcasts to fp32 at once, feeds ``tl.dot`` in ``DOT_DTYPE``
-(bf16 on GPU, fp32 under the CPU interpreter) and rounds to bf16 only through ``round_bf16``.
+(bf16 on GPU, fp64 chunk sums under the CPU interpreter: see ``_mma``) and rounds to bf16 only through ``round_bf16``.
 """
 
 import triton
@@ -19,6 +19,18 @@ from rlk.kernels.common import round_bf16
 
 
 @triton.jit
+def _mma(a, b, acc, DOT_DTYPE: tl.constexpr):
+    """``acc + a @ b`` for one 64-chunk, fp32 accumulation. On GPU one chained ``tl.dot``. Under
+    the CPU interpreter (DOT_DTYPE fp64) the chunk is summed exactly in fp64 and rounded once to
+    fp32: numpy's fp32 matmul sums in an order that depends on a row's place in the tile, which
+    would break row invariance on CPU only (the same model as gemm.bf16.v1's interpreter path)."""
+    if DOT_DTYPE == tl.float64:
+        return acc + tl.dot(a, b, out_dtype=tl.float64).to(tl.float32)
+    else:
+        return tl.dot(a, b, acc)
+
+
+@triton.jit
 def _tile_ptrs(h_ptr, w_ptr, rows, cols, T, col_hi, stride_ht, stride_wv):
     """Base pointers and masks of one [BLOCK_T, BLOCK_V] logits tile."""
     h_base = h_ptr + rows.to(tl.int64)[:, None] * stride_ht
@@ -32,29 +44,69 @@ def _k_step(acc, h_base, w_base, rmask, cmask, k0, BLOCK_K: tl.constexpr, DOT_DT
     ks = k0 + tl.arange(0, BLOCK_K)
     a = tl.load(h_base + ks[None, :], mask=rmask, other=0.0).to(tl.float32).to(DOT_DTYPE)
     b = tl.load(w_base + ks[:, None], mask=cmask, other=0.0).to(tl.float32).to(DOT_DTYPE)
-    return tl.dot(a, b, acc)
+    return _mma(a, b, acc, DOT_DTYPE)
+
+
+@triton.jit
+def _tile_logits(h_ptr, w_ptr, h_desc, w_desc, rows, cols, row0, col0, T, col_hi, H,
+                 stride_ht, stride_wv, BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr,
+                 BLOCK_K: tl.constexpr, USE_TMA: tl.constexpr, DOT_DTYPE: tl.constexpr,
+                 INTERPRET: tl.constexpr, H_I: tl.constexpr):
+    """acc [BLOCK_T, BLOCK_V] = h[rows] @ w[cols]^T in fp32.
+
+    Reduction order: K (hidden) in chunks of BLOCK_K=64 ascending, one fp32 accumulator chained
+    through tl.dot (the gemm.bf16.v1 K walk); H % 64 == 0 (checked by the launcher). Rows >= T
+    and columns >= col_hi read 0 (pointer path: masks; TMA path: the descriptor's zero fill past
+    its edges, and columns in [col_hi, V_local) are real columns whose results are masked by the
+    caller: each output element is its own chain, so neighbours never change it).
+    """
+    acc = tl.zeros((BLOCK_T, BLOCK_V), dtype=tl.float32)
+    if USE_TMA:
+        for k0 in range(0, H_I if INTERPRET else H, BLOCK_K):
+            a = h_desc.load([row0, k0])
+            b = w_desc.load([col0, k0])
+            if DOT_DTYPE != tl.bfloat16:
+                a = a.to(tl.float32).to(DOT_DTYPE)
+                b = b.to(tl.float32).to(DOT_DTYPE)
+            acc = _mma(a, tl.trans(b), acc, DOT_DTYPE)
+    else:
+        h_base, w_base, lrm, lcm = _tile_ptrs(h_ptr, w_ptr, rows, cols, T, col_hi, stride_ht, stride_wv)
+        for k0 in range(0, H_I if INTERPRET else H, BLOCK_K):
+            acc = _k_step(acc, h_base, w_base, lrm, lcm, k0, BLOCK_K, DOT_DTYPE)
+    return acc
+
+
+@triton.jit
+def _grouped(pid, n_a, n_b, GROUP: tl.constexpr):
+    """Program id -> (a, b) tile coordinates, GROUP consecutive a-tiles per sweep over b (L2
+    reuse). Programs are independent: the order never changes a value."""
+    width = GROUP * n_b
+    first = (pid // width) * GROUP
+    size = tl.minimum(n_a - first, GROUP)
+    return first + (pid % width) % size, (pid % width) // size
 
 
 @triton.jit
 def fwd_stats_kernel(m_ptr, s_ptr, e_ptr, tg_ptr, logits_ptr,
-                     h_ptr, w_ptr, tgt_ptr,
-                     T, V_local, H, vocab_start, vocab_real,
+                     h_ptr, w_ptr, tgt_ptr, h_desc, w_desc,
+                     T, V_local, H, vocab_start, vocab_real, n_seg,
                      stride_ht, stride_wv, stride_lt, inv_temp,
                      ALIGN: tl.constexpr, SEG_V: tl.constexpr,
                      BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
+                     GROUP_T: tl.constexpr, USE_TMA: tl.constexpr,
                      DOT_DTYPE: tl.constexpr, WITH_ENTROPY: tl.constexpr, WITH_LOGITS: tl.constexpr,
                      INTERPRET: tl.constexpr, H_I: tl.constexpr):
     """Per-(segment, token) statistics of one token tile over one vocabulary segment.
 
-    Grid: (cdiv(T, BLOCK_T), n_segments_local). Segment g of this shard covers local columns
+    Grid: (cdiv(T, BLOCK_T) * n_seg,), program -> (token tile, segment) by ``_grouped`` with
+    GROUP_T token tiles per sweep. Segment g of this shard covers local columns
     [b*ALIGN + j*SEG_V, min(b*ALIGN + (j+1)*SEG_V, (b+1)*ALIGN, V_local)) with
     b = g // cdiv(ALIGN, SEG_V), j = g % cdiv(ALIGN, SEG_V).
     Outputs (fp32, [S_local, T]): running max m, sum of exp(x - m) s, sum of exp(x - m) * x e
     (WITH_ENTROPY); tg [T] gets the target logit from the one program owning the target column.
     """
     SEGS_PER_BLOCK: tl.constexpr = (ALIGN + SEG_V - 1) // SEG_V
-    pid_t = tl.program_id(0)
-    g = tl.program_id(1)
+    pid_t, g = _grouped(tl.program_id(0), tl.cdiv(T, BLOCK_T), n_seg, GROUP_T)
     rows = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
     rmask = rows < T
     blk = g // SEGS_PER_BLOCK
@@ -73,12 +125,10 @@ def fwd_stats_kernel(m_ptr, s_ptr, e_ptr, tg_ptr, logits_ptr,
     # and num_warps, both pinned by the contract). Masked columns give exactly 0.
     for j0 in range(0, SEG_V, BLOCK_V):
         cols = seg_lo + j0 + tl.arange(0, BLOCK_V)
-        h_base, w_base, lrm, lcm = _tile_ptrs(h_ptr, w_ptr, rows, cols, T, seg_hi, stride_ht, stride_wv)
-        acc = tl.zeros((BLOCK_T, BLOCK_V), dtype=tl.float32)
-        # Reduction order: K (hidden) in chunks of BLOCK_K=64 ascending, one fp32 accumulator
-        # chained through tl.dot (the gemm.bf16.v1 K walk); H % 64 == 0 (checked by the launcher).
-        for k0 in range(0, H_I if INTERPRET else H, BLOCK_K):
-            acc = _k_step(acc, h_base, w_base, lrm, lcm, k0, BLOCK_K, DOT_DTYPE)
+        # Reduction order: K in chunks of 64 ascending, one fp32 chain (see _tile_logits).
+        acc = _tile_logits(h_ptr, w_ptr, h_desc, w_desc, rows, cols, pid_t * BLOCK_T, seg_lo + j0, T,
+                           seg_hi, H, stride_ht, stride_wv, BLOCK_T, BLOCK_V, BLOCK_K, USE_TMA,
+                           DOT_DTYPE, INTERPRET, H_I)
         # Temperature: one fp32 multiply by the fp32 reciprocal computed on the host; no bf16 rounding.
         x = acc * inv_temp
         valid = (cols < real_hi)[None, :]
@@ -139,10 +189,11 @@ def merge_kernel(logp_ptr, lse_ptr, ent_ptr, m_ptr, s_ptr, e_ptr, tg_ptr, S, R, 
 
 @triton.jit
 def bwd_grad_kernel(g_ptr, h_ptr, w_ptr, tgt_ptr, lse_ptr, ent_ptr, dlogp_ptr, dlse_ptr, dent_ptr,
-                    T, V_local, H, col0, vocab_start, vocab_real,
+                    h_desc, w_desc, T, V_local, H, col0, vocab_start, vocab_real,
                     stride_ht, stride_wv, stride_gt, inv_temp,
                     V_CHUNK: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr,
-                    BLOCK_K: tl.constexpr, DOT_DTYPE: tl.constexpr, HAS_DLSE: tl.constexpr,
+                    BLOCK_K: tl.constexpr, USE_TMA: tl.constexpr,
+                    DOT_DTYPE: tl.constexpr, HAS_DLSE: tl.constexpr,
                     HAS_DENT: tl.constexpr, INTERPRET: tl.constexpr, H_I: tl.constexpr):
     """Recomputes logits of local columns [col0, col0 + V_CHUNK) and writes the bf16 gradient
     w.r.t. the pre-temperature logits (dL/dacc) into g [T, V_CHUNK].
@@ -157,12 +208,10 @@ def bwd_grad_kernel(g_ptr, h_ptr, w_ptr, tgt_ptr, lse_ptr, ent_ptr, dlogp_ptr, d
     cols = col0 + lc
     rmask = rows < T
     col_hi = tl.minimum(col0 + V_CHUNK, V_local)
-    h_base, w_base, lrm, lcm = _tile_ptrs(h_ptr, w_ptr, rows, cols, T, col_hi, stride_ht, stride_wv)
-    acc = tl.zeros((BLOCK_T, BLOCK_V), dtype=tl.float32)
-    # Reduction order: K (hidden) in chunks of BLOCK_K=64 ascending, one fp32 accumulator
-    # chained through tl.dot (the gemm.bf16.v1 K walk); H % 64 == 0 (checked by the launcher).
-    for k0 in range(0, H_I if INTERPRET else H, BLOCK_K):
-        acc = _k_step(acc, h_base, w_base, lrm, lcm, k0, BLOCK_K, DOT_DTYPE)
+    # Reduction order: K in chunks of 64 ascending, one fp32 chain (see _tile_logits).
+    acc = _tile_logits(h_ptr, w_ptr, h_desc, w_desc, rows, cols, tl.program_id(0) * BLOCK_T,
+                       col0 + tl.program_id(1) * BLOCK_V, T, col_hi, H, stride_ht, stride_wv,
+                       BLOCK_T, BLOCK_V, BLOCK_K, USE_TMA, DOT_DTYPE, INTERPRET, H_I)
     # Temperature: one fp32 multiply by the fp32 reciprocal computed on the host; no bf16 rounding.
     x = acc * inv_temp
     valid = (cols < tl.minimum(col_hi, vocab_real - vocab_start))[None, :] & rmask[:, None]
@@ -184,16 +233,22 @@ def bwd_grad_kernel(g_ptr, h_ptr, w_ptr, tgt_ptr, lse_ptr, ent_ptr, dlogp_ptr, d
 
 
 @triton.jit
-def gemm_kernel(c_ptr, a_ptr, b_ptr, M, N, K,
+def gemm_kernel(c_ptr, a_ptr, b_ptr, a_desc, b_desc, M, N, K,
                 stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
                 ACC_IN: tl.constexpr, OUT_BF16: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                GROUP_M: tl.constexpr, USE_TMA: tl.constexpr, A_KM: tl.constexpr, B_KN: tl.constexpr,
                 DOT_DTYPE: tl.constexpr, INTERPRET: tl.constexpr, K_I: tl.constexpr):
-    """C[M, N] = A[M, K] @ B[K, N] (any strides). With ACC_IN, C holds fp32 partial sums and the
-    K walk continues from them (bitwise the same chain as one longer walk). Grid:
-    (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N))."""
-    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    """C[M, N] = A[M, K] @ B[K, N]. With ACC_IN, C holds fp32 partial sums and the K walk
+    continues from them (bitwise the same chain as one longer walk).
+
+    Pointer path: any strides. TMA path: descriptors with unit inner stride (zero fill past the
+    edges): a_desc over A stored [M, K] (or [K, M] when A_KM, i.e. A^T row-major), b_desc over B
+    stored [K, N] when B_KN (else B^T [N, K]). Grid: (cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N),),
+    program -> tile by ``_grouped`` (GROUP_M row tiles per sweep)."""
+    pid_m, pid_n = _grouped(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     cmask = (rm < M)[:, None] & (rn < N)[None, :]
     c_ptrs = c_ptr + rm.to(tl.int64)[:, None] * stride_cm + rn.to(tl.int64)[None, :] * stride_cn
     if ACC_IN:
@@ -204,14 +259,29 @@ def gemm_kernel(c_ptr, a_ptr, b_ptr, M, N, K,
     b_base = b_ptr + rn.to(tl.int64)[None, :] * stride_bn
     # Reduction order: K in chunks of BLOCK_K=64 ascending, fp32 accumulator chained through
     # tl.dot; the K tail is zero-filled (adds exact zeros).
-    for k0 in range(0, K_I if INTERPRET else K, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        kk = ks.to(tl.int64)
-        a = tl.load(a_base + kk[None, :] * stride_ak, mask=(rm < M)[:, None] & (ks < K)[None, :],
-                    other=0.0).to(tl.float32).to(DOT_DTYPE)
-        b = tl.load(b_base + kk[:, None] * stride_bk, mask=(ks < K)[:, None] & (rn < N)[None, :],
-                    other=0.0).to(tl.float32).to(DOT_DTYPE)
-        acc = tl.dot(a, b, acc)
+    if USE_TMA:
+        for k0 in range(0, K_I if INTERPRET else K, BLOCK_K):
+            if A_KM:
+                a = tl.trans(a_desc.load([k0, pid_m * BLOCK_M]))
+            else:
+                a = a_desc.load([pid_m * BLOCK_M, k0])
+            if B_KN:
+                b = b_desc.load([k0, pid_n * BLOCK_N])
+            else:
+                b = tl.trans(b_desc.load([pid_n * BLOCK_N, k0]))
+            if DOT_DTYPE != tl.bfloat16:
+                a = a.to(tl.float32).to(DOT_DTYPE)
+                b = b.to(tl.float32).to(DOT_DTYPE)
+            acc = _mma(a, b, acc, DOT_DTYPE)
+    else:
+        for k0 in range(0, K_I if INTERPRET else K, BLOCK_K):
+            ks = k0 + tl.arange(0, BLOCK_K)
+            kk = ks.to(tl.int64)
+            a = tl.load(a_base + kk[None, :] * stride_ak, mask=(rm < M)[:, None] & (ks < K)[None, :],
+                        other=0.0).to(tl.float32).to(DOT_DTYPE)
+            b = tl.load(b_base + kk[:, None] * stride_bk, mask=(ks < K)[:, None] & (rn < N)[None, :],
+                        other=0.0).to(tl.float32).to(DOT_DTYPE)
+            acc = _mma(a, b, acc, DOT_DTYPE)
     if OUT_BF16:
         tl.store(c_ptrs, round_bf16(acc, INTERPRET), mask=cmask)
     else:

@@ -1,4 +1,4 @@
-"""Host side of contract ``logp.v1``: input checks, config lookup, grids and launches.
+"""Host side of contract ``logp.v2``: input checks, config lookup, grids and launches.
 
 Forward: :func:`segment_stats` (per-(segment, token) statistics of one vocabulary shard, and the
 logits if asked) then :func:`merge_segment_stats` (ranks' statistics in rank order -> logp, lse,
@@ -12,6 +12,7 @@ from typing import NamedTuple, Optional, Sequence
 
 import torch
 import triton
+import triton.language as tl
 
 from rlk.errors import UnsupportedConfigError
 from rlk.kernels.common import check_tensor, device_value_checks_enabled, dot_dtype_for, interpret_flag, launch_options
@@ -43,6 +44,12 @@ def _inv_temp(temperature) -> float:
         raise UnsupportedConfigError(f"{CONTRACT_ID}: temperature must be finite and > 0, got {t}")
     # fp32(1 / float64(temperature)): the contract's single host-side rounding.
     return float(torch.tensor(1.0 / t, dtype=torch.float32).item())
+
+
+def _dot(device) -> object:
+    """``tl.dot`` operand dtype: bf16 on GPU, fp64 under the interpreter (exact 64-chunk sums)."""
+    d = dot_dtype_for(device)
+    return tl.float64 if d == tl.float32 else d
 
 
 def _bound(n: int) -> int:
@@ -106,6 +113,19 @@ def check_inputs(hidden, weight, targets, vocab_start: int, vocab_real: int,
                                          f"[0, vocab_real={vocab_real})")
 
 
+def _tma_ok(t: torch.Tensor) -> bool:
+    """Whether ``t`` [rows, K] can be read through a tensor descriptor: unit inner stride, 16-byte
+    aligned base and row stride (on GPU the TMA unit; the interpreter emulates descriptors)."""
+    return (t.device.type in ("cuda", "cpu") and t.dim() == 2 and t.stride(1) == 1
+            and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0 and t.shape[0] > 0)
+
+
+def _desc(t: torch.Tensor, block):
+    from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: PLC0415
+
+    return TensorDescriptor(t, list(t.shape), [t.stride(0), 1], list(block))
+
+
 def num_segments(V_local: int, align: int, seg_v: int) -> int:
     return triton.cdiv(V_local, align) * triton.cdiv(align, seg_v)
 
@@ -120,7 +140,7 @@ def segment_stats(hidden, weight, targets, vocab_start: int = 0, vocab_real: Opt
     None). Logits are the temperature-scaled fp32 values the statistics use; padded columns
     (>= vocab_real) hold -inf.
 
-    Determinism: logp.v1; rows independent of T; bitwise run to run.
+    Determinism: logp.v2; rows independent of T; bitwise run to run.
     """
     vocab_real = int(weight.shape[0] + vocab_start if vocab_real is None else vocab_real)
     align, seg_v = cfgmod.DEFAULT_SEGMENTATION if segmentation is None else tuple(segmentation)
@@ -129,7 +149,7 @@ def segment_stats(hidden, weight, targets, vocab_start: int = 0, vocab_real: Opt
     hidden, weight, targets = hidden.contiguous(), weight.contiguous(), targets.contiguous()
     T, H = hidden.shape
     V_local = weight.shape[0]
-    cfg = cfgmod.load_table(cfgmod.arch_of(hidden.device))["fwd"]
+    cfg = cfgmod.table(cfgmod.arch_of(hidden.device))["fwd"]
     S = num_segments(V_local, align, seg_v)
     dev = hidden.device
     m = torch.empty((S, T), dtype=torch.float32, device=dev)
@@ -137,13 +157,17 @@ def segment_stats(hidden, weight, targets, vocab_start: int = 0, vocab_real: Opt
     e = torch.empty((S, T), dtype=torch.float32, device=dev) if return_entropy else None
     tg = torch.full((T,), float("-inf"), dtype=torch.float32, device=dev)
     logits = torch.empty((T, V_local), dtype=torch.float32, device=dev) if return_logits else None
-    grid = (triton.cdiv(T, cfg["BLOCK_T"]), S)
+    bt, bv = cfg["BLOCK_T"], cfg["BLOCK_V"]
+    use_tma = bool(cfg.get("TMA", 0)) and _tma_ok(hidden) and _tma_ok(weight)
+    hd, wd = (_desc(hidden, (bt, cfg["BLOCK_K"])), _desc(weight, (bv, cfg["BLOCK_K"]))) if use_tma else (None, None)
+    grid = (triton.cdiv(T, bt) * S,)
     K.fwd_stats_kernel[grid](
         m, s, e if e is not None else m, tg, logits if logits is not None else m,
-        hidden, weight, targets, T, V_local, H, int(vocab_start), vocab_real,
+        hidden, weight, targets, hd, wd, T, V_local, H, int(vocab_start), vocab_real, S,
         hidden.stride(0), weight.stride(0), logits.stride(0) if logits is not None else 0, inv_t,
-        ALIGN=align, SEG_V=seg_v, BLOCK_T=cfg["BLOCK_T"], BLOCK_V=cfg["BLOCK_V"], BLOCK_K=cfg["BLOCK_K"],
-        DOT_DTYPE=dot_dtype_for(dev), WITH_ENTROPY=return_entropy, WITH_LOGITS=return_logits,
+        ALIGN=align, SEG_V=seg_v, BLOCK_T=bt, BLOCK_V=bv, BLOCK_K=cfg["BLOCK_K"],
+        GROUP_T=cfg.get("GROUP_T", 1), USE_TMA=use_tma,
+        DOT_DTYPE=_dot(dev), WITH_ENTROPY=return_entropy, WITH_LOGITS=return_logits,
         INTERPRET=interpret_flag(), H_I=_bound(H),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **launch_options())
     return SegmentStats(m, s, e, tg), logits
@@ -156,7 +180,7 @@ def merge_segment_stats(stats: Sequence[SegmentStats]):
     is byte-identical to the unsharded computation when the shards follow the contract's
     segmentation rule (checked by :func:`check_inputs` on each rank).
 
-    Determinism: logp.v1 (max over segments, then sums over global segments ascending).
+    Determinism: logp.v2 (max over segments, then sums over global segments ascending).
     """
     if isinstance(stats, SegmentStats) or not len(stats):
         raise UnsupportedConfigError(f"{CONTRACT_ID}: merge_segment_stats takes a non-empty list of "
@@ -175,7 +199,7 @@ def merge_segment_stats(stats: Sequence[SegmentStats]):
     e = cat([st.e for st in stats]) if with_e else None
     tg = torch.stack([st.tg for st in stats], 0).contiguous()
     dev = m.device
-    cfg = cfgmod.load_table(cfgmod.arch_of(dev))["merge"]
+    cfg = cfgmod.table(cfgmod.arch_of(dev))["merge"]
     logp = torch.empty((T,), dtype=torch.float32, device=dev)
     lse = torch.empty_like(logp)
     ent = torch.empty_like(logp) if with_e else None
@@ -196,7 +220,7 @@ def linear_logp_fwd(hidden, weight, targets, vocab_start: int = 0, vocab_real: O
     tensors (the reference-scoring path). With return_logits the statistics arithmetic is
     unchanged: logp/lse bytes do not depend on it.
 
-    Determinism: logp.v1; rows independent of T; bitwise run to run.
+    Determinism: logp.v2; rows independent of T; bitwise run to run.
     """
     st, logits = segment_stats(hidden, weight, targets, vocab_start, vocab_real, temperature,
                                return_entropy, return_logits, segmentation, validate_targets)
@@ -224,7 +248,7 @@ def linear_logp_bwd(hidden, weight, targets, lse, dlogp, vocab_start: int = 0,
     ascending, one chain) and d_hidden += G @ weight[chunk] (vocab ascending, one fp32 chain that
     continues across chunks), rounded once at the end. No atomics.
 
-    Determinism: logp.v1; bitwise run to run; d_hidden rows independent of T.
+    Determinism: logp.v2; bitwise run to run; d_hidden rows independent of T.
     """
     vocab_real = int(weight.shape[0] + vocab_start if vocab_real is None else vocab_real)
     check_inputs(hidden, weight, targets, int(vocab_start), vocab_real, None, None, False)
@@ -244,36 +268,56 @@ def linear_logp_bwd(hidden, weight, targets, lse, dlogp, vocab_start: int = 0,
     if dlogp is None:
         dlogp = torch.zeros((T,), dtype=torch.float32, device=dev)
     hidden, weight, targets = hidden.contiguous(), weight.contiguous(), targets.contiguous()
-    tab = cfgmod.load_table(cfgmod.arch_of(dev))
+    tab = cfgmod.table(cfgmod.arch_of(dev))
     gc, mc, VC = tab["bwd_grad"], tab["gemm"], tab["V_CHUNK"]
-    dot = dot_dtype_for(dev)
+    dot = _dot(dev)
     interp = interpret_flag()
     opts = launch_options()
-    g = torch.empty((T, min(VC, V_local)), dtype=torch.bfloat16, device=dev)
+    VCc = min(VC, V_local)
+    bk = mc["BLOCK_K"]
+    # TMA path: the two GEMMs read G, hidden and weight in place through descriptors (G^T and
+    # weight[chunk] as [K, M] / [K, N] tiles, transposed in registers): no copies. Same tiles and
+    # K chains as the pointer path, so the same bytes (checked by linear_logp_variants on GPU and
+    # by the interpreter tests).
+    use_tma = bool(mc.get("TMA", 0)) and _tma_ok(hidden) and _tma_ok(weight)
+    g = torch.empty((T, -(-VCc // 8) * 8), dtype=torch.bfloat16, device=dev)
+    gtm = bool(gc.get("TMA", 0)) and _tma_ok(hidden) and _tma_ok(weight)
+    ghd, gwd = ((_desc(hidden, (gc["BLOCK_T"], gc["BLOCK_K"])), _desc(weight, (gc["BLOCK_V"], gc["BLOCK_K"])))
+                if gtm else (None, None))
+    if use_tma:
+        hkn = _desc(hidden, (bk, mc["BLOCK_N"]))
     dw = torch.empty_like(weight)
     dh_acc = torch.empty((T, H), dtype=torch.float32, device=dev)
+    cd = triton.cdiv
+    gm = dict(BLOCK_M=mc["BLOCK_M"], BLOCK_N=mc["BLOCK_N"], BLOCK_K=bk, GROUP_M=mc.get("GROUP_M", 1),
+              DOT_DTYPE=dot, INTERPRET=interp, num_warps=mc["num_warps"], num_stages=mc["num_stages"], **opts)
     # Reduction order (d_hidden): vocab chunks ascending; the fp32 chain continues across chunks.
     for c, col0 in enumerate(range(0, V_local, VC)):
         nc = min(VC, V_local - col0)
-        K.bwd_grad_kernel[(triton.cdiv(T, gc["BLOCK_T"]), triton.cdiv(nc, gc["BLOCK_V"]))](
+        K.bwd_grad_kernel[(cd(T, gc["BLOCK_T"]), cd(nc, gc["BLOCK_V"]))](
             g, hidden, weight, targets, lse, entropy if entropy is not None else lse, dlogp,
-            dlse if dlse is not None else lse, dentropy if dentropy is not None else lse,
+            dlse if dlse is not None else lse, dentropy if dentropy is not None else lse, ghd, gwd,
             T, V_local, H, col0, int(vocab_start), vocab_real,
             hidden.stride(0), weight.stride(0), g.stride(0), inv_t,
             V_CHUNK=VC, BLOCK_T=gc["BLOCK_T"], BLOCK_V=gc["BLOCK_V"], BLOCK_K=gc["BLOCK_K"],
-            DOT_DTYPE=dot, HAS_DLSE=dlse is not None, HAS_DENT=dentropy is not None,
-            INTERPRET=interp, H_I=_bound(H), num_warps=gc["num_warps"], num_stages=gc["num_stages"], **opts)
-        gm = dict(BLOCK_M=mc["BLOCK_M"], BLOCK_N=mc["BLOCK_N"], BLOCK_K=mc["BLOCK_K"], DOT_DTYPE=dot,
-                  INTERPRET=interp, num_warps=mc["num_warps"], num_stages=mc["num_stages"], **opts)
+            USE_TMA=gtm, DOT_DTYPE=dot, HAS_DLSE=dlse is not None,
+            HAS_DENT=dentropy is not None, INTERPRET=interp, H_I=_bound(H),
+            num_warps=gc["num_warps"], num_stages=gc["num_stages"], **opts)
         dwc = dw[col0:col0 + nc]
-        # d_weight[chunk] [nc, H] = G[:, :nc]^T @ hidden: K = tokens ascending.
-        K.gemm_kernel[(triton.cdiv(nc, mc["BLOCK_M"]), triton.cdiv(H, mc["BLOCK_N"]))](
-            dwc, g, hidden, nc, H, T, 1, g.stride(0), hidden.stride(0), 1, dwc.stride(0), 1,
-            ACC_IN=False, OUT_BF16=True, K_I=_bound(T), **gm)
-        # d_hidden [T, H] (+)= G[:, :nc] @ weight[chunk]: K = this chunk's columns ascending.
         wc = weight[col0:col0 + nc]
-        K.gemm_kernel[(triton.cdiv(T, mc["BLOCK_M"]), triton.cdiv(H, mc["BLOCK_N"]))](
-            dh_acc, g, wc, T, H, nc, g.stride(0), 1, wc.stride(0), 1, dh_acc.stride(0), 1,
-            ACC_IN=c > 0, OUT_BF16=False, K_I=_bound(nc), **gm)
+        gc_view = g[:, :nc]
+        if use_tma:
+            a_km, b_kn = _desc(gc_view, (bk, mc["BLOCK_M"])), _desc(wc, (bk, mc["BLOCK_N"]))
+            a_mk = _desc(gc_view, (mc["BLOCK_M"], bk))
+        else:
+            a_km = b_kn = a_mk = hkn = None
+        # d_weight[chunk] [nc, H] = G[:, :nc]^T @ hidden: K = tokens ascending.
+        K.gemm_kernel[(cd(nc, mc["BLOCK_M"]) * cd(H, mc["BLOCK_N"]),)](
+            dwc, g, hidden, a_km, hkn, nc, H, T, 1, g.stride(0), hidden.stride(0), 1, dwc.stride(0), 1,
+            ACC_IN=False, OUT_BF16=True, USE_TMA=use_tma, A_KM=True, B_KN=True, K_I=_bound(T), **gm)
+        # d_hidden [T, H] (+)= G[:, :nc] @ weight[chunk]: K = this chunk's columns ascending.
+        K.gemm_kernel[(cd(T, mc["BLOCK_M"]) * cd(H, mc["BLOCK_N"]),)](
+            dh_acc, g, wc, a_mk, b_kn, T, H, nc, g.stride(0), 1, wc.stride(0), 1, dh_acc.stride(0), 1,
+            ACC_IN=c > 0, OUT_BF16=False, USE_TMA=use_tma, A_KM=False, B_KN=True, K_I=_bound(nc), **gm)
     # One RNE rounding (torch's fp32 -> bf16 cast is round-to-nearest-even on CPU and GPU).
     return dh_acc.to(hidden.dtype), dw

@@ -1,4 +1,4 @@
-"""Benchmark of ``logp.v1`` on the H200: strict fused vs native (matmul logits, fp32 log_softmax,
+"""Benchmark of ``logp.v2`` on the H200: strict fused vs native (matmul logits, fp32 log_softmax,
 gather) and Liger-Kernel's fused linear cross-entropy when importable.
 
     python -m rlk.kernels.linear_logp.linear_logp_bench --out linear_logp_h200.json [--quick]
@@ -27,7 +27,14 @@ def _provenance():
     try:
         from rlk.provenance import capability_record
 
-        return capability_record(route="strict", contract_ids=["logp.v1"], extra={"bench": "linear_logp"})
+        extra = {"bench": "linear_logp"}
+        try:
+            import importlib.metadata
+
+            extra["liger_kernel"] = importlib.metadata.version("liger-kernel")
+        except Exception:  # noqa: BLE001 - not installed: recorded as absent
+            extra["liger_kernel"] = None
+        return capability_record(route="strict", contract_ids=["logp.v2"], extra=extra)
     except Exception as e:  # noqa: BLE001 - a record must still be written
         import triton
 
@@ -64,6 +71,10 @@ def run(shapes, out_path):
     liger_fn, liger_reason = _liger()
     if liger_reason:
         print(f"liger: skipped ({liger_reason})")
+    else:
+        import importlib.metadata
+
+        print(f"liger: liger-kernel {importlib.metadata.version('liger-kernel')}")
     rows = []
     dev = "cuda"
     for T, V in shapes:

@@ -1,4 +1,4 @@
-"""Bitwise invariance of ``logp.v1``: shard count, logits on/off, rows across T and order,
+"""Bitwise invariance of ``logp.v2``: shard count, logits on/off, rows across T and order,
 run to run (forward and backward).
 
 Under the CPU interpreter these show the tiling/merge logic is invariant (the same property holds
@@ -96,7 +96,7 @@ def test_backward_run_to_run_and_dhidden_rows_invariant():
 
 
 # ----------------------------------------------------------------------------------------------
-# GPU (H200): Qwen3-8B vocabulary 151936 (151669 real), H 4096, default segmentation (18992, 512).
+# GPU (H200): Qwen3-8B vocabulary 151936 (151669 real), H 4096, default segmentation (18992, 256).
 
 @pytest.mark.gpu
 def test_gpu_shard_count_invariance_qwen3():

@@ -1,4 +1,4 @@
-"""Accuracy (vs fp64), backward accuracy, bad-input errors of ``logp.v1``.
+"""Accuracy (vs fp64), backward accuracy, bad-input errors of ``logp.v2``.
 
 CPU runs use the Triton interpreter (fp32 dot operands, numpy exp/log): they check the
 algorithm (segments, masking, merge, gradients), not GPU bf16 bits. GPU cases are marked ``gpu``.

@@ -1,4 +1,4 @@
-"""Plain-torch specification of ``logp.v1`` (tests and benchmarks only; kernels never import it).
+"""Plain-torch specification of ``logp.v2`` (tests and benchmarks only; kernels never import it).
 
 Casting contract: hidden [T, H] and weight [V_local, H] are bf16; logits are computed from the
 bf16 values in ``dtype`` (fp64 for accuracy references) without rounding to bf16, scaled by

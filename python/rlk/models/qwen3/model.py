@@ -161,3 +161,17 @@ class Qwen3:
     @torch.no_grad()
     def logits(self, hidden):
         return self.ops.logits(hidden, self.w["lm_head.weight"])
+
+    @torch.no_grad()
+    def logits_for_sampling(self, hidden):
+        """``(logits [T, V] fp32, stats)`` from one LM-head pass; ``stats`` feeds
+        :meth:`logp_of_sampled` (strict: the pass's lse)."""
+        return self.ops.logits_and_stats(hidden, self.w["lm_head.weight"])
+
+    @torch.no_grad()
+    def logp_of_sampled(self, logits, stats, tokens):
+        """Selected-token logp of ``tokens`` from :meth:`logits_for_sampling`'s pass.
+
+        Determinism: strict: ``x_target - lse`` in fp32, the bytes :meth:`logp` gives
+        (contract logp.v2: logp = x_target - lse); native: log_softmax of the same logits."""
+        return self.ops.logp_from_logits(logits, stats, tokens)

@@ -89,3 +89,22 @@ def test_gpu_qwen3_8b_shape_two_layers_trainer_vs_rollout():
     rep = harness.check(fx, "strict")
     assert rep["trainer_vs_recorded"]["mismatch_count"] == 0, rep["trainer_vs_recorded"]
     assert rep["rollout_replay_vs_recorded"]["mismatch_count"] == 0
+
+
+@pytest.mark.parametrize("route", ["strict", "native"])
+def test_logp_of_sampled_equals_logp(route):
+    """The rollout's one-pass sampling logp (logits + the pass's lse) equals the model's logp:
+    bitwise on the strict route (logp.v2: logp = x_target - lse), close on the native route."""
+    dt = torch.bfloat16
+    m = Qwen3(TINY, random_weights(TINY, 3, dtype=dt), route)
+    g = torch.Generator().manual_seed(5)
+    h = (torch.randn(7, TINY.hidden_size, generator=g)).to(dt)
+    toks = torch.randint(0, TINY.vocab_size, (7,), generator=g)
+    logits, stats = m.logits_for_sampling(h)
+    assert logits.dtype == torch.float32 and logits.shape == (7, m.w["lm_head.weight"].shape[0])
+    got = m.logp_of_sampled(logits, stats, toks)
+    want = m.logp(h, toks)
+    if route == "strict":
+        assert_bitwise_equal(got, want, "one-pass sampled logp vs linear_logp")
+    else:
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-6)

@@ -25,7 +25,7 @@ STRICT_CONTRACTS = {
     "swiglu": "swiglu.v1",
     "embedding": "embedding.v1",
     "attention": "attn.v1",
-    "linear_logp": "logp.v1",
+    "linear_logp": "logp.v2",
 }
 
 
@@ -39,6 +39,14 @@ class PagedMeta:
     slot_mapping: torch.Tensor  # [T] int64
     block_size: int
     max_seqlen_q: int | None = None  # host int (avoids a device read-back)
+    # Host copies of cu_seqlens_q / seq_lens_kv (the executor builds them anyway); the native
+    # route reads these instead of the device. Eager steps only: a captured graph would bake them in.
+    host_cu: list[int] | None = None
+    host_lens: list[int] | None = None
+    # A padded decode step (rlk.replay.rollout): one query per sequence, shapes fixed by the
+    # bucket and the block-table width; padding rows have slot -1 and kv length 0. Lengths are
+    # read on the device only, so the step can be captured in a CUDA graph.
+    padded_decode: bool = False
     native: dict | None = None  # gather indices, built once per step by the native route
 
 
@@ -101,9 +109,19 @@ class StrictOps:
 
     def logits(self, hidden, w, vocab_real=None):
         """Logits for sampling only (the recorded logp comes from :meth:`logp`)."""
+        return self.logits_and_stats(hidden, w, vocab_real)[0]
+
+    def logits_and_stats(self, hidden, w, vocab_real=None):
+        """(logits [T, V] fp32, lse [T] fp32) of one ``linear_logp`` pass."""
         dummy = torch.zeros(hidden.shape[0], dtype=torch.int64, device=hidden.device)
-        return self._logp.linear_logp(hidden, w, dummy, vocab_real=vocab_real, return_logits=True,
-                                      segmentation=self.logp_segmentation).logits
+        out = self._logp.linear_logp(hidden, w, dummy, vocab_real=vocab_real, return_logits=True,
+                                     segmentation=self.logp_segmentation)
+        return out.logits, out.lse
+
+    def logp_from_logits(self, logits, lse, tokens):
+        """logp = x_target - lse: one fp32 subtraction of the pass's own values, the operation and
+        operands logp.v2's merge uses, so the bytes equal :meth:`logp` (tested)."""
+        return logits.gather(1, tokens[:, None])[:, 0] - lse
 
 
 def _rotate_half(x):
@@ -161,9 +179,15 @@ class NativeOps:
         return torch.cat(outs, 0)
 
     def prepare_paged(self, meta: PagedMeta) -> PagedMeta:
-        """Builds gather indices once per step: decode rows batched, prefill chunks one by one."""
-        cu = meta.cu_seqlens_q.tolist()
-        lens = meta.seq_lens_kv.tolist()
+        """Builds gather indices once per step: decode rows batched, prefill chunks one by one.
+
+        Eager steps read lengths from ``meta.host_cu`` / ``meta.host_lens`` when given (else from
+        the device). A ``padded_decode`` step reads nothing back: see :meth:`_prepare_padded_decode`.
+        """
+        if meta.padded_decode:
+            return self._prepare_padded_decode(meta)
+        cu = meta.host_cu if meta.host_cu is not None else meta.cu_seqlens_q.tolist()
+        lens = meta.host_lens if meta.host_lens is not None else meta.seq_lens_kv.tolist()
         bs = meta.block_size
         dev = meta.block_tables.device
         dec = [b for b in range(len(lens)) if cu[b + 1] - cu[b] == 1]
@@ -189,16 +213,53 @@ class NativeOps:
         meta.native = info
         return meta
 
+    def _prepare_padded_decode(self, meta: PagedMeta) -> PagedMeta:
+        """Static shapes, no host reads (capturable): every row is one query; keys gathered over
+        the whole block-table width ``[P, nb * block_size]`` with the mask ``j < seq_lens_kv[b]``
+        built on the device.
+
+        A padding row (kv length 0) would have an all-False mask row (SDPA gives NaN there); it is
+        given key 0 instead and its output set to 0 afterwards (as ``attn.v1`` gives), so no NaN
+        is produced at all. Its K/V write (slot -1) is redirected to the first real row's slot
+        with that row's own values: duplicate writes of identical bytes, so the order of the
+        writes does not matter and no other slot is touched.
+        """
+        bs = meta.block_size
+        bt = meta.block_tables.long()  # [P, nb]; zeros past each sequence's pages
+        dev = bt.device
+        j = torch.arange(bt.shape[1] * bs, device=dev)
+        slots = bt[:, j // bs] * bs + j % bs  # [P, cap]
+        L = meta.seq_lens_kv.long()
+        mask = j[None, :] < torch.clamp(L, min=1)[:, None]
+        sm = meta.slot_mapping
+        valid = sm >= 0
+        first = torch.argmax(valid.to(torch.int32))  # first real row (a padded step has at least one)
+        src = torch.where(valid, torch.arange(sm.shape[0], device=dev), first)
+        meta.native = {"decode": None, "prefill": [], "padded": (slots, mask[:, None, None, :], L > 0),
+                       "write": (src, sm[src])}
+        return meta
+
     def write_kv(self, k, v, k_cache, v_cache, meta: PagedMeta):
         Hk, D = k.shape[1], k.shape[2]
-        k_cache.view(-1, Hk, D)[meta.slot_mapping] = k
-        v_cache.view(-1, Hk, D)[meta.slot_mapping] = v
+        w = (meta.native or {}).get("write")
+        if w is None:
+            k_cache.view(-1, Hk, D)[meta.slot_mapping] = k
+            v_cache.view(-1, Hk, D)[meta.slot_mapping] = v
+        else:  # padded decode: slot -1 rows rewrite a real row's slot with its own bytes
+            src, slots = w
+            k_cache.view(-1, Hk, D)[slots] = k[src]
+            v_cache.view(-1, Hk, D)[slots] = v[src]
 
     def attn_paged(self, q, k_cache, v_cache, meta: PagedMeta, scale):
         Hk, D = k_cache.shape[2], k_cache.shape[3]
         kf, vf = k_cache.view(-1, Hk, D), v_cache.view(-1, Hk, D)
-        out = torch.empty_like(q)
         info = meta.native
+        if "padded" in info:
+            slots, mask, live = info["padded"]
+            kb, vb = kf[slots].transpose(1, 2), vf[slots].transpose(1, 2)  # [P, Hk, cap, D]
+            o = F.scaled_dot_product_attention(q[:, :, None, :], kb, vb, attn_mask=mask, scale=scale, enable_gqa=True)
+            return o[:, :, 0, :].masked_fill(~live[:, None, None], 0)
+        out = torch.empty_like(q)
         if info["decode"] is not None:
             rows, slots, mask = info["decode"]
             qb = q[rows][:, :, None, :]  # [Bd, Hq, 1, D]
@@ -220,12 +281,18 @@ class NativeOps:
         lp = torch.log_softmax(self.logits(hidden, w, vocab_real).float(), dim=-1)
         return lp.gather(1, targets[:, None]).squeeze(1)
 
+    def logits_and_stats(self, hidden, w, vocab_real=None):
+        return self.logits(hidden, w, vocab_real).float(), None
+
+    def logp_from_logits(self, logits, _stats, tokens):
+        return torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None]).squeeze(1)
+
 
 def logp_segmentation(vocab_size: int | None):
-    """``logp.v1``'s vocabulary segmentation (a bit field: both patterns must use the same).
+    """``logp.v2``'s vocabulary segmentation (a bit field: both patterns must use the same).
 
-    The contract default (ALIGN 18992, SEG_V 512) fits Qwen3's 151936 columns; a small test
-    vocabulary uses the contract's (128, 128) pair instead (the default would launch 38 mostly
+    The contract default (ALIGN 18992, SEG_V 256) fits Qwen3's 151936 columns; a small test
+    vocabulary uses the contract's (128, 128) pair instead (the default would launch 75 mostly
     empty segments per row block, which the CPU interpreter pays for).
     """
     if vocab_size is None or vocab_size >= 18992:

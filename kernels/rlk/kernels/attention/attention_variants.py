@@ -1,0 +1,127 @@
+"""Prefill/decode schedule variants of ``attn.v1`` on the H200: time and bytes vs the table.
+
+    python -m rlk.kernels.attention.attention_variants --out variants.json
+
+Every variant changes only schedule fields (BLOCK_M, num_warps, num_stages, GP), which the
+invariance sweep (``configs/invariance_sm90.json``) measured bit-neutral; this script re-checks
+the bytes against the current table on the benchmark's inputs and times each variant (median of
+``triton.testing.do_bench``; eager and CUDA-graph replay). Not run in CI (GPU only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+
+import torch
+
+
+def _bench(fn):
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median")) * 1e3
+
+
+def _graph(fn, calls=10):
+    import triton.testing
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls):
+            fn()
+    return float(triton.testing.do_bench(g.replay, warmup=5, rep=50, return_mode="median")) * 1e3 / calls
+
+
+def _same(a, b):
+    return bool(torch.equal(a.view(torch.uint8), b.view(torch.uint8)))
+
+
+def prefill_variants():
+    out = [{}]
+    for bm, nw, ns, gp in itertools.product((64, 128), (4, 8), (2, 3), (1, 4)):
+        if bm == 128 and nw == 4:
+            continue
+        out.append({"BLOCK_M": bm, "num_warps": nw, "num_stages": ns, "GP": gp})
+    return out
+
+
+def decode_variants():
+    return [{}] + [{"BLOCK_M": 16, "num_warps": nw, "num_stages": ns} for nw, ns in itertools.product((2, 4), (2, 3, 4))]
+
+
+def run(log=print):
+    from rlk.kernels.attention import config, launch
+
+    rows = []
+    hq, hk, d = 8, 2, 128
+    for s in (1024, 4096, 8192):
+        g = torch.Generator(device="cuda").manual_seed(s)
+        q, k, v = (torch.randn((s, h, d), device="cuda", generator=g, dtype=torch.bfloat16) for h in (hq, hk, hk))
+        cu = torch.tensor([0, s], dtype=torch.int32, device="cuda")
+        base = None
+        for var in prefill_variants():
+            try:
+                with config.override("prefill", **var):
+                    fn = lambda: launch.prefill(q, k, v, cu, s, d ** -0.5, validate=False)  # noqa: E731
+                    o = fn()
+                    us, gus = _bench(fn), _graph(fn)
+            except Exception as e:  # noqa: BLE001 - reported
+                rows.append({"case": "prefill", "S": s, "variant": var, "error": repr(e)[:200]})
+                continue
+            base = base or o
+            r = {"case": "prefill", "S": s, "variant": var, "eager_us": us, "graph_us": gus,
+                 "same": _same(o[0], base[0]) and _same(o[1], base[1])}
+            rows.append(r)
+            log(f"prefill S={s:5d} {str(var):60s} eager {us:8.1f} graph {gus:8.1f} same={r['same']}")
+    for b, length in ((4, 7168), (64, 2048), (256, 1024)):
+        page = 16
+        g = torch.Generator(device="cuda").manual_seed(b)
+        nb = (length + page - 1) // page
+        kc = torch.randn((b * nb, page, hk, d), device="cuda", generator=g, dtype=torch.bfloat16)
+        vc = torch.randn_like(kc)
+        bt = torch.arange(b * nb, dtype=torch.int32, device="cuda").view(b, nb)
+        q = torch.randn((b, hq, d), device="cuda", generator=g, dtype=torch.bfloat16)
+        cuq = torch.arange(b + 1, dtype=torch.int32, device="cuda")
+        kv = torch.full((b,), length, dtype=torch.int32, device="cuda")
+        base = None
+        for var in decode_variants():
+            try:
+                with config.override("paged_decode", **var):
+                    fn = lambda: launch.paged(q, kc, vc, bt, cuq, kv, d ** -0.5, max_seqlen_q=1, validate=False)  # noqa: E731
+                    o = fn()
+                    us, gus = _bench(fn), _graph(fn)
+            except Exception as e:  # noqa: BLE001
+                rows.append({"case": "decode", "B": b, "L": length, "variant": var, "error": repr(e)[:200]})
+                continue
+            base = base or o
+            r = {"case": "decode", "B": b, "L": length, "variant": var, "eager_us": us, "graph_us": gus,
+                 "same": _same(o[0], base[0]) and _same(o[1], base[1])}
+            rows.append(r)
+            log(f"decode B={b:3d} L={length:5d} {str(var):45s} eager {us:8.1f} graph {gus:8.1f} same={r['same']}")
+        kd = torch.randn((b, hq, length, d), device="cuda", generator=g, dtype=torch.bfloat16)
+        vd = torch.randn_like(kd)
+        fn = lambda: torch.nn.functional.scaled_dot_product_attention(q.unsqueeze(2), kd, vd)  # noqa: E731
+        rows.append({"case": "decode_native", "B": b, "L": length, "eager_us": _bench(fn), "graph_us": _graph(fn)})
+        log(f"decode B={b:3d} L={length:5d} native SDPA eager {rows[-1]['eager_us']:8.1f} graph {rows[-1]['graph_us']:8.1f}")
+    return rows
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("attention_variants needs a GPU")
+    rows = run()
+    with open(a.out, "w") as f:
+        json.dump({"rows": rows}, f, indent=2, default=str)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,198 @@
+"""Where the time of small strict ops goes: host launch path vs device, eager vs CUDA graph.
+
+    python -m rlk.bench.overhead --out overhead.json [--profile-top 15]
+
+For each case (decode/small-row shapes of the Qwen3-8B TP4 shard), on the same inputs:
+
+* ``eager_us``: median of ``triton.testing.do_bench`` (what an eager engine pays: the larger of
+  host launch time and device time);
+* ``graph_us``: median replay time of a CUDA graph holding 20 calls, divided by 20 (device
+  time only: what a graph-captured decode step pays);
+* ``host_us``: CPU time per call of 200 back-to-back calls without synchronization (the Python
+  launch path; valid while the device keeps up, which it does at these sizes);
+* for strict cases, both the public op (``rlk.ops``, through ``torch.library``) and the bare
+  launcher, so the dispatcher's share is visible; the native counterpart beside them.
+
+With ``--profile-top N`` a cProfile of 200 calls of each strict op is summarized (top N
+functions by own time) into the JSON. Not run in CI (GPU only); not a performance claim by
+itself: it explains the eager-vs-graph gap in the benchmarks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import time
+
+import torch
+
+
+def _do_bench(fn):
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=20, rep=100, return_mode="median")) * 1e3
+
+
+def _graph_us(fn, calls=20, reps=30):
+    from rlk.kernels.common import host_validated
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s), host_validated():
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with host_validated(), torch.cuda.graph(g):
+        for _ in range(calls):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / calls)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def _host_us(fn, n=200):
+    from rlk.kernels.common import host_validated
+
+    with host_validated():
+        fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+    return (t1 - t0) / n * 1e6
+
+
+def _profile(fn, top, n=200):
+    from rlk.kernels.common import host_validated
+
+    pr = cProfile.Profile()
+    with host_validated():
+        fn()
+        torch.cuda.synchronize()
+        pr.enable()
+        for _ in range(n):
+            fn()
+        pr.disable()
+        torch.cuda.synchronize()
+    buf = io.StringIO()
+    st = pstats.Stats(pr, stream=buf)
+    st.sort_stats("tottime").print_stats(top)
+    lines = [ln for ln in buf.getvalue().splitlines() if ln.strip()]
+    return lines[-(top + 1):]
+
+
+def cases():
+    """(name, {variant: fn}) with inputs built once (decode-sized, Qwen3-8B TP4 shard)."""
+    import torch.nn.functional as F
+
+    from rlk.kernels.attention import launch as A
+    from rlk.kernels.gemm import launch as G
+    from rlk.kernels.linear_logp import launch as LP
+    from rlk.kernels.rowops import launch as R
+    from rlk.ops import gemm as ogemm
+    from rlk.ops import linear_logp as ologp
+    from rlk.ops import rowops as orow
+
+    dev = "cuda"
+    gen = torch.Generator(device=dev).manual_seed(0)
+
+    def rn(*shape, scale=1.0):
+        return (torch.randn(shape, device=dev, generator=gen) * scale).to(torch.bfloat16)
+
+    out = []
+    B, H, Hq, Hk, D = 8, 4096, 8, 2, 128
+    x, w_norm = rn(B, H), rn(H)
+    out.append(("rms_norm B=8", {"op": lambda: orow.rms_norm(x, w_norm, 1e-6),
+                                 "launch": lambda: R.rms_norm(x, w_norm, 1e-6),
+                                 "native": lambda: w_norm * (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype)}))
+    q = rn(B, Hq, D)
+    pos = torch.arange(B, device=dev) + 1000
+    cos, sin = orow.rope_table(8192, D, 1e6, dev)
+    out.append(("rope_q B=8", {"op": lambda: orow.apply_rope(q, pos, cos, sin),
+                               "launch": lambda: R.apply_rope(q, pos, cos, sin)}))
+    ids = torch.randint(0, 151936, (B,), device=dev, generator=gen)
+    emb = rn(151936, H)
+    out.append(("embedding B=8", {"op": lambda: orow.embedding(ids, emb), "launch": lambda: R.embedding(ids, emb),
+                                  "native": lambda: F.embedding(ids, emb)}))
+    wq = rn(1536, H)
+    out.append(("gemm qkv M=8", {"op": lambda: ogemm.linear(x, wq), "launch": lambda: G.gemm(x, wq),
+                                 "native": lambda: F.linear(x, wq)}))
+    L, page = 2048, 16
+    nb = L // page
+    kc, vc = rn(B * nb, page, Hk, D), rn(B * nb, page, Hk, D)
+    bt = torch.arange(B * nb, dtype=torch.int32, device=dev).view(B, nb)
+    cuq = torch.arange(B + 1, dtype=torch.int32, device=dev)
+    kvl = torch.full((B,), L, dtype=torch.int32, device=dev)
+    kd, vd = rn(B, Hq, L, D), rn(B, Hq, L, D)
+    out.append(("decode attn B=8 L=2048", {
+        "launch": lambda: A.paged(q, kc, vc, bt, cuq, kvl, D ** -0.5, max_seqlen_q=1, validate=False),
+        "native": lambda: F.scaled_dot_product_attention(q[:, :, None], kd, vd)}))
+    S = 1024
+    qp, kp, vp = rn(S, Hq, D), rn(S, Hk, D), rn(S, Hk, D)
+    cu = torch.tensor([0, S], dtype=torch.int32, device=dev)
+    qn, kn, vn = (t.transpose(0, 1)[None].contiguous() for t in (qp, kp.repeat_interleave(4, 1), vp.repeat_interleave(4, 1)))
+    out.append(("prefill attn S=1024", {
+        "launch": lambda: A.prefill(qp, kp, vp, cu, S, D ** -0.5, validate=False),
+        "native": lambda: F.scaled_dot_product_attention(qn, kn, vn, is_causal=True)}))
+    wl = rn(37984, H, scale=0.02)
+    tg = torch.randint(0, 37984, (B,), device=dev, generator=gen)
+    out.append(("linear_logp T=8 V=37984", {
+        "op": lambda: ologp.linear_logp(x, wl, tg),
+        "launch": lambda: LP.linear_logp_fwd(x, wl, tg, validate_targets=False),
+        "native": lambda: torch.log_softmax(F.linear(x, wl).float(), -1).gather(1, tg[:, None])}))
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--profile-top", type=int, default=12)
+    a = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("rlk.bench.overhead needs a GPU")
+    rows, profiles = [], {}
+    print(f"{'case':26} {'variant':7} {'eager_us':>9} {'graph_us':>9} {'host_us':>9}")
+    for name, fns in cases():
+        for variant, fn in fns.items():
+            r = {"case": name, "variant": variant}
+            try:
+                r["eager_us"] = _do_bench(fn)
+                r["host_us"] = _host_us(fn)
+                r["graph_us"] = _graph_us(fn)
+            except Exception as e:  # noqa: BLE001 - reported, the probe goes on
+                r["error"] = repr(e)[:300]
+            rows.append(r)
+            print(f"{name:26} {variant:7} {r.get('eager_us', float('nan')):9.1f} {r.get('graph_us', float('nan')):9.1f} "
+                  f"{r.get('host_us', float('nan')):9.1f} {r.get('error', '')}", flush=True)
+            if a.profile_top and variant in ("op", "launch") and "error" not in r:
+                profiles[f"{name} [{variant}]"] = _profile(fn, a.profile_top)
+    try:
+        from rlk import provenance
+
+        prov = provenance.capability_record()
+    except Exception as e:  # noqa: BLE001
+        prov = {"error": repr(e)}
+    with open(a.out, "w") as f:
+        json.dump({"provenance": prov, "rows": rows, "profiles": profiles}, f, indent=2, default=str)
+    for k, v in profiles.items():
+        print(f"--- {k}")
+        print("\n".join(v[:8]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,157 @@
+"""Padded decode steps of the rollout executor, and their CUDA graphs (one per batch bucket).
+
+A decode-only step of ``B`` requests (one query each) is padded to the smallest bucket
+``P >= B``; the block-table width is fixed for the whole rollout (the most pages any request can
+need). Every input shape of ``model.rollout_step`` then depends on ``P`` only, so one graph per
+bucket serves every such step. Padding rows: token id 0, position 0, slot -1 (``write_kv`` skips
+it), kv length 0 (``attn.v1`` gives out 0 / lse -inf), block-table row of zeros, one query each;
+they trail the real rows and are dropped before sampling and logp.
+
+:class:`DecodeGraphs` follows the PyTorch CUDA-graphs recipe: static input buffers per bucket,
+eager warm-up on a side stream, capture with ``torch.cuda.graph`` (one memory pool shared by
+every bucket: graphs never run concurrently and each replay's output is consumed before the next
+replay), then ``copy_`` of host-built inputs into the static buffers and ``replay()``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from rlk.models.qwen3.routes import PagedMeta
+
+WARMUP_RUNS = 2  # eager runs on a side stream before each capture (Triton compiles, cuBLAS init)
+
+
+@dataclasses.dataclass
+class PaddedInputs:
+    """Host (CPU) tensors of one padded decode step; rows ``0..real-1`` are the real requests."""
+
+    ids: torch.Tensor  # [P] int64
+    positions: torch.Tensor  # [P] int64
+    block_tables: torch.Tensor  # [P, width] int32
+    cu_seqlens_q: torch.Tensor  # [P+1] int32 (0, 1, ..., P)
+    seq_lens_kv: torch.Tensor  # [P] int32
+    slot_mapping: torch.Tensor  # [P] int64
+    real: int
+
+    @property
+    def bucket(self) -> int:
+        return self.ids.shape[0]
+
+    def meta(self, device, block_size: int) -> PagedMeta:
+        """Device metadata for an eager padded step (no host copies: same code as the graph)."""
+        return padded_meta(self.block_tables.to(device), self.cu_seqlens_q.to(device),
+                           self.seq_lens_kv.to(device), self.slot_mapping.to(device), block_size)
+
+
+def padded_meta(block_tables, cu_seqlens_q, seq_lens_kv, slot_mapping, block_size: int) -> PagedMeta:
+    return PagedMeta(block_tables=block_tables, cu_seqlens_q=cu_seqlens_q, seq_lens_kv=seq_lens_kv,
+                     slot_mapping=slot_mapping, block_size=block_size, max_seqlen_q=1, padded_decode=True)
+
+
+def pad_decode_inputs(ids: list[int], positions: list[int], slots: list[int], lens: list[int],
+                      pages: list[list[int]], bucket: int, width: int) -> PaddedInputs:
+    """The host tensors of a decode step of ``len(ids)`` requests padded to ``bucket`` rows.
+
+    ``pages[b]``: request ``b``'s page ids (at most ``width``); ``lens[b]``: its kv length after
+    this step. Determinism: exact host construction; real rows are unchanged by the padding.
+    """
+    B, P = len(ids), bucket
+    if not 1 <= B <= P or len(positions) != B or len(slots) != B or len(lens) != B or len(pages) != B:
+        raise ValueError(f"pad_decode_inputs: {B} rows for bucket {P} (one id, position, slot, length, page list each)")
+    pad = P - B
+    bt = torch.zeros(P, width, dtype=torch.int32)
+    for b, pg in enumerate(pages):
+        if len(pg) > width:
+            raise ValueError(f"pad_decode_inputs: request {b} has {len(pg)} pages > width {width}")
+        bt[b, : len(pg)] = torch.tensor(pg, dtype=torch.int32)
+    return PaddedInputs(
+        ids=torch.tensor(list(ids) + [0] * pad, dtype=torch.int64),
+        positions=torch.tensor(list(positions) + [0] * pad, dtype=torch.int64),
+        block_tables=bt,
+        cu_seqlens_q=torch.arange(P + 1, dtype=torch.int32),
+        seq_lens_kv=torch.tensor(list(lens) + [0] * pad, dtype=torch.int32),
+        slot_mapping=torch.tensor(list(slots) + [-1] * pad, dtype=torch.int64),
+        real=B)
+
+
+class _Bucket:
+    """Static device buffers of one bucket, its graph and the graph's output."""
+
+    def __init__(self, host: PaddedInputs, device, block_size: int):
+        self.ids = host.ids.to(device)
+        self.positions = host.positions.to(device)
+        self.meta = padded_meta(host.block_tables.to(device), host.cu_seqlens_q.to(device),
+                                host.seq_lens_kv.to(device), host.slot_mapping.to(device), block_size)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.out: torch.Tensor | None = None
+
+    def load(self, host: PaddedInputs):
+        # cu_seqlens_q is the same for every step of a bucket; copied anyway (cheap, keeps it exact).
+        self.ids.copy_(host.ids)
+        self.positions.copy_(host.positions)
+        self.meta.block_tables.copy_(host.block_tables)
+        self.meta.cu_seqlens_q.copy_(host.cu_seqlens_q)
+        self.meta.seq_lens_kv.copy_(host.seq_lens_kv)
+        self.meta.slot_mapping.copy_(host.slot_mapping)
+
+
+class DecodeGraphs:
+    """CUDA graphs of ``model.rollout_step`` for padded decode steps, captured lazily per bucket.
+
+    Args:
+      model: a :class:`rlk.models.qwen3.Qwen3` on a CUDA device.
+      kv_cache: the rollout's KV cache (allocated once, before any capture; never reallocated:
+        the graphs hold its addresses).
+      block_size: page size.
+    Call inside :func:`rlk.kernels.common.host_validated` (launchers must not read the device).
+
+    Determinism: a replay runs the captured launches of the eager step on the same shapes, so its
+    output bytes equal the eager padded step's; with the strict route those equal the unpadded
+    eager step's rows (contracts ``attn.v1``, ``gemm.bf16.v1``, row ops: batch-invariant).
+    """
+
+    def __init__(self, model, kv_cache, block_size: int):
+        if model.device.type != "cuda":
+            raise ValueError("DecodeGraphs needs the model on a CUDA device")
+        self.model, self.kv, self.block_size = model, kv_cache, block_size
+        self._buckets: dict[int, _Bucket] = {}
+        self._pool = torch.cuda.graph_pool_handle()
+        self.captures = 0
+        self.replays = 0
+
+    def _run(self, st: _Bucket):
+        return self.model.rollout_step(st.ids, st.positions, self.kv, st.meta)
+
+    def _capture(self, host: PaddedInputs) -> _Bucket:
+        st = _Bucket(host, self.model.device, self.block_size)
+        # Warm-up on a side stream with this step's own inputs. Re-running a step is idempotent:
+        # each layer rewrites the same K/V bytes into the same slots before reading the cache.
+        side = torch.cuda.Stream(device=self.model.device)
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(WARMUP_RUNS):
+                self._run(st)
+        torch.cuda.current_stream().wait_stream(side)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=self._pool):
+            st.out = self._run(st)
+        st.graph = g
+        self.captures += 1
+        return st
+
+    def step(self, host: PaddedInputs) -> torch.Tensor:
+        """Hidden ``[P, H]`` of one padded decode step (rows ``>= host.real`` are padding).
+
+        The result is the graph's static output: valid until the next :meth:`step`; copy the
+        rows needed (``index_select``) before then.
+        """
+        st = self._buckets.get(host.bucket)
+        if st is None:
+            st = self._buckets[host.bucket] = self._capture(host)
+        st.load(host)
+        st.graph.replay()
+        self.replays += 1
+        return st.out

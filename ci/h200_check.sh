@@ -38,7 +38,7 @@ stage env 60 bash -c 'nvidia-smi; python3 -c "import torch, triton; print(torch.
 stage tests ${TESTS_LIMIT:-420} python3 -m pytest -m gpu -q -p no:cacheprovider ${TEST_PATHS:-kernels python} --timeout=400
 stage overhead ${OVERHEAD_LIMIT:-240} python3 -m rlk.bench.overhead --out "$R/overhead_h200.json"
 stage logp_variants ${VARIANTS_LIMIT:-420} python3 -m rlk.kernels.linear_logp.linear_logp_variants --out "$R/linear_logp_variants_h200.json" ${VARIANTS_ARGS:-}
-stage attn_variants ${ATTN_VARIANTS_LIMIT:-300} python3 -m rlk.kernels.attention.attention_variants --out "$R/attention_variants_h200.json"
+stage attn_variants ${ATTN_VARIANTS_LIMIT:-300} python3 -m rlk.kernels.attention.attention_variants --out "$R/attention_variants_h200.json" ${ATTN_VARIANTS_ARGS:-}
 stage gemm_sweep 240 python3 -m rlk.kernels.gemm.gemm_invariance_sweep --out "$R/gemm_invariance_sm90.json"
 stage gemm_tune ${TUNE_LIMIT:-300} python3 -m rlk.kernels.gemm.gemm_tune --out "$R/gemm_sm90_tuned.json" ${TUNE_ARGS:-}
 [ -f "$R/gemm_sm90_tuned.json" ] && export RLK_GEMM_TABLE="$R/gemm_sm90_tuned.json"

@@ -18,6 +18,9 @@ def main(argv=None) -> int:
     e.add_argument("--response-range", type=int, nargs=2, default=(64, 256))
     e.add_argument("--max-batch", type=int, default=32)
     e.add_argument("--device", default=None, help="cuda (default when available) or cpu (smoke runs)")
+    e.add_argument("--rollout-graphs", choices=("auto", "on", "off"), default="auto",
+                   help="decode steps as CUDA graphs per batch bucket, same policy for both arms "
+                        "(auto: on for CUDA, the engines' decode mode)")
     e.add_argument("--profile", action="store_true", help="also run a separate profiled pass (attribution)")
     a = sub.add_parser("arm", help="internal: one arm in this process")
     a.add_argument("--route", choices=("native", "strict"), required=True)

@@ -9,6 +9,12 @@ from rlk.bench.attribution import categorize
     ("_linear_logp_fwd", "logp"), ("cunn_SoftMaxForward", "logp"), ("_rmsnorm_fwd", "norm"),
     ("_rope_kernel", "rope"), ("_swiglu_fwd", "swiglu"), ("Memcpy DtoD", "copy"),
     ("void at::native::vectorized_elementwise_kernel<4>", "elementwise"), ("mystery_kernel", "other"),
+    # rlk's own Triton kernel names (kernels/rlk/kernels/*/kernel*.py)
+    ("fwd_stats_kernel", "logp"), ("merge_kernel", "logp"), ("bwd_grad_kernel", "logp"),
+    ("attn_fwd_kernel", "attention"), ("attn_merge_kernel", "attention"), ("bwd_dkdv_kernel", "attention"),
+    ("bwd_dq_kernel", "attention"), ("bwd_delta_kernel", "attention"), ("write_kv_kernel", "copy"),
+    ("rmsnorm_fwd_kernel", "norm"), ("fold_partials_kernel", "norm"), ("gemm_segment_kernel", "gemm"),
+    ("gemm_tiled_kernel", "gemm"), ("gemm_kernel", "gemm"), ("embedding_fwd_kernel", "embedding"),
 ])
 def test_kernel_names_map_to_categories(name, cat):
     assert categorize(name) == cat

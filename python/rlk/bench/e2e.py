@@ -145,7 +145,9 @@ def run_e2e(args) -> int:
 
     spec = WorkloadSpec(layers=args.layers, sequences=args.sequences, config=args.config,
                         prompt_range=tuple(args.prompt_range), response_range=tuple(args.response_range),
-                        max_batch=args.max_batch, device=args.device).to_dict()
+                        max_batch=args.max_batch, device=args.device,
+                        rollout_graphs={"auto": None, "on": True, "off": False}[getattr(args, "rollout_graphs", "auto")],
+                        ).to_dict()
     os.makedirs(args.out, exist_ok=True)
     arms = []
     for i in range(args.reps):

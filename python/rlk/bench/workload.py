@@ -28,6 +28,8 @@ class WorkloadSpec:
     microbatch_tokens: int | None = 8192
     seed: int = 0
     device: str = "cuda"
+    # Decode steps as CUDA graphs per batch bucket (None: on for CUDA). The same for both arms.
+    rollout_graphs: bool | None = None
 
     def to_dict(self):
         return dataclasses.asdict(self)
@@ -52,7 +54,7 @@ class Workload:
         self.forced = [[rng.randrange(cfg.vocab_size) for _ in range(r.max_new_tokens)] for r in self.requests]
         self.prompts = [r.prompt for r in self.requests]
         self.rc = rollout.RolloutConfig(block_size=spec.block_size, max_batch=spec.max_batch,
-                                        chunk_size=spec.chunk_size, jitter=0.0)
+                                        chunk_size=spec.chunk_size, jitter=0.0, cuda_graphs=spec.rollout_graphs)
         self.response_tokens = sum(len(f) for f in self.forced)
         self.total_tokens = self.response_tokens + sum(len(p) for p in self.prompts)
 

@@ -73,7 +73,8 @@ def run(out_dir: str, layers: int | None = None, quick: bool = False, sequences:
                     "rollout_native": nat["rollout_seconds"] if nat else None,
                     "trainer_native": nat["trainer_seconds"] if nat else None,
                     "total": time.perf_counter() - t_all},
-        "cuda_graphs": False,
+        "cuda_graphs": {"graph_captures": res.graph_captures, "graph_replays": res.graph_replays,
+                        "padded_steps": res.padded_steps},
         "first_mismatch": s.get("first_mismatch"),
         "command": "python -m rlk.replay h200 --out DIR" + (" --quick" if quick else "")
                    + (f" --layers {layers}" if layers else ""),

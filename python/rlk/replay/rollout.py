@@ -132,6 +132,21 @@ def decode_mode(rc: RolloutConfig, device: torch.device, probes: bool = False) -
     return graphs, pad, buckets
 
 
+def _graph_session(model, num_blocks: int, block_size: int, width: int):
+    """(kv_cache, DecodeGraphs) kept on the model for this cache shape and table width.
+
+    The graphs hold the addresses of the KV cache and of the model's weight tensors: weights must
+    be updated in place (``copy_``), as engines do; replacing the tensors needs a new model."""
+    sessions = model.__dict__.setdefault("_rlk_graph_sessions", {})
+    key = (num_blocks, block_size, width)
+    if key not in sessions:
+        if len(sessions) >= 2:  # keep memory bounded: drop the oldest session
+            sessions.pop(next(iter(sessions)))
+        kv = model.new_kv_cache(num_blocks, block_size)  # once: captured graphs hold these addresses
+        sessions[key] = (kv, decode_graphs.DecodeGraphs(model, kv, block_size))
+    return sessions[key]
+
+
 def run_rollout(model, requests: list[Request], rc: RolloutConfig, forced: list[list[int]] | None = None,
                 probes: bool = False, progress=None) -> RolloutResult:
     """Generates (or, with ``forced``, replays) every request; see the module docstring.
@@ -175,8 +190,16 @@ def _run_rollout(model, requests: list[Request], rc: RolloutConfig, forced: list
     graphs, pad, buckets = decode_mode(rc, dev, probes)
     # Block-table width of every padded decode step: the most pages any request can need.
     width = max(-(-(len(r.prompt) + r.max_new_tokens - 1) // bs) for r in requests)
-    kv = model.new_kv_cache(num_blocks, bs)  # once: captured graphs hold these addresses
-    runner = decode_graphs.DecodeGraphs(model, kv, bs) if graphs else None
+    if graphs:
+        # KV cache and graphs live as long as the model and are reused by later rollouts of the
+        # same cache shape and block-table width (an engine captures once, at start-up): stale
+        # cache slots are never read (attn.v1 masking: keys at or past kv_len do not reach a
+        # product), and every step writes its K/V before reading the cache.
+        kv, runner = _graph_session(model, num_blocks, bs, width)
+    else:
+        kv = model.new_kv_cache(num_blocks, bs)
+        runner = None
+    captures0, replays0 = (runner.captures, runner.replays) if runner is not None else (0, 0)
     counts = dict(bucket_steps=0, padded_steps=0, over_bucket_steps=0)
     seqs = [_Seq(i, r, forced[i] if forced is not None else None) for i, r in enumerate(requests)]
     waiting = sorted(seqs, key=lambda s: (s.req.arrival_step, s.idx))
@@ -284,7 +307,8 @@ def _run_rollout(model, requests: list[Request], rc: RolloutConfig, forced: list
         steps=len(batch_sizes), batch_sizes=batch_sizes, step_tokens=step_tokens,
         composition_changes=changes, seconds=time.perf_counter() - t0,
         probes=[{k: torch.stack([r[k][p] for p in sorted(r[k])]) for k in r} for r in probe_rows] if probes else None,
-        graph_captures=runner.captures if runner else 0, graph_replays=runner.replays if runner else 0, **counts,
+        graph_captures=runner.captures - captures0 if runner else 0,
+        graph_replays=runner.replays - replays0 if runner else 0, **counts,
     )
 
 

@@ -55,6 +55,45 @@ def decode_variants():
     return [{}] + [{"BLOCK_M": 16, "num_warps": nw, "num_stages": ns} for nw, ns in itertools.product((2, 4), (2, 3, 4))]
 
 
+def backward_variants():
+    """(dkdv overrides, dq overrides): warps/stages only (schedule), then block sizes (these
+    change the backward's MMA chunking: bytes are compared, a difference is expected)."""
+    out = [({}, {})]
+    for nw, ns in itertools.product((4, 8), (1, 2, 3)):
+        out.append(({"num_warps": nw, "num_stages": ns}, {"num_warps": nw, "num_stages": ns}))
+    out.append(({"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2},
+                {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2}))
+    return out
+
+
+def run_backward(log=print):
+    from rlk.kernels.attention import config, launch
+
+    rows = []
+    hq, hk, d, s = 8, 2, 128, 4096
+    g = torch.Generator(device="cuda").manual_seed(7)
+    q, k, v = (torch.randn((s, h, d), device="cuda", generator=g, dtype=torch.bfloat16) for h in (hq, hk, hk))
+    cu = torch.tensor([0, s], dtype=torch.int32, device="cuda")
+    out, lse = launch.prefill(q, k, v, cu, s, d ** -0.5)
+    do = torch.randn_like(q)
+    base = None
+    for kv_o, q_o in backward_variants():
+        try:
+            with config.override("bwd_dkdv", **kv_o), config.override("bwd_dq", **q_o):
+                fn = lambda: launch.backward(do, q, k, v, out, lse, cu, s, d ** -0.5)  # noqa: E731
+                o = fn()
+                us = _bench(fn)
+        except Exception as e:  # noqa: BLE001
+            rows.append({"case": "backward", "S": s, "dkdv": kv_o, "dq": q_o, "error": repr(e)[:200]})
+            continue
+        base = base or o
+        r = {"case": "backward", "S": s, "dkdv": kv_o, "dq": q_o, "eager_us": us,
+             "same": all(_same(a, b) for a, b in zip(o, base))}
+        rows.append(r)
+        log(f"backward S={s} dkdv={kv_o} dq={q_o} {us:8.1f} us same={r['same']}")
+    return rows
+
+
 def run(log=print):
     from rlk.kernels.attention import config, launch
 
@@ -115,10 +154,11 @@ def run(log=print):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
+    ap.add_argument("--backward-only", action="store_true")
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("attention_variants needs a GPU")
-    rows = run()
+    rows = ([] if a.backward_only else run()) + run_backward()
     with open(a.out, "w") as f:
         json.dump({"rows": rows}, f, indent=2, default=str)
 

@@ -20,8 +20,9 @@ HEAD_DIMS = (16, 32, 64, 128)  # 16/32 exist for tiny CPU models; Qwen3 uses 128
 PAGE_SIZES = (16, 32, 64, 128, 256)
 
 _PENDING = ("attention_invariance_sweep@sm_90 (configs/invariance_sm90.json: prefill BLOCK_M/num_warps/GP "
-            "bit-neutral) and attention_variants@sm_90 2026-12-01 (docs/results/attention_variants_h200.json: "
-            "prefill and decode warps/stages/BLOCK_M/GP byte-identical); interpreter: attention_invariance_test.py")
+            "bit-neutral) and attention_variants@sm_90 2026-12-01 (docs/results/attention_variants_h200.json, "
+            "attention_variants_bwd_h200.json: prefill/decode warps/stages/BLOCK_M/GP and backward "
+            "warps/stages byte-identical); interpreter: attention_invariance_test.py")
 
 
 def _bit_fields(seg: int) -> dict:

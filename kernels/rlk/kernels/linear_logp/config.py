@@ -48,14 +48,17 @@ CPU_TABLE = {
     "bwd_grad": {"BLOCK_T": 16, "BLOCK_V": 32, "BLOCK_K": 64, "TMA": 1, "num_warps": 4, "num_stages": 1},
     "gemm": {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 2, "TMA": 1, "num_warps": 4,
              "num_stages": 1},
-    "V_CHUNK": 64,
+    "G_BUDGET_MB": 256, "V_CHUNK_MAX": 64,
 }
 # Schedule fields: they choose the load path (TMA descriptors or masked pointers), the program
 # order or the pipeline depth, never a sum. Everything else in a table is a bit field.
-SCHEDULE_FIELDS = ("GROUP_T", "GROUP_M", "TMA", "num_stages")
-SCHEDULE_EVIDENCE = ("linear_logp_variants@sm_90 2026-12-01 (docs/results/linear_logp_variants_h200.json: "
-                     "logp/lse and d_hidden/d_weight byte-identical with TMA on/off, GROUP 1/8/32, "
-                     "num_stages 3/4); linear_logp_invariance_test (interpreter, TMA on/off)")
+SCHEDULE_FIELDS = ("GROUP_T", "GROUP_M", "TMA", "num_stages", "G_BUDGET_MB", "V_CHUNK_MAX")
+SCHEDULE_EVIDENCE = ("linear_logp_variants@sm_90 2026-12-01, docs/results/linear_logp_variants_*h200.json: "
+                     "logp/lse byte-identical with TMA on/off, GROUP 1/8/32, num_stages 2/3/4 (T 8..8192, "
+                     "v1 and v2 tables), d_hidden/d_weight byte-identical with TMA on/off and 128 MB vocab "
+                     "chunks vs 4096-column chunks; linear_logp_invariance_test (interpreter: TMA on/off, "
+                     "vocab chunk sizes; the d_hidden chain continues across chunks through an exact fp32 "
+                     "store/load)")
 
 
 def bit_table(t: dict) -> dict:
@@ -76,8 +79,8 @@ def load_table(arch: str) -> dict:
     for name in ("fwd", "bwd_grad", "gemm"):
         if t[name]["BLOCK_K"] != BLOCK_K:
             raise UnsupportedConfigError(f"{TABLE_FILES[arch]}: {name}.BLOCK_K must be {BLOCK_K}")
-    if t["V_CHUNK"] % BLOCK_K:
-        raise UnsupportedConfigError(f"{TABLE_FILES[arch]}: V_CHUNK must be a multiple of {BLOCK_K}")
+    if t.get("V_CHUNK_MAX") is not None and t["V_CHUNK_MAX"] % BLOCK_K:
+        raise UnsupportedConfigError(f"{TABLE_FILES[arch]}: V_CHUNK_MAX must be a multiple of {BLOCK_K}")
     return t
 
 
@@ -166,7 +169,9 @@ CONTRACT = contracts.register(contracts.Contract(
                             "p = exp(x - lse); dL/dacc = dL/dx * inv_t",
         "tables": {"sm_90": bit_table(load_table("sm_90")), "cpu-interpreter": bit_table(CPU_TABLE)},
     },
-    schedule_fields={"GROUP_T": [1, 2, 8, 32], "GROUP_M": [1, 2, 8], "TMA": [0, 1], "num_stages": [1, 2, 3, 4]},
+    schedule_fields={"GROUP_T": [1, 2, 8, 32], "GROUP_M": [1, 2, 8], "TMA": [0, 1], "num_stages": [1, 2, 3, 4],
+                     "G_BUDGET_MB": "bytes of the backward's G buffer; sets the vocab chunk (multiple of 64)",
+                     "V_CHUNK_MAX": "cap of the vocab chunk (None: V_local)"},
     bit_neutral_evidence={k: SCHEDULE_EVIDENCE for k in SCHEDULE_FIELDS},
     targets=("sm_90", "cpu-interpreter"),
     kernels=("linear_logp.fwd_stats", "linear_logp.merge", "linear_logp.bwd_grad", "linear_logp.gemm"),
@@ -202,9 +207,9 @@ def _register_kernels() -> None:
          {"g_ptr": "*bf16", "h_ptr": "*bf16", "w_ptr": "*bf16", "tgt_ptr": "*i64",
           "lse_ptr": ptr, "ent_ptr": ptr, "dlogp_ptr": ptr, "dlse_ptr": ptr, "dent_ptr": ptr,
           "h_desc": "constexpr", "w_desc": "constexpr", "T": "i32",
-          "V_local": "i32", "H": "i32", "col0": "i32", "vocab_start": "i32", "vocab_real": "i32",
-          "stride_ht": "i32", "stride_wv": "i32", "stride_gt": "i32", "inv_temp": "fp32"},
-         {"V_CHUNK": t["V_CHUNK"], "HAS_DLSE": True, "HAS_DENT": True, "INTERPRET": False,
+          "V_local": "i32", "H": "i32", "col0": "i32", "col_end": "i32", "vocab_start": "i32",
+          "vocab_real": "i32", "stride_ht": "i32", "stride_wv": "i32", "stride_gt": "i32", "inv_temp": "fp32"},
+         {"HAS_DLSE": True, "HAS_DENT": True, "INTERPRET": False,
           "h_desc": None, "w_desc": None, **_launch_fields(t["bwd_grad"])}),
         ("gemm", K.gemm_kernel,
          {"c_ptr": ptr, "a_ptr": "*bf16", "b_ptr": "*bf16", "a_desc": "constexpr", "b_desc": "constexpr",

@@ -189,25 +189,26 @@ def merge_kernel(logp_ptr, lse_ptr, ent_ptr, m_ptr, s_ptr, e_ptr, tg_ptr, S, R, 
 
 @triton.jit
 def bwd_grad_kernel(g_ptr, h_ptr, w_ptr, tgt_ptr, lse_ptr, ent_ptr, dlogp_ptr, dlse_ptr, dent_ptr,
-                    h_desc, w_desc, T, V_local, H, col0, vocab_start, vocab_real,
+                    h_desc, w_desc, T, V_local, H, col0, col_end, vocab_start, vocab_real,
                     stride_ht, stride_wv, stride_gt, inv_temp,
-                    V_CHUNK: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr,
+                    BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr,
                     BLOCK_K: tl.constexpr, USE_TMA: tl.constexpr,
                     DOT_DTYPE: tl.constexpr, HAS_DLSE: tl.constexpr,
                     HAS_DENT: tl.constexpr, INTERPRET: tl.constexpr, H_I: tl.constexpr):
-    """Recomputes logits of local columns [col0, col0 + V_CHUNK) and writes the bf16 gradient
-    w.r.t. the pre-temperature logits (dL/dacc) into g [T, V_CHUNK].
+    """Recomputes logits of local columns [col0, col_end) and writes the bf16 gradient
+    w.r.t. the pre-temperature logits (dL/dacc) into g [T, col_end - col0].
 
     With x the temperature-scaled logit, p = exp(x - lse):
       dL/dx = dlogp * (onehot - p) + dlse * p - dent * p * (x - lse + entropy);
       dL/dacc = dL/dx * inv_temp, rounded once to bf16 (RNE). Masked columns give 0.
-    Grid: (cdiv(T, BLOCK_T), cdiv(V_CHUNK, BLOCK_V)).
+    Grid: (cdiv(T, BLOCK_T), cdiv(col_end - col0, BLOCK_V)). Every element is its own
+    computation, so the chunking never changes a byte.
     """
     rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     lc = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
     cols = col0 + lc
     rmask = rows < T
-    col_hi = tl.minimum(col0 + V_CHUNK, V_local)
+    col_hi = tl.minimum(col_end, V_local)
     # Reduction order: K in chunks of 64 ascending, one fp32 chain (see _tile_logits).
     acc = _tile_logits(h_ptr, w_ptr, h_desc, w_desc, rows, cols, tl.program_id(0) * BLOCK_T,
                        col0 + tl.program_id(1) * BLOCK_V, T, col_hi, H, stride_ht, stride_wv,

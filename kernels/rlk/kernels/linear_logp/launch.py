@@ -228,6 +228,19 @@ def linear_logp_fwd(hidden, weight, targets, vocab_start: int = 0, vocab_real: O
     return logp, lse, ent, logits
 
 
+def vocab_chunk(T: int, V_local: int, tab: dict) -> int:
+    """Columns per backward chunk: as many as the G buffer budget [T, chunk] bf16 allows, a
+    multiple of 64, at most V_CHUNK_MAX. A schedule choice: every G element and d_weight row is
+    computed within one chunk, and the d_hidden fp32 chain continues across chunks (exact fp32
+    store/load), so the chunk size never changes a byte (linear_logp_invariance_test)."""
+    budget = int(tab.get("G_BUDGET_MB", 128)) * 2**20
+    vc = max(64, (budget // (2 * max(T, 1))) // 64 * 64)
+    cap = tab.get("V_CHUNK_MAX")
+    if cap:
+        vc = min(vc, int(cap))
+    return min(vc, -(-V_local // 64) * 64)
+
+
 def _vec(name, t, T, dev):
     if t is None:
         return None
@@ -243,8 +256,8 @@ def linear_logp_bwd(hidden, weight, targets, lse, dlogp, vocab_start: int = 0,
     """Gradients (d_hidden [T, H] bf16, d_weight [V_local, H] bf16) from the saved lse [T] fp32.
 
     dlogp [T] fp32 (zeros if None), dlse / dentropy [T] fp32 optional (dentropy needs entropy).
-    Logits are recomputed in vocab chunks of V_CHUNK columns; per chunk the bf16 gradient of the
-    pre-temperature logits G [T, V_CHUNK] is written, then d_weight[chunk] = G^T @ hidden (tokens
+    Logits are recomputed in vocab chunks (:func:`vocab_chunk` columns); per chunk the bf16 gradient of the
+    pre-temperature logits G [T, chunk] is written, then d_weight[chunk] = G^T @ hidden (tokens
     ascending, one chain) and d_hidden += G @ weight[chunk] (vocab ascending, one fp32 chain that
     continues across chunks), rounded once at the end. No atomics.
 
@@ -269,7 +282,8 @@ def linear_logp_bwd(hidden, weight, targets, lse, dlogp, vocab_start: int = 0,
         dlogp = torch.zeros((T,), dtype=torch.float32, device=dev)
     hidden, weight, targets = hidden.contiguous(), weight.contiguous(), targets.contiguous()
     tab = cfgmod.table(cfgmod.arch_of(dev))
-    gc, mc, VC = tab["bwd_grad"], tab["gemm"], tab["V_CHUNK"]
+    gc, mc = tab["bwd_grad"], tab["gemm"]
+    VC = vocab_chunk(T, V_local, tab)
     dot = _dot(dev)
     interp = interpret_flag()
     opts = launch_options()
@@ -297,9 +311,9 @@ def linear_logp_bwd(hidden, weight, targets, lse, dlogp, vocab_start: int = 0,
         K.bwd_grad_kernel[(cd(T, gc["BLOCK_T"]), cd(nc, gc["BLOCK_V"]))](
             g, hidden, weight, targets, lse, entropy if entropy is not None else lse, dlogp,
             dlse if dlse is not None else lse, dentropy if dentropy is not None else lse, ghd, gwd,
-            T, V_local, H, col0, int(vocab_start), vocab_real,
+            T, V_local, H, col0, col0 + nc, int(vocab_start), vocab_real,
             hidden.stride(0), weight.stride(0), g.stride(0), inv_t,
-            V_CHUNK=VC, BLOCK_T=gc["BLOCK_T"], BLOCK_V=gc["BLOCK_V"], BLOCK_K=gc["BLOCK_K"],
+            BLOCK_T=gc["BLOCK_T"], BLOCK_V=gc["BLOCK_V"], BLOCK_K=gc["BLOCK_K"],
             USE_TMA=gtm, DOT_DTYPE=dot, HAS_DLSE=dlse is not None,
             HAS_DENT=dentropy is not None, INTERPRET=interp, H_I=_bound(H),
             num_warps=gc["num_warps"], num_stages=gc["num_stages"], **opts)

@@ -95,6 +95,31 @@ def test_backward_run_to_run_and_dhidden_rows_invariant():
     assert_bitwise_equal(dh3, dh1[:3], "d_hidden rows[:3] of 17")
 
 
+def test_backward_schedule_fields_are_bit_neutral(monkeypatch):
+    """Vocab chunk size (1, 2 or 5 chunks), TMA descriptors vs pointer loads and program grouping
+    leave d_hidden / d_weight and the forward statistics byte-identical."""
+    from rlk.kernels.linear_logp import config as cfgmod
+
+    h, w, tg = make(19, 64, 300, 290, seed=11)
+    lse = launch.linear_logp_fwd(h, w, tg, 0, 290, segmentation=CPU_SEG)[1]
+    dl = torch.randn(19, generator=torch.Generator().manual_seed(2))
+    ref = launch.linear_logp_bwd(h, w, tg, lse, dl, 0, 290)
+    for cap in (128, None):
+        monkeypatch.setitem(cfgmod.CPU_TABLE, "V_CHUNK_MAX", cap)
+        got = launch.linear_logp_bwd(h, w, tg, lse, dl, 0, 290)
+        assert_bitwise_equal(got[0], ref[0], f"d_hidden, V_CHUNK_MAX={cap}")
+        assert_bitwise_equal(got[1], ref[1], f"d_weight, V_CHUNK_MAX={cap}")
+    with cfgmod.override("gemm", TMA=0, GROUP_M=1), cfgmod.override("bwd_grad", TMA=0):
+        got = launch.linear_logp_bwd(h, w, tg, lse, dl, 0, 290)
+    assert_bitwise_equal(got[0], ref[0], "d_hidden, pointer loads")
+    assert_bitwise_equal(got[1], ref[1], "d_weight, pointer loads")
+    fwd = launch.linear_logp_fwd(h, w, tg, 0, 290, segmentation=CPU_SEG)
+    with cfgmod.override("fwd", TMA=0, GROUP_T=1):
+        ptr = launch.linear_logp_fwd(h, w, tg, 0, 290, segmentation=CPU_SEG)
+    assert_bitwise_equal(ptr[0], fwd[0], "logp, pointer loads")
+    assert_bitwise_equal(ptr[1], fwd[1], "lse, pointer loads")
+
+
 # ----------------------------------------------------------------------------------------------
 # GPU (H200): Qwen3-8B vocabulary 151936 (151669 real), H 4096, default segmentation (18992, 256).
 

@@ -28,6 +28,10 @@ FWD_VARIANTS = {
     "dec_bt32_w4s4": {"BLOCK_T": 32, "num_warps": 4, "num_stages": 4},
     "dec_bt16_w4s4": {"BLOCK_T": 16, "num_warps": 4, "num_stages": 4},
     "dec_bt16_w4s6": {"BLOCK_T": 16, "num_warps": 4, "num_stages": 6},
+    # Two programs per SM at decode sizes (smem of 2 stages): num_stages is a schedule field.
+    "tma_s2": {"num_stages": 2},
+    "dec_bt64_w4s2": {"BLOCK_T": 64, "num_warps": 4, "num_stages": 2},
+    "dec_bt64_w4s3": {"BLOCK_T": 64, "num_warps": 4, "num_stages": 3},
 }
 BWD_VARIANTS = {
     "table": ({}, {}),

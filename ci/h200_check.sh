@@ -18,7 +18,7 @@ if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=$PYTHONPATH:/tmp/site
 fi
-STAGES=${STAGES:-"env tests overhead logp_variants attn_variants gemm_sweep gemm_tune gemm_bench rowops_bench attention_sweep attention_bench logp_bench replay e2e gate"}
+STAGES=${STAGES:-"env tests overhead logp_variants attn_variants gemm_sweep gemm_tune gemm_bench rowops_bench attention_sweep attention_bench logp_bench replay megatron_replay e2e gate"}
 SUMMARY=$OUT/summary.txt
 : > "$SUMMARY"
 
@@ -48,6 +48,7 @@ stage attention_sweep ${SWEEP_LIMIT:-240} python3 -m rlk.kernels.attention.atten
 stage attention_bench 300 python3 -m rlk.kernels.attention.attention_bench --out "$R/attention_h200.json"
 stage logp_bench 300 python3 -m rlk.kernels.linear_logp.linear_logp_bench --out "$R/linear_logp_h200.json"
 stage replay ${REPLAY_LIMIT:-540} python3 -m rlk.replay h200 --out "$R/replay" ${REPLAY_ARGS:-}
+stage megatron_replay ${MEGATRON_LIMIT:-300} python3 -m rlk.integrations.megatron.replay --out "$R/replay_megatron" ${MEGATRON_ARGS:-}
 stage e2e ${E2E_LIMIT:-540} python3 -m rlk.bench e2e --out "$R/e2e" ${E2E_ARGS:-}
 stage gate 300 python3 -m rlk.gate.release_gate --profile h200 --out "$R/gate_h200"
 

@@ -70,7 +70,7 @@ def test_mixing_ids_between_sides_is_an_error():
     with pytest.raises(ContractMismatchError, match="gemm: trainer=gemm.bf16.v1 rollout=gemm.bf16.v2"):
         contracts.require_same({"gemm": "gemm.bf16.v1"}, {"gemm": "gemm.bf16.v2"}, ("trainer", "rollout"))
     with pytest.raises(ContractMismatchError, match="attn"):
-        contracts.require_same({"attn": "attn.v1"}, {})
+        contracts.require_same({"attn": "attn.v2"}, {})
 
 
 def test_lock_catches_unversioned_bit_change():

@@ -31,7 +31,7 @@ DEFAULT_CONTRACTS = {
     "rope": "rope.v1",
     "swiglu": "swiglu.v1",
     "embedding": "embedding.v1",
-    "attention": "attn.v1",
+    "attention": "attn.v2",
     "logp": "logp.v2",
     "all_reduce": "ar.v1",
     "reduce_scatter": "rs.v1",

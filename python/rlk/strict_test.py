@@ -17,7 +17,7 @@ def fake_registry(monkeypatch):
     contracts.register(contracts.Contract(id="gemm.bf16.v1", summary="g", bit_fields=BITS))
     contracts.register(contracts.Contract(id="gemm.bf16.v2", summary="g2", bit_fields=BITS))
     contracts.register(contracts.Contract(
-        id="attn.v1", summary="a", bit_fields={**BITS, "head_dims": [64, 128], "page_sizes": [16, 64]}))
+        id="attn.v2", summary="a", bit_fields={**BITS, "head_dims": [64, 128], "page_sizes": [16, 64]}))
     contracts.register(contracts.Contract(id="logp.v2", summary="l", bit_fields=BITS))
 
 
@@ -30,8 +30,8 @@ def test_valid_plan_names_contracts_and_is_active_only_inside():
     assert strict.current_plan() is None
     with strict.strict_mode(cfg(head_dim=128, page_size=16), load=False) as plan:
         assert strict.current_plan() is plan
-        assert plan.contracts == {"gemm": "gemm.bf16.v1", "attention": "attn.v1", "logp": "logp.v2"}
-        assert plan.contract("attention").id == "attn.v1"
+        assert plan.contracts == {"gemm": "gemm.bf16.v1", "attention": "attn.v2", "logp": "logp.v2"}
+        assert plan.contract("attention").id == "attn.v2"
     assert strict.current_plan() is None
 
 

@@ -1,5 +1,5 @@
 """L3 on gloo: strict TP layers (TP=2/4 vs TP=1) and CP-local-row attention (CP=2/4 vs CP=1),
-with the real strict kernels under the Triton interpreter (gemm.bf16.v1, attn.v1)."""
+with the real strict kernels under the Triton interpreter (gemm.bf16.v1, attn.v2)."""
 
 import pytest
 

@@ -47,3 +47,29 @@ def test_unhealthy_pair_is_rejected():
     rep, _ = e2e.analyse(arms)
     assert len(rep["pairs_rejected"]) == 1 and rep["steps_compared"] == 6
     assert rep["ratio"] == pytest.approx(0.8)
+
+
+def test_l5_gate_passes_only_with_readbacks_route_only_and_target():
+    from rlk.bench import checks
+
+    good = [(_arm("native", 1.0), _arm("strict", 0.8)) for _ in range(3)]
+    rep, _ = e2e.analyse(good)
+    res = checks.evaluate(rep)
+    assert res.passed and "0.800" in res.detail
+    slow = [(_arm("native", 1.0), _arm("strict", 1.0)) for _ in range(3)]
+    res = checks.evaluate(e2e.analyse(slow)[0])
+    assert not res.passed and "upper bound" in res.detail
+    bad = [(_arm("native", 1.0), _arm("strict", 0.8, mismatch=2)) for _ in range(3)]
+    res = checks.evaluate(e2e.analyse(bad)[0])
+    assert not res.passed and "!= rollout" in res.detail
+    rep["provenance_differences"] = [{"field": "triton"}]
+    assert not checks.evaluate(rep).passed
+
+
+def test_l5_check_is_registered_for_h200_only():
+    from rlk.gate import registry
+    from rlk.bench import checks  # noqa: F401 - registers
+
+    c = registry.all_checks() if hasattr(registry, "all_checks") else None
+    keys = {f"{k.level}:{k.name}": k for k in (c or registry._CHECKS.values())}
+    assert keys["L5:e2e.paired"].profiles == ("h200",)

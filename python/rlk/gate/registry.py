@@ -37,6 +37,7 @@ CHECK_MODULES = [
     "rlk.gate.l0_checks",
     "rlk.replay.checks",
     "rlk.collectives.checks",
+    "rlk.bench.checks",
 ]
 
 

@@ -1,4 +1,4 @@
-"""Thin nn.Module over strict attention (contract ``attn.v1``)."""
+"""Thin nn.Module over strict attention (contract ``attn.v2``)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ class VarlenCausalAttention(torch.nn.Module):
 
     forward(q [T, Hq, D], k [T, Hk, D], v [T, Hk, D], cu_seqlens [B+1] int32, max_seqlen)
       -> [T, Hq, D] bf16.
-    Determinism: contract ``attn.v1`` (rows byte-identical to rlk's paged rollout kernels;
+    Determinism: contract ``attn.v2`` (rows byte-identical to rlk's paged rollout kernels;
     backward bitwise run to run).
     """
 
-    contract_id = "attn.v1"
+    contract_id = "attn.v2"
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float | None = None):
         super().__init__()
@@ -31,4 +31,4 @@ class VarlenCausalAttention(torch.nn.Module):
         return varlen_attention(q, k, v, cu_seqlens, max_seqlen, self.scale)
 
     def extra_repr(self) -> str:
-        return f"heads={self.num_heads}, kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, contract=attn.v1"
+        return f"heads={self.num_heads}, kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, contract=attn.v2"

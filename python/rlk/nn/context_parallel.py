@@ -1,4 +1,4 @@
-"""CP-local-row attention for the trainer (contracts ``attn.v1``, ``ag.v1``, ``rs.v1``).
+"""CP-local-row attention for the trainer (contracts ``attn.v2``, ``ag.v1``, ``rs.v1``).
 
 Layout (zigzag, per packed sequence): a sequence of length L (a multiple of 2*CP) is cut into
 2*CP chunks of ``c = L / (2*CP)`` tokens; CP rank r holds chunks r and 2*CP-1-r, in that order,
@@ -8,7 +8,7 @@ sequences one after another (``zigzag_positions``). Forward:
    global token order (exact copies) and laid into pages (exact copies).
 2. Each rank runs the strict attention (``rlk.kernels.attention.launch.paged``) on its own
    query rows only: each local chunk is one paged entry whose queries sit at their global
-   positions. ``attn.v1`` makes every row byte-identical to ``prefill`` at the same position,
+   positions. ``attn.v2`` makes every row byte-identical to ``prefill`` at the same position,
    so **out and LSE equal the CP=1 result bitwise for every row**, at every CP degree.
 
 Backward: the attention backward (``launch.backward``) runs over the gathered sequence with
@@ -29,7 +29,7 @@ import torch
 
 from rlk.errors import UnsupportedConfigError
 
-PAGE = 64  # page size of the gathered K/V (bit-neutral under attn.v1: any supported page size)
+PAGE = 64  # page size of the gathered K/V (bit-neutral under attn.v2: any supported page size)
 
 
 def _cu_list(cu_seqlens) -> list[int]:
@@ -163,7 +163,7 @@ def cp_local_row_attention(q, k, v, cu_seqlens, scale, group=None):
       scale: softmax scale. group: the CP group (StrictGroup / ProcessGroup / None).
     Returns: out [T/CP, Hq, D] bf16, lse [T/CP, Hq] fp32 (autograd on q, k, v).
 
-    **Determinism:** ``attn.v1`` rows + ``ag.v1`` copies: out and lse equal the CP=1
+    **Determinism:** ``attn.v2`` rows + ``ag.v1`` copies: out and lse equal the CP=1
     ``prefill`` rows bitwise at every CP degree; backward dK/dV merged with ``rs.v1``.
     """
     from rlk import collectives as C

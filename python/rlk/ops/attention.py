@@ -1,4 +1,4 @@
-"""Autograd and ``torch.library`` registration of strict attention (contract ``attn.v1``).
+"""Autograd and ``torch.library`` registration of strict attention (contract ``attn.v2``).
 
 ``rlk::attn_varlen_fwd`` / ``rlk::attn_varlen_bwd`` wrap the Triton launchers of
 ``rlk.kernels.attention.launch``; ``varlen_attention`` is the differentiable entry point used by
@@ -12,7 +12,7 @@ import torch
 from rlk.kernels.attention import launch
 from rlk.ops._dispatch import direct
 
-CONTRACT_ID = "attn.v1"
+CONTRACT_ID = "attn.v2"
 
 
 @torch.library.custom_op("rlk::attn_varlen_fwd", mutates_args=())
@@ -60,7 +60,7 @@ def varlen_attention(q, k, v, cu_seqlens, max_seqlen: int, scale: float) -> torc
 
     Args: q [T, Hq, D], k/v [T, Hk, D] bf16; cu_seqlens [B+1] int32; max_seqlen int; scale float.
     Returns: out [T, Hq, D] bf16.
-    Determinism: contract ``attn.v1``: forward rows byte-identical to the paged (rollout) kernels
+    Determinism: contract ``attn.v2``: forward rows byte-identical to the paged (rollout) kernels
     for any batch composition; backward bitwise run to run (no atomics, fixed loop order).
     """
     if direct(q, k, v, cu_seqlens):

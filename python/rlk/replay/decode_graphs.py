@@ -4,7 +4,7 @@ A decode-only step of ``B`` requests (one query each) is padded to the smallest 
 ``P >= B``; the block-table width is fixed for the whole rollout (the most pages any request can
 need). Every input shape of ``model.rollout_step`` then depends on ``P`` only, so one graph per
 bucket serves every such step. Padding rows: token id 0, position 0, slot -1 (``write_kv`` skips
-it), kv length 0 (``attn.v1`` gives out 0 / lse -inf), block-table row of zeros, one query each;
+it), kv length 0 (``attn.v2`` gives out 0 / lse -inf), block-table row of zeros, one query each;
 they trail the real rows and are dropped before sampling and logp.
 
 :class:`DecodeGraphs` follows the PyTorch CUDA-graphs recipe: static input buffers per bucket,
@@ -110,7 +110,7 @@ class DecodeGraphs:
 
     Determinism: a replay runs the captured launches of the eager step on the same shapes, so its
     output bytes equal the eager padded step's; with the strict route those equal the unpadded
-    eager step's rows (contracts ``attn.v1``, ``gemm.bf16.v1``, row ops: batch-invariant).
+    eager step's rows (contracts ``attn.v2``, ``gemm.bf16.v1``, row ops: batch-invariant).
     """
 
     def __init__(self, model, kv_cache, block_size: int):

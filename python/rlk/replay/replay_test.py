@@ -41,7 +41,7 @@ def test_cli_record_check(tmp_path, capsys):
     assert cli.main(["record", "--out", out, "--sequences", "3", "--max-batch", "2",
                      "--prompt-range", "3", "9", "--response-range", "2", "4"]) == 0
     fx = fixture.load(out)
-    assert fx.meta["contracts"]["attention"] == "attn.v1" and "provenance" in fx.meta
+    assert fx.meta["contracts"]["attention"] == "attn.v2" and "provenance" in fx.meta
     assert fx.meta["weights"]["seed"] == 0 and len(fx.meta["weights"]["sha256_hf"]) == 64
     assert cli.main(["check", "--fixture", out, "--route", "both", "--diag", str(tmp_path)]) == 0
     rep = json.load(open(os.path.join(str(tmp_path), "replay_check.json")))

@@ -157,7 +157,7 @@ def run_rollout(model, requests: list[Request], rc: RolloutConfig, forced: list[
     eager unpadded path (no CUDA graphs, no decode padding) whatever ``rc`` says.
 
     Determinism: strict route: each row's bytes are independent of the step's batch composition,
-    page placement, chunking, decode padding and CUDA-graph replay (contracts ``attn.v1``,
+    page placement, chunking, decode padding and CUDA-graph replay (contracts ``attn.v2``,
     ``gemm.bf16.v1``, row ops, ``logp.v2``); sampling is seeded. Native route: none.
     """
     from rlk.kernels.common import host_validated
@@ -193,7 +193,7 @@ def _run_rollout(model, requests: list[Request], rc: RolloutConfig, forced: list
     if graphs:
         # KV cache and graphs live as long as the model and are reused by later rollouts of the
         # same cache shape and block-table width (an engine captures once, at start-up): stale
-        # cache slots are never read (attn.v1 masking: keys at or past kv_len do not reach a
+        # cache slots are never read (attn.v2 masking: keys at or past kv_len do not reach a
         # product), and every step writes its K/V before reading the cache.
         kv, runner = _graph_session(model, num_blocks, bs, width)
     else:

@@ -3,5 +3,7 @@ exact weight conversion, fail-closed config guard and audits (issue 11).
 
 Modules: :mod:`.spec` (build), :mod:`.modules` (slot adapters), :mod:`.logp` (output
 processor), :mod:`.weights` (HF <-> megatron, per-rank shards), :mod:`.audit` (post-build and
-forward audits), :mod:`.check` (the CPU check CLI). megatron-core itself is imported lazily.
+forward audits), :mod:`.check` (the CPU check CLI), :mod:`.replay` (frozen replay: rlk's strict
+rollout fixture re-scored by the megatron-core trainer; the H200 CLI). megatron-core itself is
+imported lazily.
 """

@@ -8,7 +8,7 @@ copy. Constructor and call signatures are megatron-core 0.19.2's (``../shared/EN
 | --- | --- | --- |
 | ``linear_qkv``, ``linear_fc1`` | :class:`RlkColumnParallelLinear` | gemm.bf16.v1 (+ ar.v1 on dx at TP>1) |
 | ``linear_proj``, ``linear_fc2`` | :class:`RlkRowParallelLinear` | gemm.bf16.v1 + ar.v1 (TP>1) |
-| ``core_attention`` | :class:`RlkCoreAttention` | rope.v1 + attn.v1 |
+| ``core_attention`` | :class:`RlkCoreAttention` | rope.v1 + attn.v2 |
 | every norm | :class:`RlkRMSNorm` | rmsnorm.v1 |
 | ``activation_func`` | :class:`RlkSwiGLU` | swiglu.v1 |
 | ``embedding.word_embeddings`` (swapped after build) | :class:`RlkVocabParallelEmbedding` | embedding.v1 (+ ar.v1) |
@@ -35,11 +35,19 @@ def _tp(tp_group) -> tuple[object, int, int]:
     return tp_group, n, r
 
 
+def _device(config):
+    """Where parameters are built: the host under ``use_cpu_initialization``, else the current GPU."""
+    if config is None or getattr(config, "use_cpu_initialization", True):
+        return torch.device("cpu")
+    return torch.device("cuda", torch.cuda.current_device())
+
+
 def _param(shape, config, init_method=None) -> torch.nn.Parameter:
-    w = torch.empty(*shape, dtype=config.params_dtype, device="cpu" if config.use_cpu_initialization
-                    else torch.cuda.current_device())
+    """A parameter of ``shape``; zeros when there is no init method or the config says
+    ``perform_initialization=False`` (weights loaded afterwards, as megatron's own layers do)."""
+    w = torch.empty(*shape, dtype=config.params_dtype, device=_device(config))
     with torch.no_grad():
-        if init_method is not None:
+        if init_method is not None and getattr(config, "perform_initialization", True):
             init_method(w)
         else:
             w.zero_()
@@ -147,7 +155,7 @@ class RlkRMSNorm(torch.nn.Module):
             raise UnsupportedConfigError(f"RlkRMSNorm: normalization {config.normalization!r} is not RMSNorm")
         self.hidden_size, self.eps = int(hidden_size), float(eps)
         dtype = config.params_dtype if config is not None else torch.bfloat16
-        self.weight = torch.nn.Parameter(torch.ones(self.hidden_size, dtype=dtype))
+        self.weight = torch.nn.Parameter(torch.ones(self.hidden_size, dtype=dtype, device=_device(config)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         from rlk.ops import rowops
@@ -191,7 +199,7 @@ class RlkCoreAttention(torch.nn.Module):
     -> ``[t, nh_local * D]`` bf16. Without packed_seq_params, ``[s, 1, nh, D]`` is one sequence.
     Positions restart at 0 in each sequence (as the trainer pattern's).
 
-    Determinism: rope.v1 then attn.v1 (rows byte-identical to the rollout's paged kernels).
+    Determinism: rope.v1 then attn.v2 (rows byte-identical to the rollout's paged kernels).
     """
 
     def __init__(self, config, layer_number: int = 1, attn_mask_type=None, attention_type: str = "self",

@@ -9,8 +9,8 @@ GOOD = {"linear": 16, "attn_paged": 4, "write_kv": 4, "logits_logp": 2}
 
 
 def test_check_passes_on_strict_worker():
-    s = counters.check([{"pid": 1, "counts": GOOD, "contracts": {"attention": "attn.v1"}}])
-    assert s["strict_backend_ran"] and s["counts"]["linear"] == 16 and s["contracts"] == {"attention": "attn.v1"}
+    s = counters.check([{"pid": 1, "counts": GOOD, "contracts": {"attention": "attn.v2"}}])
+    assert s["strict_backend_ran"] and s["counts"]["linear"] == 16 and s["contracts"] == {"attention": "attn.v2"}
 
 
 def test_check_fails_when_stock_attention_ran():

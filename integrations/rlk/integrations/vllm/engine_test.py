@@ -22,7 +22,7 @@ def test_engine_logp_bitwise_equals_trainer_and_rlk_kernels_ran(engine):
     assert rec["mismatch_count"] == 0, rec["first_mismatch"]
     s = rec["worker_counters"]
     assert rec["strict_backend_ran"] and s["counts"].get(counters.STOCK, 0) == 0
-    assert s["contracts"]["attention"] == "attn.v1" and s["contracts"]["linear_logp"] == "logp.v2"
+    assert s["contracts"]["attention"] == "attn.v2" and s["contracts"]["linear_logp"] == "logp.v2"
 
 
 def _bad_params():

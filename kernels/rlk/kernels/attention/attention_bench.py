@@ -1,4 +1,4 @@
-"""Benchmark of strict attention (``attn.v1``) vs torch SDPA on the same inputs (H200).
+"""Benchmark of strict attention (``attn.v2``) vs torch SDPA on the same inputs (H200).
 
     python -m rlk.kernels.attention.attention_bench --out attention_h200.json [--quick]
 
@@ -26,7 +26,7 @@ def _provenance():
     try:
         from rlk import provenance
 
-        return provenance.capability_record(contract_ids=["attn.v1"])
+        return provenance.capability_record(contract_ids=["attn.v2"])
     except Exception:  # noqa: BLE001 - fall back to a minimal record
         import triton
 

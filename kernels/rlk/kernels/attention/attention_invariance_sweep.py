@@ -1,4 +1,4 @@
-"""Measured invariance matrix of ``attn.v1``'s launch axes on the GPU (H200).
+"""Measured invariance matrix of ``attn.v2``'s launch axes on the GPU (H200).
 
     python -m rlk.kernels.attention.attention_invariance_sweep --out sweep.json [--quick]
 
@@ -93,7 +93,7 @@ def main(argv=None):
     try:
         from rlk import provenance
 
-        prov = provenance.capability_record(contract_ids=["attn.v1"])
+        prov = provenance.capability_record(contract_ids=["attn.v2"])
     except Exception:  # noqa: BLE001
         import triton
 

@@ -1,4 +1,4 @@
-"""Bitwise invariance of ``attn.v1``: every query row has the same bytes (out and LSE) in
+"""Bitwise invariance of ``attn.v2``: every query row has the same bytes (out and LSE) in
 prefill, chunked prefill (several chunk sizes) and decode, for any batch composition, page size,
 page order and split schedule, and run to run.
 
@@ -15,7 +15,7 @@ from rlk.kernels.attention import testing as T
 from rlk.testing import assert_bitwise_equal
 
 LENS = [1, 5, 63, 64, 65, 130]
-SEG_C = "attn.seg128.v1"  # 128-position segments: folds and split decode at tiny lengths
+SEG_C = "attn.seg128.v2"  # 128-position segments: folds and split decode at tiny lengths
 # Rows straddling chunk (64) and segment (128) boundaries, plus the short sequences.
 ROWS = [0, 1, 5, 68, 69, 70, 132, 133, 196, 197, 261, 262, 263, 326, 327]
 
@@ -86,15 +86,15 @@ def test_decode_batch_composition_and_padding_slot(data):
 
 
 def test_default_contract_segments(data):
-    """attn.v1 (512-position segments): decode and chunked prefill equal its prefill."""
+    """attn.v2 (512-position segments): decode and chunked prefill equal its prefill."""
     q, k, v, cu, scale, _, _ = data
     out, lse = launch.prefill(q, k, v, cu, max(LENS), scale)
     kc, vc, bt = T.paged_cache(k, v, cu, 64, seed=9)
     od, ld = T.decode_rows(q, cu, kc, vc, bt, [0, 132, 327], scale)
-    assert_bitwise_equal(od, out[[0, 132, 327]], "attn.v1 decode")
+    assert_bitwise_equal(od, out[[0, 132, 327]], "attn.v2 decode")
     oc, lc = T.chunked_prefill(q, cu, kc, vc, bt, 80, scale)
-    assert_bitwise_equal(oc, out, "attn.v1 chunked")
-    assert_bitwise_equal(lc, lse, "attn.v1 chunked lse")
+    assert_bitwise_equal(oc, out, "attn.v2 chunked")
+    assert_bitwise_equal(lc, lse, "attn.v2 chunked lse")
 
 
 # ---------------------------------------------------------------- GPU (H200), real sizes

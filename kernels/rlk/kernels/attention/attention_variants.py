@@ -1,4 +1,4 @@
-"""Prefill/decode schedule variants of ``attn.v1`` on the H200: time and bytes vs the table.
+"""Prefill/decode schedule variants of ``attn.v2`` on the H200: time and bytes vs the table.
 
     python -m rlk.kernels.attention.attention_variants --out variants.json
 

@@ -1,4 +1,4 @@
-"""Contract ``attn.v1`` (and its small-segment test variant), kernel registry entries, and the
+"""Contract ``attn.v2`` (and its small-segment test variant), kernel registry entries, and the
 fixed per-architecture schedule tables (``configs/<arch>.json``; never keyed by batch or length).
 """
 
@@ -28,7 +28,8 @@ _PENDING = ("attention_invariance_sweep@sm_90 (configs/invariance_sm90.json: pre
 def _bit_fields(seg: int) -> dict:
     return {
         "dtypes": {"q_k_v": "bf16", "out": "bf16", "lse": "fp32", "accumulator": "fp32",
-                   "dot_operands": "bf16 on GPU (q, k, v, p), fp32 under the CPU interpreter"},
+                   "dot_operands": "bf16 on GPU (q, k, v, p); under the CPU interpreter fp64 operands, each "
+                                   "dot an exact fp64 sum rounded once to fp32 (GPU arithmetic as in v1)"},
         "accumulation": "fp32 MMA accumulators for q.k, p@v and the row sum p@ones[64,16]",
         "rounding": "one bf16 RNE rounding of out at the store; lse stays fp32; p is rounded to the "
                     "dot operand dtype before both p@v and p@ones (numerator and denominator agree)",
@@ -79,10 +80,11 @@ _SCHEDULE = {
     "page_size": list(PAGE_SIZES),
 }
 
-ATTN_V1 = contracts.register(contracts.Contract(
-    id="attn.v1",
+ATTN_V2 = contracts.register(contracts.Contract(
+    id="attn.v2",
     summary="fixed-chunk (64) / fixed-segment (512) online-softmax attention; prefill, chunked "
-            "prefill and paged decode give identical rows",
+            "prefill and paged decode give identical rows (v2, 2026-12-01: GPU arithmetic unchanged "
+            "from v1; the CPU-interpreter model sums each dot exactly in fp64)",
     bit_fields=_bit_fields(512),
     schedule_fields=_SCHEDULE,
     bit_neutral_evidence={k: _PENDING for k in _SCHEDULE},
@@ -91,18 +93,18 @@ ATTN_V1 = contracts.register(contracts.Contract(
 ))
 
 # Same kernels, segments of 128 positions: lets CPU tests exercise segment folds and split decode
-# at interpreter-sized lengths. Never used by a model; recorded IDs differ from attn.v1.
-ATTN_SEG128_V1 = contracts.register(contracts.Contract(
-    id="attn.seg128.v1",
-    summary="test variant of attn.v1 with 128-position segments",
+# at interpreter-sized lengths. Never used by a model; recorded IDs differ from attn.v2.
+ATTN_SEG128_V2 = contracts.register(contracts.Contract(
+    id="attn.seg128.v2",
+    summary="test variant of attn.v2 with 128-position segments",
     bit_fields=_bit_fields(128),
     schedule_fields=_SCHEDULE,
     bit_neutral_evidence={k: _PENDING for k in _SCHEDULE},
     targets=("cpu-interpreter", "sm_90"),
-    kernels=ATTN_V1.kernels,
+    kernels=ATTN_V2.kernels,
 ))
 
-CONTRACTS = {c.id: c for c in (ATTN_V1, ATTN_SEG128_V1)}
+CONTRACTS = {c.id: c for c in (ATTN_V2, ATTN_SEG128_V2)}
 
 
 def contract(contract_id: str) -> contracts.Contract:
@@ -222,7 +224,7 @@ def _register() -> None:
         consts = set(cfgs[0])
         sig = {a: "constexpr" if a in consts else _arg_type(a) for a in argnames}
         registry.register_kernel(registry.KernelEntry(
-            name=name, contract_id="attn.v1", fn=fn, signature=sig, configs=tuple(cfgs), expects_mma=mma))
+            name=name, contract_id="attn.v2", fn=fn, signature=sig, configs=tuple(cfgs), expects_mma=mma))
 
 
 _register()

@@ -1,4 +1,4 @@
-"""Triton kernels of contract ``attn.v1`` (forward: prefill, chunked prefill, paged decode).
+"""Triton kernels of contract ``attn.v2`` (forward: prefill, chunked prefill, paged decode).
 
 Every forward kernel computes each query row with the same three jit routines, so a row's bytes
 do not depend on which kernel, tile, page layout or split schedule computed it:
@@ -24,6 +24,27 @@ NEG_INF = float("-inf")
 
 
 @triton.jit
+def _mma(a, b, acc, DOT_DTYPE: tl.constexpr):
+    """``acc + a @ b`` with an fp32 accumulator. GPU: one ``tl.dot`` (MMA into acc). Under the
+    CPU interpreter (DOT_DTYPE fp64) the dot is an exact fp64 sum rounded once to fp32 and then
+    added: numpy's fp32 matmul sums in an order that depends on a row's place in the tile, which
+    would break row invariance on CPU only (the model gemm.bf16.v1 and logp.v2 use too)."""
+    if DOT_DTYPE == tl.float64:
+        return acc + tl.dot(a, b, out_dtype=tl.float64).to(tl.float32)
+    else:
+        return tl.dot(a, b, acc)
+
+
+@triton.jit
+def _mm(a, b, DOT_DTYPE: tl.constexpr):
+    """``a @ b`` in fp32 (from zero): see :func:`_mma`."""
+    if DOT_DTYPE == tl.float64:
+        return tl.dot(a, b, out_dtype=tl.float64).to(tl.float32)
+    else:
+        return tl.dot(a, b)
+
+
+@triton.jit
 def _online_step(s2, m, l_mat, acc, v, ones, DOT_DTYPE: tl.constexpr):
     """One KV chunk. s2 [BM, C] log2-domain scores (-inf where masked); v [C, D] fp32 (0 where
     masked); m [BM]; l_mat [BM, 16] (every column holds the running row sum); acc [BM, D]."""
@@ -36,8 +57,8 @@ def _online_step(s2, m, l_mat, acc, v, ones, DOT_DTYPE: tl.constexpr):
     pd = p.to(DOT_DTYPE)
     # Reduction order: MMA over the chunk's 64 positions into the rescaled fp32 accumulator
     # (row sum through the same MMA form, against a ones matrix).
-    l_mat = tl.dot(pd, ones, l_mat * alpha[:, None])
-    acc = tl.dot(pd, v.to(DOT_DTYPE), acc * alpha[:, None])
+    l_mat = _mma(pd, ones, l_mat * alpha[:, None], DOT_DTYPE)
+    acc = _mma(pd, v.to(DOT_DTYPE), acc * alpha[:, None], DOT_DTYPE)
     return m_new, l_mat, acc
 
 
@@ -84,7 +105,7 @@ def _chunk(c, q, pos, row_valid, kv_len, k_base, v_base, bt_row, tok0, m, l_mat,
     k = k.to(tl.float32)
     v = v.to(tl.float32)
     # Reduction order: MMA over head_dim, fp32 accumulator from 0.
-    s = tl.dot(q, tl.trans(k.to(DOT_DTYPE)))
+    s = _mm(q, tl.trans(k.to(DOT_DTYPE)), DOT_DTYPE)
     s2 = s * qk_scale
     keep = row_valid[:, None] & col_valid[None, :] & (j[None, :] <= pos[:, None])
     s2 = tl.where(keep, s2, float("-inf"))

@@ -1,4 +1,4 @@
-"""Backward kernels of ``attn.v1`` (FA2 form, deterministic: no atomics, fixed loop orders).
+"""Backward kernels of ``attn.v2`` (FA2 form, deterministic: no atomics, fixed loop orders).
 
 p is recomputed from the saved LSE: ``p = exp2(fp32(q . k) * qk_scale - lse * log2(e))``.
 dS = p * (dP - delta), delta = rowsum(dO * O). dQ = scale * dS @ K, dK = scale * dS^T @ Q,
@@ -8,6 +8,7 @@ dV = p^T @ dO. Each output element is written by exactly one program.
 import triton
 import triton.language as tl
 
+from rlk.kernels.attention.kernel import _mm, _mma
 from rlk.kernels.common import round_bf16
 
 
@@ -29,9 +30,9 @@ def bwd_delta_kernel(delta_ptr, o_ptr, do_ptr, T, stride_ot, stride_oh, stride_d
 
 
 @triton.jit
-def _probs(q, k, lse2, offs_m, offs_n, seq_len, qk_scale):
+def _probs(q, k, lse2, offs_m, offs_n, seq_len, qk_scale, DOT_DTYPE: tl.constexpr):
     """p [BM, BN] recomputed from the LSE; 0 on causal-masked and out-of-range lanes."""
-    s = tl.dot(q, tl.trans(k)) * qk_scale
+    s = _mm(q, tl.trans(k), DOT_DTYPE) * qk_scale
     keep = (offs_m[:, None] < seq_len) & (offs_n[None, :] < seq_len) & (offs_n[None, :] <= offs_m[:, None])
     return tl.where(keep, tl.exp2(s - lse2[:, None]), 0.0)
 
@@ -50,11 +51,11 @@ def _dkdv_step(m0, h, start, seq_len, q_ptr, do_ptr, lse_ptr, delta_ptr, k, v, d
                  mask=m_ok[:, None], other=0.0).to(tl.float32).to(DOT_DTYPE)
     lse2 = tl.load(lse_ptr + tm * stride_lt + h * stride_lh, mask=m_ok, other=0.0) * 1.4426950408889634
     delta = tl.load(delta_ptr + tm * stride_lt + h * stride_lh, mask=m_ok, other=0.0)
-    p = _probs(q, k, lse2, offs_m, offs_n, seq_len, qk_scale)
-    dv = tl.dot(tl.trans(p.to(DOT_DTYPE)), do, dv)
-    dp = tl.dot(do, tl.trans(v))
+    p = _probs(q, k, lse2, offs_m, offs_n, seq_len, qk_scale, DOT_DTYPE)
+    dv = _mma(tl.trans(p.to(DOT_DTYPE)), do, dv, DOT_DTYPE)
+    dp = _mm(do, tl.trans(v), DOT_DTYPE)
     ds = p * (dp - delta[:, None])
-    dk = tl.dot(tl.trans(ds.to(DOT_DTYPE)), q, dk)
+    dk = _mma(tl.trans(ds.to(DOT_DTYPE)), q, dk, DOT_DTYPE)
     return dk, dv
 
 
@@ -121,10 +122,10 @@ def _dq_step(n0, kvh, start, seq_len, k_ptr, v_ptr, q, do, lse2, delta, dq, offs
                 mask=n_mask, other=0.0).to(tl.float32).to(DOT_DTYPE)
     v = tl.load(v_ptr + tn[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :],
                 mask=n_mask, other=0.0).to(tl.float32).to(DOT_DTYPE)
-    p = _probs(q, k, lse2, offs_m, offs_n, seq_len, qk_scale)
-    dp = tl.dot(do, tl.trans(v))
+    p = _probs(q, k, lse2, offs_m, offs_n, seq_len, qk_scale, DOT_DTYPE)
+    dp = _mm(do, tl.trans(v), DOT_DTYPE)
     ds = p * (dp - delta[:, None])
-    return tl.dot(ds.to(DOT_DTYPE), k, dq)
+    return _mma(ds.to(DOT_DTYPE), k, dq, DOT_DTYPE)
 
 
 @triton.jit

@@ -1,4 +1,4 @@
-"""Host side of ``attn.v1``: checks, fixed schedule lookup, grids, launches.
+"""Host side of ``attn.v2``: checks, fixed schedule lookup, grids, launches.
 
 Every launch takes its block sizes from the per-architecture table (never from batch size or
 sequence length). Value checks that need device data (lengths vs cache capacity, block ids)
@@ -12,12 +12,21 @@ import math
 
 import torch
 import triton
+import triton.language as tl
 
 from rlk.errors import UnsupportedConfigError
 from rlk.kernels.attention import config
 from rlk.kernels.attention.kernel import attn_fwd_kernel, attn_merge_kernel, write_kv_kernel
 from rlk.kernels.attention.kernel_bwd import bwd_delta_kernel, bwd_dkdv_kernel, bwd_dq_kernel
 from rlk.kernels.common import check_tensor, device_value_checks_enabled, dot_dtype_for, interpret_flag, launch_options
+
+
+def _dot(device):
+    """``tl.dot`` operand dtype: bf16 on GPU, fp64 under the interpreter (exact dot sums, see
+    kernel._mma)."""
+    d = dot_dtype_for(device)
+    return tl.float64 if d == tl.float32 else d
+
 
 LOG2E = 1.4426950408889634
 _ACT = (torch.bfloat16,)
@@ -76,13 +85,13 @@ def _check_cu(name, cu, device, n_tokens, validate):
     return None
 
 
-def prefill(q, k, v, cu_seqlens, max_seqlen, scale, *, contract="attn.v1", validate=None):
+def prefill(q, k, v, cu_seqlens, max_seqlen, scale, *, contract="attn.v2", validate=None):
     """Packed causal varlen attention.
 
     Args: q [T, Hq, D], k/v [T, Hk, D] bf16 (D in 16/32/64/128, Hq % Hk == 0); cu_seqlens
       [B+1] int32; max_seqlen (int, >= every length); scale (float).
     Returns: out [T, Hq, D] bf16, lse [T, Hq] fp32 (natural log).
-    Determinism: contract ``attn.v1``: each row's bytes equal ``paged`` for the same position,
+    Determinism: contract ``attn.v2``: each row's bytes equal ``paged`` for the same position,
     for any batch composition, page layout, chunking; run-to-run bitwise.
     """
     val = _should_validate(validate)
@@ -123,11 +132,11 @@ def _fwd(out, lse, q, k, v, bt, cu_q, kv_len, scale, c, grid, g, gp, s, *, paged
         ws_m.stride(0) if ws else 0, ws_m.stride(1) if ws else 0, ws_m.stride(2) if ws else 0,
         G=g, GP=gp, BLOCK_M=s["BLOCK_M"], HEAD_DIM=q.shape[2], KV_CHUNK=c.bit_fields["kv_chunk"],
         SEG=c.bit_fields["segment"], PAGE=page, PAGED=paged, SPLIT=ws is not None,
-        DOT_DTYPE=dot_dtype_for(q.device), INTERPRET=interpret_flag(), **_opts(s))
+        DOT_DTYPE=_dot(q.device), INTERPRET=interpret_flag(), **_opts(s))
 
 
 def paged(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens_kv, scale, *,
-          max_seqlen_q=None, contract="attn.v1", validate=None):
+          max_seqlen_q=None, contract="attn.v2", validate=None):
     """Attention of new queries against a paged KV cache (chunked prefill / decode).
 
     Args: q [Tq, Hq, D] bf16; k_cache/v_cache [num_blocks, block_size, Hk, D] bf16
@@ -137,7 +146,7 @@ def paged(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens_kv, scale, *
       Query i of sequence b sits at position seq_lens_kv[b] - q_len_b + i.
       A sequence with kv length 0 (padding slot) gives out 0 and lse -inf for its rows.
     Returns: out [Tq, Hq, D] bf16, lse [Tq, Hq] fp32.
-    Determinism: contract ``attn.v1``: rows byte-identical to ``prefill`` at the same position,
+    Determinism: contract ``attn.v2``: rows byte-identical to ``prefill`` at the same position,
     whatever the batch, page size, page order, chunking or split; run-to-run bitwise.
     """
     val = _should_validate(validate)
@@ -210,7 +219,7 @@ def paged(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens_kv, scale, *
 def write_kv(k, v, k_cache, v_cache, slot_mapping, *, validate=None):
     """Exact copy of k, v [T, Hk, D] into k_cache, v_cache [num_blocks, block_size, Hk, D] at
     slots slot_mapping [T] int64 (slot = block * block_size + offset; -1 = skip).
-    Determinism: bytes copied unchanged (contract ``attn.v1``); duplicate slots are an error."""
+    Determinism: bytes copied unchanged (contract ``attn.v2``); duplicate slots are an error."""
     check_tensor("k", k, dtype=_ACT, dim=3)
     check_tensor("v", v, dtype=_ACT, dim=3, device=k.device)
     check_tensor("k_cache", k_cache, dtype=k.dtype, dim=4, device=k.device)
@@ -244,7 +253,7 @@ def write_kv(k, v, k_cache, v_cache, slot_mapping, *, validate=None):
 
 def backward(do, q, k, v, out, lse, cu_seqlens, max_seqlen, scale):
     """Gradients of ``prefill``: (dq [T, Hq, D], dk [T, Hk, D], dv [T, Hk, D]) bf16.
-    Determinism: contract ``attn.v1`` backward: no atomics, fixed loop orders; run-to-run bitwise
+    Determinism: contract ``attn.v2`` backward: no atomics, fixed loop orders; run-to-run bitwise
     (not batch-invariant across packings)."""
     hq, hk, d = _check_heads(q, k, v)
     check_tensor("do", do, dtype=q.dtype, dim=3, device=q.device)
@@ -264,7 +273,7 @@ def backward(do, q, k, v, out, lse, cu_seqlens, max_seqlen, scale):
         delta, out, do, q.shape[0], out.stride(0), out.stride(1), do.stride(0), do.stride(1),
         delta.stride(0), delta.stride(1), BLOCK_M=s["BLOCK_M"], HEAD_DIM=d, **_opts(s))
     g = hq // hk
-    common = dict(HEAD_DIM=d, DOT_DTYPE=dot_dtype_for(q.device), INTERPRET=interpret_flag())
+    common = dict(HEAD_DIM=d, DOT_DTYPE=_dot(q.device), INTERPRET=interpret_flag())
     strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                do.stride(0), do.stride(1), lse.stride(0), lse.stride(1))
     qs = qk_scale_of(scale)

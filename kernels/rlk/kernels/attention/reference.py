@@ -1,4 +1,4 @@
-"""Plain-torch specification of ``attn.v1`` (float64 by default). Kernels never import this.
+"""Plain-torch specification of ``attn.v2`` (float64 by default). Kernels never import this.
 
 Casting contract: inputs bf16; the kernels compute scores and the online softmax in fp32 with
 bf16 (GPU) / fp32 (interpreter) dot operands and round the output once to bf16 (RNE); the LSE

@@ -77,8 +77,8 @@ def load_table(arch: str) -> dict:
     with open(os.path.join(_DIR, TABLE_FILES[arch])) as f:
         t = json.load(f)
     for name in ("fwd", "bwd_grad", "gemm"):
-        if t[name]["BLOCK_K"] != BLOCK_K:
-            raise UnsupportedConfigError(f"{TABLE_FILES[arch]}: {name}.BLOCK_K must be {BLOCK_K}")
+        if t[name]["BLOCK_K"] % BLOCK_K:
+            raise UnsupportedConfigError(f"{TABLE_FILES[arch]}: {name}.BLOCK_K must be a multiple of {BLOCK_K}")
     if t.get("V_CHUNK_MAX") is not None and t["V_CHUNK_MAX"] % BLOCK_K:
         raise UnsupportedConfigError(f"{TABLE_FILES[arch]}: V_CHUNK_MAX must be a multiple of {BLOCK_K}")
     return t

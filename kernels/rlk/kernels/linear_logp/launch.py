@@ -158,6 +158,8 @@ def segment_stats(hidden, weight, targets, vocab_start: int = 0, vocab_real: Opt
     tg = torch.full((T,), float("-inf"), dtype=torch.float32, device=dev)
     logits = torch.empty((T, V_local), dtype=torch.float32, device=dev) if return_logits else None
     bt, bv = cfg["BLOCK_T"], cfg["BLOCK_V"]
+    if H % cfg["BLOCK_K"]:
+        raise UnsupportedConfigError(f"{CONTRACT_ID}: H={H} is not a multiple of the k-step {cfg['BLOCK_K']}")
     use_tma = bool(cfg.get("TMA", 0)) and _tma_ok(hidden) and _tma_ok(weight)
     hd, wd = (_desc(hidden, (bt, cfg["BLOCK_K"])), _desc(weight, (bv, cfg["BLOCK_K"]))) if use_tma else (None, None)
     grid = (triton.cdiv(T, bt) * S,)

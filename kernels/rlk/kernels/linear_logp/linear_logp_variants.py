@@ -32,6 +32,9 @@ FWD_VARIANTS = {
     "tma_s2": {"num_stages": 2},
     "dec_bt64_w4s2": {"BLOCK_T": 64, "num_warps": 4, "num_stages": 2},
     "dec_bt64_w4s3": {"BLOCK_T": 64, "num_warps": 4, "num_stages": 3},
+    # 128-wide k-steps (two 64-chunks per step: the same MMA k16 chain; bytes are compared).
+    "bk128_s2": {"BLOCK_K": 128, "num_stages": 2},
+    "dec_bt64_w4_bk128_s2": {"BLOCK_T": 64, "num_warps": 4, "BLOCK_K": 128, "num_stages": 2},
 }
 BWD_VARIANTS = {
     "table": ({}, {}),

@@ -53,6 +53,12 @@ def _may_sync(t: torch.Tensor) -> bool:
     return not (t.is_cuda and torch.cuda.is_current_stream_capturing())
 
 
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """(min, max) of an integer tensor with one kernel and one device read."""
+    lo, hi = torch.aminmax(t)
+    return tuple(int(v) for v in torch.stack((lo, hi)).tolist())
+
+
 def _check_same_device(**tensors) -> None:
     devs = {n: t.device for n, t in tensors.items() if t is not None}
     if len(set(devs.values())) > 1:
@@ -216,7 +222,7 @@ def apply_rope(x, positions, cos, sin, backward: bool = False):
     max_pos = cos.shape[0]
     positions = positions.contiguous()
     if T and _may_sync(positions):
-        lo, hi = int(positions.min()), int(positions.max())
+        lo, hi = _span(positions)
         if lo < 0 or hi >= max_pos:
             raise UnsupportedConfigError(f"apply_rope: positions span [{lo}, {hi}], table holds [0, {max_pos})")
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
@@ -276,7 +282,7 @@ def _ids_checks(ids, V):
     check_tensor("ids", ids, dtype=(torch.int64, torch.int32), dim=1)
     ids = ids.contiguous()
     if ids.numel() and _may_sync(ids):
-        lo, hi = int(ids.min()), int(ids.max())
+        lo, hi = _span(ids)
         if lo < 0 or hi >= V:
             bad = ids[(ids < 0) | (ids >= V)][:4].tolist()
             raise UnsupportedConfigError(f"embedding: ids out of range [0, {V}): e.g. {bad} (span [{lo}, {hi}])")

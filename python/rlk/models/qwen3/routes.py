@@ -24,7 +24,7 @@ STRICT_CONTRACTS = {
     "rope": "rope.v1",
     "swiglu": "swiglu.v1",
     "embedding": "embedding.v1",
-    "attention": "attn.v1",
+    "attention": "attn.v2",
     "linear_logp": "logp.v2",
 }
 
@@ -219,7 +219,7 @@ class NativeOps:
         built on the device.
 
         A padding row (kv length 0) would have an all-False mask row (SDPA gives NaN there); it is
-        given key 0 instead and its output set to 0 afterwards (as ``attn.v1`` gives), so no NaN
+        given key 0 instead and its output set to 0 afterwards (as ``attn.v2`` gives), so no NaN
         is produced at all. Its K/V write (slot -1) is redirected to the first real row's slot
         with that row's own values: duplicate writes of identical bytes, so the order of the
         writes does not matter and no other slot is touched.

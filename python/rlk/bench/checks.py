@@ -1,0 +1,67 @@
+"""Release-gate check of ladder L5 (profile ``h200``): the paired e2e benchmark as a phase gate.
+
+``L5:e2e.paired`` runs :func:`rlk.bench.e2e.run_e2e` at a size that fits one 10-minute device
+call (Qwen3-8B shapes, 2 layers, 8 sequences, 3 repetitions of 10 measured steps per arm: 30
+strict RL steps, decode as CUDA graphs in both arms) and passes only when
+
+* every strict step's readback compared the old logp with the rollout logp and found no mismatch
+  (``equality.compared_elements > 0`` and ``mismatch_count == 0``: all readbacks present);
+* the two arms' provenance records differ in the route only (no fallback, same stack);
+* at least one pair survived the health envelope; and
+* the upper bound of the R/R / P/P 95% interval is at or below the target (0.95).
+
+A missed target fails the gate with the ratio and interval in the detail; the report files of the
+run are written under the gate's output folder (``e2e/``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from rlk.gate.registry import CheckResult, register_check
+
+# The size of the L5 run (one 10-minute device call; docs/results/e2e_h200.md took ~110 s).
+L5_ARGS = dict(layers=2, sequences=8, prompt_range=(64, 256), response_range=(32, 64), max_batch=8,
+               reps=3, steps=10, config="qwen3-8b", device=None, rollout_graphs="on", profile=False)
+
+
+def evaluate(rep: dict) -> CheckResult:
+    """Pass/fail of an e2e report (``rlk.bench.e2e.analyse``'s dict)."""
+    from rlk.bench.e2e import TARGET
+
+    eq = rep.get("equality") or {}
+    problems = []
+    if not eq.get("compared_elements"):
+        problems.append("no strict readback compared old logp with rollout logp")
+    elif eq.get("mismatch_count"):
+        problems.append(f"strict old logp != rollout logp: {eq['mismatch_count']} of {eq['compared_elements']}")
+    if rep.get("provenance_differences"):
+        problems.append(f"arms differ beyond the route: {rep['provenance_differences']}")
+    lo, hi = rep["ratio_ci95"]
+    target = rep.get("target", TARGET)
+    if hi > target:
+        problems.append(f"ratio upper bound {hi:.3f} > target {target}")
+    detail = (f"R/R / P/P = {rep['ratio']:.3f} [{lo:.3f}, {hi:.3f}] (target <= {target}); reuse "
+              f"{rep.get('ratio_reuse')}; readbacks {eq.get('compared_elements', 0)} elements, "
+              f"{eq.get('mismatch_count', 'n/a')} mismatches; {rep.get('steps_compared')} paired steps")
+    if problems:
+        detail += "; FAILED: " + "; ".join(problems)
+    metrics = {"ratio": rep["ratio"], "ratio_ci95": rep["ratio_ci95"], "ratio_reuse": rep.get("ratio_reuse"),
+               "phase_ratios": rep.get("phase_ratios"), "equality": eq}
+    return CheckResult(not problems, detail, metrics)
+
+
+@register_check("L5", "e2e.paired", profiles=("h200",))
+def e2e_paired(ctx) -> CheckResult:
+    import json
+
+    from rlk.bench import e2e
+
+    out = os.path.join(ctx.out_dir, "e2e")
+    args = argparse.Namespace(out=out, **L5_ARGS)
+    ctx.progress(f"L5 e2e: {L5_ARGS}")
+    e2e.run_e2e(args)
+    with open(os.path.join(out, "e2e_h200.json")) as f:
+        rep = json.load(f)
+    return evaluate(rep)

@@ -99,3 +99,33 @@ def host_validated():
         yield
     finally:
         _CHECKS.on = prev
+
+
+class TableOverrides:
+    """Temporary per-kind overrides of a launch table, for variant sweeps and tests only::
+
+        OVERRIDES = TableOverrides()
+        with OVERRIDES.use("prefill", BLOCK_M=64): ...
+        entry = OVERRIDES.apply("prefill", table_entry)  # a copy with the active overrides
+
+    Nests; restores the previous state on exit. Never used by production launches' callers.
+    """
+
+    def __init__(self):
+        self.active: dict = {}
+
+    @contextlib.contextmanager
+    def use(self, kind: str, **values):
+        old = self.active.get(kind)
+        self.active[kind] = {**(old or {}), **values}
+        try:
+            yield
+        finally:
+            if old is None:
+                self.active.pop(kind, None)
+            else:
+                self.active[kind] = old
+
+    def apply(self, kind: str, entry: dict) -> dict:
+        return {**entry, **self.active.get(kind, {})}
+

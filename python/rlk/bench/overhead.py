@@ -36,31 +36,10 @@ def _do_bench(fn):
     return float(triton.testing.do_bench(fn, warmup=20, rep=100, return_mode="median")) * 1e3
 
 
-def _graph_us(fn, calls=20, reps=30):
-    from rlk.kernels.common import host_validated
+def _graph_us(fn):
+    from rlk.testing.timing import cuda_graph_us
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s), host_validated():
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with host_validated(), torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / calls)
-    times.sort()
-    return times[len(times) // 2]
+    return cuda_graph_us(fn, calls=20)
 
 
 def _host_us(fn, n=200):

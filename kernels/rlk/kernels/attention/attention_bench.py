@@ -40,23 +40,10 @@ def _bench(fn):
     return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")) * 1e3
 
 
-def _graph_bench(fn, calls=10):
-    """Median device time per call of ``fn`` replayed from a CUDA graph of ``calls`` calls (no
-    host launch cost: what a graph-captured engine step pays)."""
-    import triton.testing
+def _graph_bench(fn):
+    from rlk.testing.timing import cuda_graph_us
 
-    from rlk.kernels.common import host_validated
-
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s), host_validated():
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with host_validated(), torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    return float(triton.testing.do_bench(g.replay, warmup=5, rep=100, return_mode="median")) * 1e3 / calls
+    return cuda_graph_us(fn)
 
 
 def _both(strict_fn, native_fn, primary):
@@ -89,10 +76,10 @@ def bench_prefill(s, hq=8, hk=2, d=128):
     return {"case": "prefill", "S": s, "Hq": hq, "Hk": hk, "D": d, **t}
 
 
-def bench_decode(b, length, hq=8, hk=2, d=128, page=16):
-    from rlk.kernels.attention import launch
-
-    g = torch.Generator(device="cuda").manual_seed(1)
+def decode_inputs(b, length, hq=8, hk=2, d=128, page=16, seed=1):
+    """(q [B, Hq, D], k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens_kv, generator) of a
+    decode step of B requests of kv length ``length``, pages in order."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
     nb = (length + page - 1) // page
     kc = torch.randn((b * nb, page, hk, d), device="cuda", generator=g, dtype=torch.bfloat16)
     vc = torch.randn_like(kc)
@@ -100,6 +87,13 @@ def bench_decode(b, length, hq=8, hk=2, d=128, page=16):
     q = torch.randn((b, hq, d), device="cuda", generator=g, dtype=torch.bfloat16)
     cuq = torch.arange(b + 1, dtype=torch.int32, device="cuda")
     kv = torch.full((b,), length, dtype=torch.int32, device="cuda")
+    return q, kc, vc, bt, cuq, kv, g
+
+
+def bench_decode(b, length, hq=8, hk=2, d=128, page=16):
+    from rlk.kernels.attention import launch
+
+    q, kc, vc, bt, cuq, kv, g = decode_inputs(b, length, hq, hk, d, page)
     scale = d ** -0.5
     kd = torch.randn((b, hq, length, d), device="cuda", generator=g, dtype=torch.bfloat16)
     vd = torch.randn_like(kd)

@@ -23,19 +23,10 @@ def _bench(fn):
     return float(triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median")) * 1e3
 
 
-def _graph(fn, calls=10):
-    import triton.testing
+def _graph(fn):
+    from rlk.testing.timing import cuda_graph_us
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    return float(triton.testing.do_bench(g.replay, warmup=5, rep=50, return_mode="median")) * 1e3 / calls
+    return cuda_graph_us(fn, rep_ms=50)
 
 
 def _same(a, b):
@@ -96,6 +87,7 @@ def run_backward(log=print):
 
 def run(log=print):
     from rlk.kernels.attention import config, launch
+    from rlk.kernels.attention.attention_bench import decode_inputs
 
     rows = []
     hq, hk, d = 8, 2, 128
@@ -119,15 +111,7 @@ def run(log=print):
             rows.append(r)
             log(f"prefill S={s:5d} {str(var):60s} eager {us:8.1f} graph {gus:8.1f} same={r['same']}")
     for b, length in ((4, 7168), (64, 2048), (256, 1024)):
-        page = 16
-        g = torch.Generator(device="cuda").manual_seed(b)
-        nb = (length + page - 1) // page
-        kc = torch.randn((b * nb, page, hk, d), device="cuda", generator=g, dtype=torch.bfloat16)
-        vc = torch.randn_like(kc)
-        bt = torch.arange(b * nb, dtype=torch.int32, device="cuda").view(b, nb)
-        q = torch.randn((b, hq, d), device="cuda", generator=g, dtype=torch.bfloat16)
-        cuq = torch.arange(b + 1, dtype=torch.int32, device="cuda")
-        kv = torch.full((b,), length, dtype=torch.int32, device="cuda")
+        q, kc, vc, bt, cuq, kv, g = decode_inputs(b, length, hq, hk, d, seed=b)
         base = None
         for var in decode_variants():
             try:

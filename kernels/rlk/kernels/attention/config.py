@@ -4,7 +4,6 @@ fixed per-architecture schedule tables (``configs/<arch>.json``; never keyed by 
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import os
@@ -13,6 +12,7 @@ from rlk import contracts
 from rlk.determinism import FP_FUSION
 from rlk.errors import UnsupportedConfigError
 from rlk.kernels import registry
+from rlk.kernels.common import TableOverrides
 from rlk.kernels.attention import kernel, kernel_bwd
 
 KV_CHUNK = 64
@@ -150,22 +150,9 @@ def arch_of(device) -> str:
     return "sm_90"
 
 
-# Schedule overrides for the invariance sweep only (``with override("prefill", BLOCK_M=64):``).
-_OVERRIDES: dict = {}
-
-
-@contextlib.contextmanager
-def override(kind: str, **values):
-    """Temporarily replaces schedule fields of one kernel kind (sweeps and tests only)."""
-    old = _OVERRIDES.get(kind)
-    _OVERRIDES[kind] = {**(old or {}), **values}
-    try:
-        yield
-    finally:
-        if old is None:
-            _OVERRIDES.pop(kind, None)
-        else:
-            _OVERRIDES[kind] = old
+# Schedule overrides for sweeps only (``with override("prefill", BLOCK_M=64):``).
+_OVERRIDES = TableOverrides()
+override = _OVERRIDES.use
 
 
 def schedule(kind: str, device) -> dict:
@@ -175,8 +162,7 @@ def schedule(kind: str, device) -> dict:
         out = dict(_CPU[kind])
     else:
         out = dict(_table("sm90" if arch == "sm_90" else "gfx942")[kind])
-    out.update(_OVERRIDES.get(kind, {}))
-    return out
+    return _OVERRIDES.apply(kind, out)
 
 
 def _sig(names, types):

@@ -7,7 +7,6 @@ contract so its hash covers them) and ``CPU_TABLE`` (Triton interpreter, tests o
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import os
@@ -18,6 +17,7 @@ from rlk import contracts
 from rlk.determinism import FP_FUSION
 from rlk.errors import UnsupportedConfigError
 from rlk.kernels import registry
+from rlk.kernels.common import TableOverrides
 from rlk.kernels.linear_logp import kernel as K
 
 CONTRACT_ID = "logp.v2"
@@ -85,32 +85,16 @@ def load_table(arch: str) -> dict:
 
 
 # Table overrides for sweeps and tests only (``with override("fwd", BLOCK_V=256):``).
-_OVERRIDES: dict = {}
-
-
-@contextlib.contextmanager
-def override(kind: str, **values):
-    """Temporarily replaces fields of one kernel kind's table entry (variant sweeps, tests)."""
-    old = _OVERRIDES.get(kind)
-    _OVERRIDES[kind] = {**(old or {}), **values}
-    try:
-        yield
-    finally:
-        if old is None:
-            _OVERRIDES.pop(kind, None)
-        else:
-            _OVERRIDES[kind] = old
+_OVERRIDES = TableOverrides()
+override = _OVERRIDES.use
 
 
 def table(arch: str) -> dict:
     """The launch table of ``arch`` with any active :func:`override` applied (a copy)."""
     t = load_table(arch)
-    if not _OVERRIDES:
+    if not _OVERRIDES.active:
         return t
-    out = dict(t)
-    for kind, vals in _OVERRIDES.items():
-        out[kind] = {**t[kind], **vals} if isinstance(t.get(kind), dict) else vals
-    return out
+    return {k: _OVERRIDES.apply(k, e) if isinstance(e, dict) else e for k, e in t.items()}
 
 
 def arch_of(device: torch.device) -> str:

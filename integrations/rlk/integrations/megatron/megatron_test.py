@@ -6,6 +6,11 @@
 * TP=2 (2 gloo processes): logp bitwise equal to the TP=1 trainer pattern on both ranks (config
   widened so the row-parallel K split follows gemm.bf16.v1's split rule), gradients reach
   every parameter, the loaded shards reassemble to the HF bytes.
+* CP=2 (TP=1, 2 gloo processes): each rank forwards its zigzag token rows with the global
+  cu_seqlens (rlk's CP attention in the core-attention slot, no TransformerEngine); the logp
+  rows gathered back to global order equal the CP=1 trainer pattern bitwise on both ranks;
+  gradients reach every parameter. The guard covers CP in {1, 2, 4, 8}, all-gather
+  ``cp_comm_type`` and sequences that are multiples of 2*CP.
 * Fail closed: the guard rejects each unsupported setting; the post-build audit and the forward
   audit catch a native module slipped in; megatron's own logits path raises.
 
@@ -124,7 +129,8 @@ _BAD = [
     ("fp8", "hybrid"),
     ("hidden_dropout", 0.1),
     ("attention_dropout", 0.1),
-    ("context_parallel_size", 2),
+    ("context_parallel_size", 3),
+    ("hybrid_context_parallel", True),
     ("add_bias_linear", True),
     ("qk_layernorm", False),
     ("use_te_activation_func", False),
@@ -141,6 +147,49 @@ def test_guard_rejects(tp1, field, value):
     setattr(tc, field, value)
     with pytest.raises(UnsupportedConfigError, match=field):
         spec.check_config(TINY, tc)
+
+
+def test_cp2_gloo_two_processes_bitwise():
+    _megatron()
+    from rlk.integrations.megatron import harness
+
+    hf, pk = harness.fixture(TINY, n=2, multiple=4)  # every sequence a multiple of 2*CP
+    ref_lp, _ = harness.reference_logp(TINY, hf, pk, actor=False)
+    res = harness.spawn_tp(TINY, hf, pk, 1, actor=True, cp=2)
+    assert len(res) == 2
+    for r, (lp, grads, _) in enumerate(res):
+        assert lp.dtype == torch.float32 and lp.shape == ref_lp.shape
+        assert_bitwise_equal(lp, ref_lp, f"CP=2 rank {r} logp vs the CP=1 trainer pattern")
+        for k, g in grads.items():
+            assert g is not None and bool(g.float().abs().sum() > 0), (r, k)
+
+
+def test_cp_guard_and_batch_split(tp1):
+    from rlk.integrations.megatron import spec
+    from rlk.nn.context_parallel import zigzag_merge
+
+    tc = copy.copy(tp1["model"].config)
+    for cp in spec.CP_SIZES:
+        tc.context_parallel_size = cp
+        spec.check_config(TINY, tc)
+    tc.context_parallel_size = 2
+    tc.cp_comm_type = "p2p"
+    with pytest.raises(UnsupportedConfigError, match="cp_comm_type='p2p'"):
+        spec.check_config(TINY, tc)
+    tc.cp_comm_type = ["all_gather", "a2a"]
+    with pytest.raises(UnsupportedConfigError, match="cp_comm_type"):
+        spec.check_config(TINY, tc)
+    with pytest.raises(UnsupportedConfigError, match=r"lengths \[6\] are not multiples of 2\*CP=4"):
+        spec.check_cp_lengths([0, 8, 14], 2)
+    with pytest.raises(UnsupportedConfigError, match="CP=3"):
+        spec.check_cp_lengths([0, 12], 3)
+    cu = [0, 8, 20]
+    idx = [spec.cp_token_index(cu, 2, r) for r in range(2)]
+    # rank 0: chunks 0 and 3 of each sequence; rank 1: chunks 1 and 2 (megatron's thd layout)
+    assert idx[0].tolist() == [0, 1, 6, 7, 8, 9, 10, 17, 18, 19]
+    assert idx[1].tolist() == [2, 3, 4, 5, 11, 12, 13, 14, 15, 16]
+    x = torch.arange(20)
+    assert torch.equal(zigzag_merge([x[i] for i in idx], cu), x)
 
 
 def test_guard_rejects_tp_and_head_counts(tp1):

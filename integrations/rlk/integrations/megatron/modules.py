@@ -8,7 +8,7 @@ copy. Constructor and call signatures are megatron-core 0.19.2's (``../shared/EN
 | --- | --- | --- |
 | ``linear_qkv``, ``linear_fc1`` | :class:`RlkColumnParallelLinear` | gemm.bf16.v1 (+ ar.v1 on dx at TP>1) |
 | ``linear_proj``, ``linear_fc2`` | :class:`RlkRowParallelLinear` | gemm.bf16.v1 + ar.v1 (TP>1) |
-| ``core_attention`` | :class:`RlkCoreAttention` | rope.v1 + attn.v2 |
+| ``core_attention`` | :class:`RlkCoreAttention` | rope.v1 + attn.v2 (+ ag.v1 / rs.v1 at CP>1) |
 | every norm | :class:`RlkRMSNorm` | rmsnorm.v1 |
 | ``activation_func`` | :class:`RlkSwiGLU` | swiglu.v1 |
 | ``embedding.word_embeddings`` (swapped after build) | :class:`RlkVocabParallelEmbedding` | embedding.v1 (+ ar.v1) |
@@ -199,7 +199,18 @@ class RlkCoreAttention(torch.nn.Module):
     -> ``[t, nh_local * D]`` bf16. Without packed_seq_params, ``[s, 1, nh, D]`` is one sequence.
     Positions restart at 0 in each sequence (as the trainer pattern's).
 
-    Determinism: rope.v1 then attn.v2 (rows byte-identical to the rollout's paged kernels).
+    Context parallelism (``config.context_parallel_size`` = CP > 1, megatron's convention): ``t``
+    is this CP rank's ``T / CP`` rows in the zigzag layout (per sequence, chunks r and 2*CP-1-r;
+    ``spec.cp_token_index``) and ``cu_seqlens_q`` stays the global packed offsets (each length a
+    multiple of 2*CP); without packed_seq_params the ``s`` local rows are one sequence of
+    ``s * CP`` tokens. RoPE takes each row's global position; the attention is
+    ``rlk.nn.context_parallel.cp_local_row_attention`` over the CP group of ``pg_collection``
+    (megatron's ``parallel_state.get_context_parallel_group()`` when absent).
+
+    Determinism: rope.v1 then attn.v2 (rows byte-identical to the rollout's paged kernels). At
+    CP > 1: K/V gathered with ag.v1 (exact copies), every output row equal to CP=1 bitwise;
+    dK/dV partials merged with rs.v1 (bitwise run to run at a given CP, not promised equal to
+    CP=1).
     """
 
     def __init__(self, config, layer_number: int = 1, attn_mask_type=None, attention_type: str = "self",
@@ -212,9 +223,25 @@ class RlkCoreAttention(torch.nn.Module):
             raise UnsupportedConfigError(f"RlkCoreAttention: attn_mask_type {attn_mask_type} (only causal)")
         if attention_type != "self":
             raise UnsupportedConfigError(f"RlkCoreAttention: attention_type {attention_type!r} (only self)")
-        if getattr(config, "context_parallel_size", 1) != 1:
-            raise UnsupportedConfigError("RlkCoreAttention: context parallelism is not wired yet "
-                                         "(rlk.nn.context_parallel.cp_local_row_attention is the slot's next step)")
+        self.cp = int(getattr(config, "context_parallel_size", 1) or 1)
+        self.cp_group = None
+        if self.cp > 1:
+            from rlk.integrations.megatron.spec import _CP_COMM_TYPES, CP_SIZES
+
+            if self.cp not in CP_SIZES:
+                raise UnsupportedConfigError(f"RlkCoreAttention: CP={self.cp} (strict covers CP in {CP_SIZES})")
+            if cp_comm_type not in _CP_COMM_TYPES:
+                raise UnsupportedConfigError(f"RlkCoreAttention: cp_comm_type {cp_comm_type!r} (rlk's CP attention "
+                                             "all-gathers K/V with ag.v1: None or 'all_gather')")
+            group = getattr(pg_collection, "cp", None) if pg_collection is not None else None
+            if group is None:
+                from megatron.core import parallel_state as ps
+
+                group = ps.get_context_parallel_group()
+            if torch.distributed.get_world_size(group) != self.cp:
+                raise UnsupportedConfigError(f"RlkCoreAttention: CP group of {torch.distributed.get_world_size(group)} "
+                                             f"ranks but context_parallel_size={self.cp}")
+            self.cp_group, self.cp_rank = group, torch.distributed.get_rank(group)
         self.head_dim = int(config.kv_channels)
         self.scale = float(softmax_scale) if softmax_scale is not None else self.head_dim ** -0.5
         self.layer_number, self.rope_theta, self.max_positions = layer_number, float(rope_theta), int(max_positions)
@@ -248,12 +275,14 @@ class RlkCoreAttention(torch.nn.Module):
                 raise UnsupportedConfigError("RlkCoreAttention: without packed_seq_params the batch must be 1 "
                                              f"([s, 1, nh, D]); got {tuple(query.shape)}")
             q, k, v = query[:, 0], key[:, 0], value[:, 0]
-            cu = torch.tensor([0, q.shape[0]], dtype=torch.int32, device=q.device)
+            cu = torch.tensor([0, q.shape[0] * self.cp], dtype=torch.int32, device=q.device)
         T = q.shape[0]
         lens = cu[1:] - cu[:-1]
         max_seqlen = int(lens.max())
         if max_seqlen > self.max_positions:
             raise UnsupportedConfigError(f"RlkCoreAttention: sequence of {max_seqlen} > max positions {self.max_positions}")
+        if self.cp > 1:
+            return self._cp_forward(q, k, v, cu, packed_seq_params is not None)
         pos = positions_from_cu(cu, T)
         cos, sin = self._table(q.device)
         q = rowops.apply_rope(q, pos, cos, sin)
@@ -262,8 +291,30 @@ class RlkCoreAttention(torch.nn.Module):
         out = out.reshape(T, -1)
         return out if packed_seq_params is not None else out.unsqueeze(1)
 
+    def _cp_forward(self, q, k, v, cu, packed: bool):
+        """CP > 1: this rank's zigzag rows against the whole sequence (see the class docstring)."""
+        from rlk.integrations.megatron.spec import cp_token_index
+        from rlk.nn.context_parallel import cp_local_row_attention
+        from rlk.ops import rowops
+
+        T = q.shape[0]
+        total = int(cu[-1])
+        if T * self.cp != total:
+            raise UnsupportedConfigError(f"RlkCoreAttention: {T} local rows x CP={self.cp} != {total} tokens in "
+                                         "cu_seqlens (pass the global cu_seqlens and this rank's zigzag rows)")
+        idx = cp_token_index(cu, self.cp, self.cp_rank).to(q.device)  # raises unless lengths % 2*CP == 0
+        pos = positions_from_cu(cu, total)[idx]  # each local row's position in its sequence
+        cos, sin = self._table(q.device)
+        q = rowops.apply_rope(q, pos, cos, sin)
+        k = rowops.apply_rope(k, pos, cos, sin)
+        # Reduction order: attn.v2 rows (K/V gathered with ag.v1); backward dK/dV with rs.v1.
+        out, _ = cp_local_row_attention(q, k, v.contiguous(), cu, self.scale, self.cp_group)
+        out = out.reshape(T, -1)
+        return out if packed else out.unsqueeze(1)
+
     def extra_repr(self) -> str:
-        return f"layer={self.layer_number}, head_dim={self.head_dim}, rope_theta={self.rope_theta}"
+        return (f"layer={self.layer_number}, head_dim={self.head_dim}, rope_theta={self.rope_theta}"
+                + (f", cp={self.cp}" if self.cp > 1 else ""))
 
 
 class RlkVocabParallelEmbedding(torch.nn.Module):

@@ -4,7 +4,15 @@
   ``TransformerConfig`` with every fusion off, ``transformer_impl="local"``, no dropout, bf16.
 * :func:`check_config` is the fail-closed guard: it raises ``UnsupportedConfigError`` for any
   setting the rlk contracts do not cover (TE spec, fused kernels, sequence parallel, fp8,
-  dropout, CP, head/TP counts that do not divide, biases, ...).
+  dropout, CP outside {1, 2, 4, 8} or with a non-all-gather ``cp_comm_type``, head/TP counts
+  that do not divide, biases, ...).
+* Context parallelism (CP > 1) runs without TransformerEngine: megatron's local
+  ``DotProductAttention`` asserts CP == 1, so the CP attention is rlk's own core attention in
+  the slot (``rlk.nn.context_parallel``: zigzag CP-local rows, ``ag.v1`` K/V gather,
+  ``attn.v2`` rows equal to CP=1). The caller splits the packed batch per CP rank as
+  megatron's ``get_batch_on_this_cp_rank`` does (:func:`cp_token_index`; megatron calls
+  TransformerEngine's ``thd_get_partitioned_indices`` for the same zigzag indices) and keeps the
+  global ``cu_seqlens`` in ``PackedSeqParams``.
 * :func:`layer_spec` is the ``TransformerLayer`` spec with the adapters of
   :mod:`rlk.integrations.megatron.modules` in every compute slot.
 * :func:`build_gpt_model` builds the model, swaps the word embedding for rlk's, makes megatron's
@@ -40,7 +48,6 @@ _PINNED = {
     "hidden_dropout": 0.0,
     "attention_dropout": 0.0,
     "sequence_parallel": False,
-    "context_parallel_size": 1,
     "pipeline_model_parallel_size": 1,
     "expert_model_parallel_size": 1,
     "fp8": None,
@@ -64,15 +71,24 @@ _PINNED = {
     "layernorm_zero_centered_gamma": False,
     "qk_l2_norm": False,
     "use_mup": False,
+    "hierarchical_context_parallel_sizes": None,
+    "hybrid_context_parallel": False,
 }
+
+# Context-parallel degrees covered: rlk.nn.context_parallel's zigzag layout (every packed
+# sequence a multiple of 2*CP tokens).
+CP_SIZES = (1, 2, 4, 8)
+# cp_comm_type values matching rlk's CP attention (K/V all-gathered with ag.v1).
+_CP_COMM_TYPES = (None, "all_gather", "allgather")
 
 
 def _swiglu_marker(x):  # pragma: no cover - never called: the activation slot holds RlkSwiGLU
     raise UnsupportedConfigError("config.activation_func called: the activation slot must be RlkSwiGLU")
 
 
-def transformer_config(cfg: Qwen3Config, tp: int = 1, **overrides):
-    """megatron ``TransformerConfig`` for ``cfg`` under strict settings (then :func:`check_config`)."""
+def transformer_config(cfg: Qwen3Config, tp: int = 1, cp: int = 1, **overrides):
+    """megatron ``TransformerConfig`` for ``cfg`` at TP=``tp``, CP=``cp`` under strict settings
+    (then :func:`check_config`)."""
     from megatron.core.transformer.transformer_config import TransformerConfig
     import torch.nn.functional as F
 
@@ -80,7 +96,8 @@ def transformer_config(cfg: Qwen3Config, tp: int = 1, **overrides):
         num_layers=cfg.num_hidden_layers, hidden_size=cfg.hidden_size, ffn_hidden_size=cfg.intermediate_size,
         num_attention_heads=cfg.num_attention_heads, num_query_groups=cfg.num_key_value_heads,
         kv_channels=cfg.head_dim, layernorm_epsilon=cfg.rms_norm_eps, activation_func=F.silu,
-        tensor_model_parallel_size=tp, use_cpu_initialization=True, init_method_std=0.02,
+        tensor_model_parallel_size=tp, context_parallel_size=cp, use_cpu_initialization=True,
+        init_method_std=0.02,
     )
     kw.update({k: v for k, v in _PINNED.items() if k not in ("fp4", "qk_l2_norm", "use_mup")})
     kw.update(overrides)
@@ -109,6 +126,14 @@ def check_config(cfg: Qwen3Config, tc, tp_size: int | None = None) -> None:
                        ("num_query_groups", cfg.num_key_value_heads), ("kv_channels", cfg.head_dim)):
         if getattr(tc, name) != mine:
             bad.append(f"{name}={getattr(tc, name)} but the Qwen3 config says {mine}")
+    cp = getattr(tc, "context_parallel_size", 1)
+    if cp not in CP_SIZES:
+        bad.append(f"context_parallel_size={cp!r} (strict covers CP in {CP_SIZES}: rlk.nn.context_parallel's "
+                   "zigzag CP-local-row attention)")
+    elif cp > 1:
+        comm = getattr(tc, "cp_comm_type", None)
+        if any(c not in _CP_COMM_TYPES for c in (comm if isinstance(comm, list) else [comm])):
+            bad.append(f"cp_comm_type={comm!r} (rlk's CP attention all-gathers K/V with ag.v1: None or 'all_gather')")
     if getattr(tc, "virtual_pipeline_model_parallel_size", None) not in (None, 1):
         bad.append("virtual pipeline parallelism is not covered")
     if getattr(tc, "fp8_param", False):
@@ -164,8 +189,10 @@ def _output_layer_forward_forbidden(module, args):
                                  "call the model with output_processor=rlk.integrations.megatron.logp.output_processor")
 
 
-def build_gpt_model(cfg: Qwen3Config, tp: int = 1, audit: bool = True, **config_overrides):
-    """A strict megatron-core ``GPTModel`` for ``cfg`` (parallel state initialized at TP=``tp``).
+def build_gpt_model(cfg: Qwen3Config, tp: int = 1, audit: bool = True, *, cp: int = 1, **config_overrides):
+    """A strict megatron-core ``GPTModel`` for ``cfg`` (parallel state initialized at TP=``tp``,
+    CP=``cp``). At CP > 1 each rank's forward takes its zigzag token rows (:func:`cp_token_index`)
+    with the global ``cu_seqlens``.
 
     Returns the model (bf16 parameters, CPU or the current CUDA device per the config). The
     word embedding is rlk's; ``output_layer``'s weight is the LM head the output processor
@@ -184,7 +211,10 @@ def build_gpt_model(cfg: Qwen3Config, tp: int = 1, audit: bool = True, **config_
     if ps.get_tensor_model_parallel_world_size() != tp:
         raise UnsupportedConfigError(f"build_gpt_model: TP={tp} but parallel state has "
                                      f"{ps.get_tensor_model_parallel_world_size()}")
-    tc = transformer_config(cfg, tp, **config_overrides)
+    if ps.get_context_parallel_world_size() != cp:
+        raise UnsupportedConfigError(f"build_gpt_model: CP={cp} but parallel state has "
+                                     f"{ps.get_context_parallel_world_size()}")
+    tc = transformer_config(cfg, tp, cp, **config_overrides)
     model = GPTModel(config=tc, transformer_layer_spec=block_spec(cfg), vocab_size=cfg.vocab_size,
                      max_sequence_length=cfg.max_position_embeddings, pre_process=True, post_process=True,
                      parallel_output=True, share_embeddings_and_output_weights=cfg.tie_word_embeddings,
@@ -199,9 +229,10 @@ def build_gpt_model(cfg: Qwen3Config, tp: int = 1, audit: bool = True, **config_
     return model
 
 
-def init_parallel(tp: int = 1) -> None:
+def init_parallel(tp: int = 1, cp: int = 1) -> None:
     """Initializes torch.distributed (gloo on CPU, env:// rendezvous; a single process at TP=1
-    when nothing is set) and megatron's parallel state at TP=``tp``."""
+    when nothing is set) and megatron's parallel state at TP=``tp``, CP=``cp`` (megatron's rank
+    order: TP fastest, then CP)."""
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
 
@@ -211,10 +242,38 @@ def init_parallel(tp: int = 1) -> None:
         determinism.single_process_rendezvous_defaults()
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         dist.init_process_group(backend)
+    if cp not in CP_SIZES:
+        raise UnsupportedConfigError(f"init_parallel: CP={cp} (strict covers CP in {CP_SIZES})")
     if ps.model_parallel_is_initialized():
-        if ps.get_tensor_model_parallel_world_size() == tp:
+        if ps.get_tensor_model_parallel_world_size() == tp and ps.get_context_parallel_world_size() == cp:
             return
         ps.destroy_model_parallel()
-    if dist.get_world_size() % tp:
-        raise UnsupportedConfigError(f"init_parallel: world size {dist.get_world_size()} not divisible by TP={tp}")
-    ps.initialize_model_parallel(tensor_model_parallel_size=tp)
+    if dist.get_world_size() % (tp * cp):
+        raise UnsupportedConfigError(f"init_parallel: world size {dist.get_world_size()} not divisible by "
+                                     f"TP={tp} x CP={cp}")
+    ps.initialize_model_parallel(tensor_model_parallel_size=tp, context_parallel_size=cp)
+
+
+def check_cp_lengths(cu_seqlens, cp: int) -> None:
+    """Raises ``UnsupportedConfigError`` unless every packed sequence of ``cu_seqlens`` is a
+    multiple of ``2 * cp`` tokens (the zigzag layout: rank r holds chunks r and 2*CP-1-r)."""
+    if cp not in CP_SIZES:
+        raise UnsupportedConfigError(f"context parallelism: CP={cp} (strict covers CP in {CP_SIZES})")
+    cu = [int(v) for v in (cu_seqlens.tolist() if isinstance(cu_seqlens, torch.Tensor) else cu_seqlens)]
+    bad = [b - a for a, b in zip(cu[:-1], cu[1:]) if (b - a) % (2 * cp)]
+    if bad:
+        raise UnsupportedConfigError(f"context parallelism CP={cp}: packed sequence lengths {bad} are not multiples "
+                                     f"of 2*CP={2 * cp} (pad each sequence to a multiple of 2*CP; padded "
+                                     "cu_seqlens are not covered)")
+
+
+def cp_token_index(cu_seqlens, cp: int, rank: int) -> torch.Tensor:
+    """Global token indices of CP ``rank``'s rows ([T / cp] int64): per packed sequence, zigzag
+    chunks ``rank`` and ``2*cp-1-rank`` of ``len / (2*cp)`` tokens (the indices megatron's
+    ``get_batch_on_this_cp_rank`` takes from TransformerEngine's ``thd_get_partitioned_indices``).
+    Index the packed tokens, labels and loss mask with it (exact copies); ``cu_seqlens`` stays
+    global."""
+    from rlk.nn.context_parallel import zigzag_positions
+
+    check_cp_lengths(cu_seqlens, cp)
+    return zigzag_positions(cu_seqlens, cp, rank)

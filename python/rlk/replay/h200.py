@@ -21,6 +21,25 @@ FULL = dict(config="qwen3-8b", sequences=64, prompt_range=(64, 2048), response_r
 QUICK = dict(FULL, sequences=16, prompt_range=(64, 512), response_range=(8, 128), arrival_spread=32)
 
 
+def record_frozen(spec, p: dict, out_dir: str, progress=print):
+    """Records the strict rollout of workload ``p`` (FULL / QUICK keys) with ``spec``'s model and
+    saves the frozen fixture to ``out_dir/fixture``. Returns ``(fixture, RolloutResult, requests,
+    RolloutConfig)``; shared by this replay and the megatron-core one."""
+    cfg = spec.cfg()
+    reqs = harness.make_requests(p["sequences"], p["prompt_range"], p["response_range"], cfg.vocab_size,
+                                 seed=0, arrival_spread=p["arrival_spread"])
+    rc = rollout.RolloutConfig(block_size=16, max_batch=p["max_batch"], chunk_size=p["chunk_size"],
+                               token_budget=p["token_budget"], page_seed=1, sample_seed=2, jitter=0.25)
+    progress(f"record: strict rollout of {len(reqs)} requests "
+             f"({sum(len(r.prompt) for r in reqs)} prompt tokens, up to {sum(r.max_new_tokens for r in reqs)} new)")
+    fx, res = harness.record(spec, reqs, rc, route="strict", progress=progress)
+    fx_dir = os.path.join(out_dir, "fixture")
+    fixture.save(fx, fx_dir)
+    progress(f"rollout: {res.steps} steps, {res.composition_changes} composition changes, "
+             f"max batch {max(res.batch_sizes)}, {res.seconds:.1f} s -> {fx_dir}")
+    return fx, res, reqs, rc
+
+
 def run(out_dir: str, layers: int | None = None, quick: bool = False, sequences: int | None = None,
         config: str | None = None, progress=print, native: bool = True) -> dict:
     p = dict(QUICK if quick else FULL)
@@ -36,16 +55,7 @@ def run(out_dir: str, layers: int | None = None, quick: bool = False, sequences:
     cfg = spec.cfg()
     progress(f"model {cfg.name}: {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, "
              f"heads {cfg.num_attention_heads}/{cfg.num_key_value_heads}x{cfg.head_dim}, vocab {cfg.vocab_size}")
-    reqs = harness.make_requests(p["sequences"], p["prompt_range"], p["response_range"], cfg.vocab_size,
-                                 seed=0, arrival_spread=p["arrival_spread"])
-    rc = rollout.RolloutConfig(block_size=16, max_batch=p["max_batch"], chunk_size=p["chunk_size"],
-                               token_budget=p["token_budget"], page_seed=1, sample_seed=2, jitter=0.25)
-    progress(f"record: strict rollout of {len(reqs)} requests "
-             f"({sum(len(r.prompt) for r in reqs)} prompt tokens, up to {sum(r.max_new_tokens for r in reqs)} new)")
-    fx, res = harness.record(spec, reqs, rc, route="strict", progress=progress)
-    fixture.save(fx, os.path.join(out_dir, "fixture"))
-    progress(f"rollout: {res.steps} steps, {res.composition_changes} composition changes, "
-             f"max batch {max(res.batch_sizes)}, {res.seconds:.1f} s")
+    fx, res, reqs, rc = record_frozen(spec, p, out_dir, progress)
     strict = harness.check(fx, "strict", replay_rollout=False, microbatch_tokens=p["microbatch_tokens"],
                            progress=progress)
     s = strict["trainer_vs_recorded"]

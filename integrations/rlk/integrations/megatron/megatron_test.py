@@ -20,7 +20,6 @@ shows the arithmetic routing and the fixed orders, not a GPU bf16 property.
 """
 
 import copy
-import os
 
 import pytest
 import torch
@@ -32,14 +31,7 @@ from rlk.testing import assert_bitwise_equal
 TINY = Qwen3Config.named("tiny")
 
 
-def _megatron():
-    try:
-        import megatron.core  # noqa: F401
-    except ImportError as e:
-        msg = f"megatron-core 0.19.2 is not installed ({e}); run ci/setup_megatron.sh"
-        if os.environ.get("CI"):
-            pytest.fail(msg)
-        pytest.skip(msg)
+from rlk.integrations.megatron.testing import require_megatron as _megatron  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -271,7 +271,7 @@ def run(out_dir: str, *, config: str | None = None, layers: int | None = None, s
     determinism.apply_strict_env()
 
     from rlk.integrations.megatron import spec as mspec
-    from rlk.replay import compare, fixture, harness, rollout
+    from rlk.replay import compare, fixture, h200, harness
 
     if version != mspec.MEGATRON_VERSION:
         progress(f"WARNING: megatron-core {version}; the strict spec was written against {mspec.MEGATRON_VERSION}")
@@ -285,19 +285,9 @@ def run(out_dir: str, *, config: str | None = None, layers: int | None = None, s
              f"device {device}; trainer engine megatron-core {version}")
 
     # 1. record (strict rollout), save, load back (the frozen fixture every arm scores)
-    reqs = harness.make_requests(p["sequences"], p["prompt_range"], p["response_range"], cfg.vocab_size,
-                                 seed=0, arrival_spread=p["arrival_spread"])
-    rc = rollout.RolloutConfig(block_size=16, max_batch=p["max_batch"], chunk_size=p["chunk_size"],
-                               token_budget=p["token_budget"], page_seed=1, sample_seed=2, jitter=0.25)
-    progress(f"record: strict rollout of {len(reqs)} requests "
-             f"({sum(len(r.prompt) for r in reqs)} prompt tokens, up to {sum(r.max_new_tokens for r in reqs)} new)")
-    fx_rec, res = harness.record(spec, reqs, rc, route="strict", progress=progress)
-    fx_dir = os.path.join(out_dir, "fixture")
-    fixture.save(fx_rec, fx_dir)
-    fx = fixture.load(fx_dir)
+    fx_rec, res, _reqs, rc = h200.record_frozen(spec, p, out_dir, progress)
+    fx = fixture.load(os.path.join(out_dir, "fixture"))
     del fx_rec
-    progress(f"rollout: {res.steps} steps, {res.composition_changes} composition changes, "
-             f"max batch {max(res.batch_sizes)}, {res.seconds:.1f} s -> {fx_dir}")
 
     # 2. megatron-core: the same weights (the rollout model's fused tensors), packed scoring
     t0 = time.perf_counter()

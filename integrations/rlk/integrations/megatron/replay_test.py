@@ -16,14 +16,7 @@ import os
 import pytest
 
 
-def _megatron():
-    try:
-        import megatron.core  # noqa: F401
-    except ImportError as e:
-        msg = f"megatron-core 0.19.2 is not installed ({e}); run ci/setup_megatron.sh"
-        if os.environ.get("CI"):
-            pytest.fail(msg)
-        pytest.skip(msg)
+from rlk.integrations.megatron.testing import require_megatron as _megatron  # noqa: E402
 
 
 @pytest.fixture(scope="module")

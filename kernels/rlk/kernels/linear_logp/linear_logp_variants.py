@@ -53,14 +53,13 @@ def _same(a, b):
     return bool(a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.view(torch.uint8), b.view(torch.uint8)))
 
 
-def _bwd_parts(fn, cfg):
-    """Device time per kernel name (us, one call) of the backward with the best TMA variant."""
-    if True:
+def _bwd_parts(fn):
+    """Device time per kernel name (us, one call) of the backward with the current table."""
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            fn()
-            torch.cuda.synchronize()
     out = {}
     for e in prof.key_averages():
         if e.device_type == torch.autograd.DeviceType.CUDA or getattr(e, "self_device_time_total", 0):
@@ -114,7 +113,7 @@ def run(T_list, V, H, fwd_names, bwd_names, log=print):
         for name in bwd_names:
             if name == "parts":
                 rows.append({"pass": "bwd_parts", "T": T, "V": V, "kernels_us": _bwd_parts(
-                    lambda: launch.linear_logp_bwd(h, w, tg, lse, dlogp), cfg)})
+                    lambda: launch.linear_logp_bwd(h, w, tg, lse, dlogp))})
                 log(f"bwd parts T={T}: {rows[-1]['kernels_us']}")
                 continue
             gv, mv = BWD_VARIANTS[name]

@@ -129,3 +129,15 @@ class TableOverrides:
     def apply(self, kind: str, entry: dict) -> dict:
         return {**entry, **self.active.get(kind, {})}
 
+
+_CAPABILITY: dict[int, tuple[int, int]] = {}
+
+
+def device_capability(device: torch.device) -> tuple[int, int]:
+    """``torch.cuda.get_device_capability`` memoized per device index (it costs microseconds of
+    host time per call, and every launcher asks for its table on every call)."""
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    cap = _CAPABILITY.get(idx)
+    if cap is None:
+        cap = _CAPABILITY[idx] = tuple(torch.cuda.get_device_capability(idx))
+    return cap

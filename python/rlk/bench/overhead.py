@@ -5,11 +5,12 @@
 For each case (decode/small-row shapes of the Qwen3-8B TP4 shard), on the same inputs:
 
 * ``eager_us``: median of ``triton.testing.do_bench`` (what an eager engine pays: the larger of
-  host launch time and device time);
+  host launch time and device time), median over alternating rounds of all variants of a case;
 * ``graph_us``: median replay time of a CUDA graph holding 20 calls, divided by 20 (device
   time only: what a graph-captured decode step pays);
-* ``host_us``: CPU time per call of 200 back-to-back calls without synchronization (the Python
-  launch path; valid while the device keeps up, which it does at these sizes);
+* ``host_us``: CPU time per call of 100 back-to-back calls without synchronization (the Python
+  launch path; valid while the device keeps up, which it does at these sizes), median over
+  alternating rounds;
 * for strict cases, both the public op (``rlk.ops``, through ``torch.library``) and the bare
   launcher, so the dispatcher's share is visible; the native counterpart beside them.
 
@@ -29,11 +30,7 @@ import time
 
 import torch
 
-
-def _do_bench(fn):
-    import triton.testing
-
-    return float(triton.testing.do_bench(fn, warmup=20, rep=100, return_mode="median")) * 1e3
+from rlk.testing.timing import interleaved_us
 
 
 def _graph_us(fn):
@@ -42,7 +39,7 @@ def _graph_us(fn):
     return cuda_graph_us(fn, calls=20)
 
 
-def _host_us(fn, n=200):
+def _host_us(fn, n=100):
     from rlk.kernels.common import host_validated
 
     with host_validated():
@@ -141,20 +138,28 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--profile-top", type=int, default=12)
+    ap.add_argument("--rounds", type=int, default=7, help="alternating measurement rounds per case")
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("rlk.bench.overhead needs a GPU")
     rows, profiles = [], {}
     print(f"{'case':26} {'variant':7} {'eager_us':>9} {'graph_us':>9} {'host_us':>9}")
     for name, fns in cases():
+        # Eager and host times in alternating rounds (the device host is noisy: see
+        # rlk.testing.timing.interleaved_us); graph times are device times, measured once.
+        eager = interleaved_us(fns, rounds=a.rounds)
+        host = interleaved_us(fns, rounds=a.rounds, measure=_host_us)
         for variant, fn in fns.items():
             r = {"case": name, "variant": variant}
-            try:
-                r["eager_us"] = _do_bench(fn)
-                r["host_us"] = _host_us(fn)
-                r["graph_us"] = _graph_us(fn)
-            except Exception as e:  # noqa: BLE001 - reported, the probe goes on
-                r["error"] = repr(e)[:300]
+            e, h = eager[variant], host[variant]
+            if "error" in e or "error" in h:
+                r["error"] = e.get("error") or h.get("error")
+            else:
+                r.update(eager_us=e["us"], host_us=h["us"], eager_rounds=e["rounds"], host_rounds=h["rounds"])
+                try:
+                    r["graph_us"] = _graph_us(fn)
+                except Exception as ex:  # noqa: BLE001 - reported, the probe goes on
+                    r["error"] = repr(ex)[:300]
             rows.append(r)
             print(f"{name:26} {variant:7} {r.get('eager_us', float('nan')):9.1f} {r.get('graph_us', float('nan')):9.1f} "
                   f"{r.get('host_us', float('nan')):9.1f} {r.get('error', '')}", flush=True)

@@ -26,3 +26,39 @@ def cuda_graph_us(fn, calls: int = 10, rep_ms: int = 100) -> float:
         for _ in range(calls):
             fn()
     return float(triton.testing.do_bench(g.replay, warmup=5, rep=rep_ms, return_mode="median")) * 1e3 / calls
+
+
+def interleaved_us(fns: dict, rounds: int = 5, measure=None) -> dict:
+    """Median over ``rounds`` of each fn's time, measured in alternation (A, B, C, A, B, C, ...).
+
+    The H200 machine's host is noisy (the eager time of a launch-bound call swings 2-10x between
+    moments), so timing one side after the other can compare a fast moment with a slow one.
+    Alternating rounds give both sides the same moments. ``measure(fn) -> us`` defaults to a
+    short ``triton.testing.do_bench`` median. Returns ``{name: {"us": median, "min": .., "max":
+    .., "rounds": [...]}}``; a fn that raises is reported as ``{"error": repr}``.
+    """
+    import statistics
+
+    import triton.testing
+
+    if measure is None:
+        def measure(fn):
+            return float(triton.testing.do_bench(fn, warmup=5, rep=20, return_mode="median")) * 1e3
+
+    samples: dict = {k: [] for k in fns}
+    errors: dict = {}
+    for _ in range(rounds):
+        for k, fn in fns.items():
+            if k in errors:
+                continue
+            try:
+                samples[k].append(measure(fn))
+            except Exception as e:  # noqa: BLE001 - reported per fn, the others go on
+                errors[k] = repr(e)[:300]
+    out = {}
+    for k, v in samples.items():
+        if k in errors:
+            out[k] = {"error": errors[k]}
+        else:
+            out[k] = {"us": statistics.median(v), "min": min(v), "max": max(v), "rounds": [round(x, 2) for x in v]}
+    return out

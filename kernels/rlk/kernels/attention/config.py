@@ -12,7 +12,7 @@ from rlk import contracts
 from rlk.determinism import FP_FUSION
 from rlk.errors import UnsupportedConfigError
 from rlk.kernels import registry
-from rlk.kernels.common import TableOverrides
+from rlk.kernels.common import TableOverrides, device_capability
 from rlk.kernels.attention import kernel, kernel_bwd
 
 KV_CHUNK = 64
@@ -148,7 +148,7 @@ def arch_of(device) -> str:
         return "cpu-interpreter"
     if torch.version.hip:
         return "gfx942"
-    major, minor = torch.cuda.get_device_capability(device)
+    major, minor = device_capability(device)
     if (major, minor) != (9, 0):
         raise UnsupportedConfigError(f"attention: no table for sm_{major}{minor} (have sm_90)")
     return "sm_90"

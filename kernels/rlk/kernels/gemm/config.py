@@ -22,6 +22,7 @@ from rlk import contracts
 from rlk.determinism import FP_FUSION
 from rlk.errors import UnsupportedConfigError
 from rlk.kernels import registry
+from rlk.kernels.common import device_capability
 from rlk.kernels.gemm import kernel, kernel_tiled
 
 CONTRACT_ID = "gemm.bf16.v1"
@@ -115,7 +116,7 @@ def arch_of(device: torch.device) -> str:
         return "sm_90"
     if getattr(torch.version, "hip", None):
         return "gfx942"
-    major, minor = torch.cuda.get_device_capability(device)
+    major, minor = device_capability(device)
     if (major, minor) != (9, 0):
         raise UnsupportedConfigError(f"gemm.bf16.v1: sm_{major}{minor} is not a target of the contract "
                                      "(sm_90 measured; add a table and invariance evidence first)")

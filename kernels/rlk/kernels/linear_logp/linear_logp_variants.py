@@ -1,6 +1,6 @@
 """Launch-table variants of ``logp`` on the H200: time and bytes of each against the current table.
 
-    python -m rlk.kernels.linear_logp.linear_logp_variants --out variants.json [--T 1024 8192]
+    python -m rlk.kernels.linear_logp.linear_logp_variants --out variants.json [--T 1024 8192] [--graph]
 
 For every forward variant (block sizes, warps, stages, TMA, program grouping) and every backward
 variant, on the same inputs: median time (``triton.testing.do_bench``) and whether logp/lse
@@ -43,9 +43,18 @@ BWD_VARIANTS = {
 }
 
 
+_GRAPH = {"on": False}
+
+
 def _bench(fn, rep=60):
+    """Median us per call: eager (do_bench), or with ``--graph`` the replay of a CUDA graph of 10
+    calls (device time only: the eager time of decode-sized T is the host launch path's)."""
     import triton.testing
 
+    if _GRAPH["on"]:
+        from rlk.testing.timing import cuda_graph_us
+
+        return cuda_graph_us(fn, calls=10, rep_ms=rep)
     return float(triton.testing.do_bench(fn, warmup=10, rep=rep, return_mode="median")) * 1e3
 
 
@@ -150,7 +159,9 @@ def main(argv=None):
     ap.add_argument("--H", type=int, default=4096)
     ap.add_argument("--fwd", nargs="*", default=list(FWD_VARIANTS))
     ap.add_argument("--bwd", nargs="*", default=list(BWD_VARIANTS))
+    ap.add_argument("--graph", action="store_true", help="time CUDA-graph replays (device time)")
     a = ap.parse_args(argv)
+    _GRAPH["on"] = a.graph
     if not torch.cuda.is_available():
         raise SystemExit("linear_logp_variants needs a GPU")
     rows = run(a.T, a.V, a.H, a.fwd, a.bwd)
@@ -161,7 +172,8 @@ def main(argv=None):
     except Exception as e:  # noqa: BLE001
         prov = {"error": repr(e)}
     with open(a.out, "w") as f:
-        json.dump({"provenance": prov, "rows": rows}, f, indent=2, default=str)
+        json.dump({"provenance": prov, "timing": "cuda_graph" if a.graph else "eager", "rows": rows}, f,
+                  indent=2, default=str)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ def arch_for(device: torch.device) -> str:
     if device.type == "cuda":
         if getattr(torch.version, "hip", None):
             return "gfx942"
-        major, _ = torch.cuda.get_device_capability(device)
+        major, _ = common.device_capability(device)
         if major == 9:
             return "sm_90"
         raise UnsupportedConfigError(f"rowops: no pinned config table for {torch.cuda.get_device_name(device)}")

@@ -5,7 +5,8 @@
 Qwen3-8B sizes (hidden 4096, head_dim 128, 32 q / 8 kv heads, FFN 12288, vocab 151936), rows
 {1, 32, 256, 2048, 8192, 16384}. Native = the faster of eager torch (Hugging Face Qwen3 forms)
 and torch.compile(dynamic=True) of the same function; a compile failure is recorded, not fatal.
-Times: ``triton.testing.do_bench`` medians (ms -> us), same tensors, same process.
+Times: medians over 5 alternating rounds (strict, eager, compiled, strict, ...) of short
+``triton.testing.do_bench`` medians (ms -> us), same tensors, same process; the rounds are kept.
 JSON rows: op, rows, strict_us, native_us, ratio (= strict / native), eager_us, compiled_us.
 Needs a GPU; never run in CI.
 """
@@ -21,6 +22,7 @@ import torch.nn.functional as Fn
 import triton
 
 from rlk.kernels.rowops import launch as L
+from rlk.testing.timing import interleaved_us
 
 H, D, NQ, NK, FFN, VOCAB, EPS = 4096, 128, 32, 8, 12288, 151936, 1e-6
 ROWS = (1, 32, 256, 2048, 8192, 16384)
@@ -66,8 +68,7 @@ def _hf_swiglu_bwd(gu, dy):
     return lambda: torch.autograd.grad(y, (gr,), dy, retain_graph=True)
 
 
-def _bench(fn):
-    return triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median") * 1e3
+ROUNDS = 5
 
 
 def _compiled(fn):
@@ -121,20 +122,58 @@ def run(rows, quick: bool, only=None):
                 continue
             if eager is None:
                 continue
-            s_us, e_us = _bench(strict), _bench(eager)
-            c_us = None
+            fns = {"strict": strict, "eager": eager}
             if comp:
-                try:
-                    c_us = _bench(comp)
-                except Exception as e:  # compile failures are recorded, never fatal
-                    print(f"torch.compile failed for {op} T={T}: {type(e).__name__}: {e}", file=sys.stderr)
+                fns["compiled"] = comp
+            # Alternating rounds (rlk.testing.timing.interleaved_us): the host of the H200 machine
+            # is noisy, and these small ops are launch-bound.
+            t = interleaved_us(fns, rounds=ROUNDS)
+            if "error" in t.get("compiled", {}):  # compile failures are recorded, never fatal
+                print(f"torch.compile failed for {op} T={T}: {t['compiled']['error']}", file=sys.stderr)
+            s_us, e_us = t["strict"]["us"], t["eager"]["us"]
+            c_us = t.get("compiled", {}).get("us")
             native = min(e_us, c_us) if c_us is not None else e_us
             row = {"op": op, "rows": T, "strict_us": round(s_us, 2), "native_us": round(native, 2),
                    "ratio": round(s_us / native, 3), "eager_us": round(e_us, 2),
-                   "compiled_us": None if c_us is None else round(c_us, 2)}
+                   "compiled_us": None if c_us is None else round(c_us, 2),
+                   "strict_rounds": t["strict"]["rounds"], "eager_rounds": t["eager"]["rounds"]}
             out.append(row)
             print(f"{op:14s} {T:6d}  strict {s_us:9.2f} us  eager {e_us:9.2f}  compiled "
                   f"{'   n/a' if c_us is None else f'{c_us:9.2f}'}  ratio {row['ratio']:.3f}", flush=True)
+    return out
+
+
+def embedding_tiles(rows, tiles=(4096, 8192, 16384, 32768), warps=(4, 8)):
+    """Device time (CUDA-graph replay) of the embedding gather for each (TILE_ELEMS, num_warps):
+    schedule fields of embedding.v1 (an exact copy); every variant's output is compared with
+    ``F.embedding`` bytes. The table entry is restored afterwards."""
+    from rlk.kernels.rowops import config as C
+    from rlk.testing.timing import cuda_graph_us
+
+    dev = torch.device("cuda")
+    ent = C.table(L.arch_for(dev))["embedding"]
+    saved = dict(ent)
+    g = torch.Generator(device=dev).manual_seed(0)
+    emb = torch.randn((151936, 4096), device=dev, generator=g).to(torch.bfloat16)
+    out = []
+    try:
+        for T in rows:
+            ids = torch.randint(0, emb.shape[0], (T,), device=dev, generator=g)
+            ref = Fn.embedding(ids, emb)
+            native = cuda_graph_us(lambda: Fn.embedding(ids, emb))
+            for te in tiles:
+                for nw in warps:
+                    ent.update(TILE_ELEMS=te, num_warps=nw)
+                    same = bool(torch.equal(L.embedding(ids, emb), ref))
+                    us = cuda_graph_us(lambda: L.embedding(ids, emb))
+                    out.append({"rows": T, "TILE_ELEMS": te, "num_warps": nw, "graph_us": round(us, 2),
+                                "native_graph_us": round(native, 2), "ratio": round(us / native, 3),
+                                "same_bytes_as_native": same})
+                    print(f"embedding T={T:6d} tile={te:6d} w={nw}  {us:8.2f} us  native {native:8.2f}  "
+                          f"same={same}", flush=True)
+    finally:
+        ent.clear()
+        ent.update(saved)
     return out
 
 
@@ -154,9 +193,17 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--embedding-tiles", action="store_true",
+                    help="only the embedding tile/warps sweep (CUDA-graph device times) into --out")
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("rowops_bench needs a GPU")
+    if a.embedding_tiles:
+        rows = embedding_tiles(QUICK_ROWS if a.quick else ROWS)
+        with open(a.out, "w") as f:
+            json.dump({"provenance": provenance(), "timing": "cuda_graph", "rows": rows}, f, indent=1)
+        print(f"wrote {a.out} ({len(rows)} rows)")
+        return
     rows = run(QUICK_ROWS if a.quick else ROWS, a.quick)
     # Without the host range checks (one device sync each) for ids / positions: the decode-graph
     # path, where the kernels' NaN poison is the only check.

@@ -50,7 +50,7 @@ stage logp_bench 300 python3 -m rlk.kernels.linear_logp.linear_logp_bench --out 
 stage replay ${REPLAY_LIMIT:-540} python3 -m rlk.replay h200 --out "$R/replay" ${REPLAY_ARGS:-}
 stage megatron_replay ${MEGATRON_LIMIT:-300} python3 -m rlk.integrations.megatron.replay --out "$R/replay_megatron" ${MEGATRON_ARGS:-}
 stage e2e ${E2E_LIMIT:-540} python3 -m rlk.bench e2e --out "$R/e2e" ${E2E_ARGS:-}
-stage gate 300 python3 -m rlk.gate.release_gate --profile h200 --out "$R/gate_h200"
+stage gate ${GATE_LIMIT:-300} python3 -m rlk.gate.release_gate --profile h200 --out "$R/gate_h200"
 
 tar czf "$OUT/results.tgz" --exclude="*.safetensors" -C "$R" .
 echo "results: $OUT/results.tgz"; cat "$SUMMARY"

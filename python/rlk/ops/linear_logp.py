@@ -4,24 +4,28 @@ log-prob). Kernels: ``rlk.kernels.linear_logp``.
 Ops: ``rlk::linear_logp_fwd`` and ``rlk::linear_logp_bwd`` (custom ops with fake kernels, so they
 trace under torch.compile); autograd is registered on the forward op and recomputes logits from
 the saved lse (no stored logits). When no input requires grad, nothing is saved (the
-reference-scoring path).
+reference-scoring path). :func:`linear_logp_loss` is the fused logp + per-token loss path (its
+gradients formed during the forward: 3 GEMM-equivalents instead of 4; an autograd.Function, not a
+custom op, since it calls a Python loss).
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional
 
 import torch
 
+from rlk.errors import UnsupportedConfigError
 from rlk.kernels.linear_logp import config as _cfg
 from rlk.kernels.linear_logp import launch as _launch
+from rlk.kernels.linear_logp.fused import linear_logp_fused_loss
 from rlk.kernels.linear_logp.launch import SegmentStats, merge_segment_stats, segment_stats
 from rlk.ops._dispatch import direct
 
 CONTRACT_ID = _cfg.CONTRACT_ID
 
-__all__ = ["LogpOutput", "linear_logp", "segment_stats", "merge_segment_stats", "SegmentStats",
-           "CONTRACT_ID"]
+__all__ = ["LogpOutput", "linear_logp", "linear_logp_loss", "segment_stats", "merge_segment_stats",
+           "SegmentStats", "CONTRACT_ID"]
 
 
 class LogpOutput(NamedTuple):
@@ -128,3 +132,85 @@ def linear_logp(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tenso
                                      float(temperature), bool(return_entropy), bool(return_logits),
                                      int(align), int(seg_v))
     return LogpOutput(logp, lse, ent if return_entropy else None, logits if return_logits else None)
+
+
+class _LinearLogpLoss(torch.autograd.Function):
+    """Forward: the fused path computes logp and, chunk by chunk, d_hidden / d_weight of
+    L = sum_t loss_fn(logp)_t; backward: returns them times grad_out."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, loss_fn, vocab_start, vocab_real, temperature, segmentation,
+                rows_per_chunk):
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        losses = hidden.new_empty((hidden.shape[0],), dtype=torch.float32)
+
+        def dlogp_fn(lp, lo, hi):
+            with torch.enable_grad():
+                x = lp.detach().requires_grad_(True)
+                per_token = loss_fn(x, lo, hi)
+                if not isinstance(per_token, torch.Tensor) or per_token.shape != (hi - lo,):
+                    raise UnsupportedConfigError(
+                        f"{CONTRACT_ID}: loss_fn(logp_chunk, {lo}, {hi}) must return per-token losses of "
+                        f"shape ({hi - lo},), got {getattr(per_token, 'shape', type(per_token).__name__)}")
+                losses[lo:hi] = per_token.detach()
+                d = None
+                if (need_h or need_w) and per_token.requires_grad:
+                    # d(sum l)/dlogp_t = dl_t/dlogp_t: the ones seed is exact.
+                    (d,) = torch.autograd.grad(per_token, x, torch.ones_like(per_token), allow_unused=True)
+            return torch.zeros_like(lp) if d is None else d.float()
+
+        logp, _, dh, dw = linear_logp_fused_loss(
+            hidden, weight, targets, dlogp_fn, vocab_start, vocab_real, temperature, rows_per_chunk,
+            segmentation=segmentation, need_d_hidden=need_h, need_d_weight=need_w)
+        ctx.save_for_backward(dh, dw)
+        ctx.mark_non_differentiable(logp)
+        return losses.sum(), logp
+
+    @staticmethod
+    def backward(ctx, grad_loss, _grad_logp):
+        dh, dw = ctx.saved_tensors
+        return (_times(dh, grad_loss), _times(dw, grad_loss)) + (None,) * 7
+
+
+def _times(grad: Optional[torch.Tensor], grad_out: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """grad * grad_out: ``grad`` itself when grad_out == 1 (one host read of grad_out, as Liger-Kernel
+    does; under CUDA-graph capture the product is always formed, which gives the same bytes for
+    1.0), else fp32 product rounded once to bf16 (RNE)."""
+    if grad is None or grad_out is None:
+        return None
+    capturing = grad_out.is_cuda and torch.cuda.is_current_stream_capturing()
+    if not capturing and bool(grad_out == 1.0):
+        return grad
+    return (grad.float() * grad_out.float()).to(grad.dtype)
+
+
+def linear_logp_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                     loss_fn: Callable[[torch.Tensor, int, int], torch.Tensor], vocab_start: int = 0,
+                     vocab_real: Optional[int] = None, temperature: float = 1.0, *,
+                     segmentation: Optional[tuple[int, int]] = None,
+                     rows_per_chunk: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Loss of selected-token log-probs through the LM head, fused: (loss scalar fp32, logp [T] fp32).
+
+    L = sum over tokens of ``loss_fn(logp_chunk [Tc] fp32, lo, hi) -> per-token losses [Tc]`` (rows
+    [lo, hi) of the batch; called once per row chunk, ascending). ``loss_fn`` is differentiated
+    w.r.t. logp only (torch.autograd.grad per chunk); tensors it closes over (advantages, old logp)
+    receive no gradient. Row t's loss must depend on row t only; elementwise torch ops on GPU give
+    the same bytes whatever the chunk (on CPU, vectorized transcendental ops may differ in the last
+    bit between a vector body and its scalar tail). The gradients of ``hidden`` [T, H] bf16 and
+    ``weight`` [V_local, H] bf16 are formed during this call (3 GEMM-equivalents, vs 4 for
+    ``linear_logp`` + backward) and held until ``loss.backward()``; ``logp`` is detached.
+
+    Backward: grad_out * d_hidden / d_weight, bitwise the unfused path's gradients when grad_out
+    == 1.0 (the usual ``loss.backward()``; one host read of grad_out decides); other grad_out: fp32
+    product rounded once to bf16. Single shard only (vocab_start 0, weight holds every real
+    column), no entropy; vocab-parallel or entropy losses use :func:`linear_logp`. Not traceable by
+    torch.compile (Python loss inside). Args otherwise as :func:`linear_logp`; ``rows_per_chunk``
+    overrides the table's row chunk (tests).
+
+    Determinism: logp.v2 — logp bytes equal ``linear_logp``'s; gradients equal the unfused path's
+    for the same per-token dlogp (tested bitwise; on GPU by fused_test's GPU cases); bitwise run
+    to run.
+    """
+    return _LinearLogpLoss.apply(hidden, weight, targets, loss_fn, int(vocab_start),
+                                 None if vocab_real is None else int(vocab_real), float(temperature),
+                                 segmentation, rows_per_chunk)

@@ -10,7 +10,9 @@ they trail the real rows and are dropped before sampling and logp.
 :class:`DecodeGraphs` follows the PyTorch CUDA-graphs recipe: static input buffers per bucket,
 eager warm-up on a side stream, capture with ``torch.cuda.graph`` (one memory pool shared by
 every bucket: graphs never run concurrently and each replay's output is consumed before the next
-replay), then ``copy_`` of host-built inputs into the static buffers and ``replay()``.
+replay), then per step one non-blocking copy of the host-built inputs from pinned memory into the
+static buffers (:mod:`rlk.replay.staging`: a pageable copy would make the host wait for the
+previous step) and ``replay()``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import dataclasses
 import torch
 
 from rlk.models.qwen3.routes import PagedMeta
+from rlk.replay.staging import PinnedRing, pack_layout, unpack
 
 WARMUP_RUNS = 2  # eager runs on a side stream before each capture (Triton compiles, cuBLAS init)
 
@@ -39,6 +42,11 @@ class PaddedInputs:
     @property
     def bucket(self) -> int:
         return self.ids.shape[0]
+
+    def arrays(self) -> list[torch.Tensor]:
+        """The six input arrays in the order of the packed device buffer (:class:`_Bucket`)."""
+        return [self.ids, self.positions, self.block_tables, self.cu_seqlens_q, self.seq_lens_kv,
+                self.slot_mapping]
 
     def meta(self, device, block_size: int) -> PagedMeta:
         """Device metadata for an eager padded step (no host copies: same code as the graph)."""
@@ -78,24 +86,24 @@ def pad_decode_inputs(ids: list[int], positions: list[int], slots: list[int], le
 
 
 class _Bucket:
-    """Static device buffers of one bucket, its graph and the graph's output."""
+    """Static device inputs of one bucket (views of one flat buffer, filled by one non-blocking
+    copy from pinned memory per step), its graph and the graph's output."""
 
-    def __init__(self, host: PaddedInputs, device, block_size: int):
-        self.ids = host.ids.to(device)
-        self.positions = host.positions.to(device)
-        self.meta = padded_meta(host.block_tables.to(device), host.cu_seqlens_q.to(device),
-                                host.seq_lens_kv.to(device), host.slot_mapping.to(device), block_size)
+    def __init__(self, host: PaddedInputs, device, block_size: int, ring: PinnedRing):
+        arrays = host.arrays()
+        self.offsets, total = pack_layout(arrays)
+        self.flat = torch.empty(total, dtype=torch.uint8, device=device)
+        ids, pos, bt, cu, lens, slots = unpack(self.flat, arrays, self.offsets)
+        self.ids, self.positions = ids, pos
+        self.meta = padded_meta(bt, cu, lens, slots, block_size)
+        self.ring = ring
         self.graph: torch.cuda.CUDAGraph | None = None
         self.out: torch.Tensor | None = None
+        self.load(host)
 
     def load(self, host: PaddedInputs):
         # cu_seqlens_q is the same for every step of a bucket; copied anyway (cheap, keeps it exact).
-        self.ids.copy_(host.ids)
-        self.positions.copy_(host.positions)
-        self.meta.block_tables.copy_(host.block_tables)
-        self.meta.cu_seqlens_q.copy_(host.cu_seqlens_q)
-        self.meta.seq_lens_kv.copy_(host.seq_lens_kv)
-        self.meta.slot_mapping.copy_(host.slot_mapping)
+        self.ring.copy_packed(self.flat, host.arrays(), self.offsets)
 
 
 class DecodeGraphs:
@@ -119,6 +127,7 @@ class DecodeGraphs:
         self.model, self.kv, self.block_size = model, kv_cache, block_size
         self._buckets: dict[int, _Bucket] = {}
         self._pool = torch.cuda.graph_pool_handle()
+        self.ring = PinnedRing(model.device)
         self.captures = 0
         self.replays = 0
 
@@ -126,7 +135,7 @@ class DecodeGraphs:
         return self.model.rollout_step(st.ids, st.positions, self.kv, st.meta)
 
     def _capture(self, host: PaddedInputs) -> _Bucket:
-        st = _Bucket(host, self.model.device, self.block_size)
+        st = _Bucket(host, self.model.device, self.block_size, self.ring)
         # Warm-up on a side stream with this step's own inputs. Re-running a step is idempotent:
         # each layer rewrites the same K/V bytes into the same slots before reading the cache.
         side = torch.cuda.Stream(device=self.model.device)

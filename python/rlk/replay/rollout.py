@@ -35,6 +35,7 @@ import torch
 from rlk.errors import UnsupportedConfigError
 from rlk.models.qwen3.routes import PagedMeta
 from rlk.replay import decode_graphs
+from rlk.replay.staging import PinnedRing
 
 
 @dataclasses.dataclass
@@ -200,6 +201,7 @@ def _run_rollout(model, requests: list[Request], rc: RolloutConfig, forced: list
         kv = model.new_kv_cache(num_blocks, bs)
         runner = None
     captures0, replays0 = (runner.captures, runner.replays) if runner is not None else (0, 0)
+    ring = PinnedRing(dev) if dev.type == "cuda" else None
     counts = dict(bucket_steps=0, padded_steps=0, over_bucket_steps=0)
     seqs = [_Seq(i, r, forced[i] if forced is not None else None) for i, r in enumerate(requests)]
     waiting = sorted(seqs, key=lambda s: (s.req.arrival_step, s.idx))
@@ -271,7 +273,15 @@ def _run_rollout(model, requests: list[Request], rc: RolloutConfig, forced: list
         for s, n in sched:
             s.computed += n
         if samplers:
-            rows = torch.tensor([cu[b + 1] - 1 for b, _ in samplers], device=dev)
+            row_ids = [cu[b + 1] - 1 for b, _ in samplers]
+            if forced is not None:
+                # Frozen tokens are known on the host: no device read this step, and the inputs
+                # go through pinned memory, so the host can queue the next step meanwhile.
+                host_toks = [s.forced[len(s.generated)] for _, s in samplers]
+                rows, toks = _to_device(ring, dev, torch.tensor(row_ids, dtype=torch.int64),
+                                        torch.tensor(host_toks, dtype=torch.int64))
+            else:
+                rows = torch.tensor(row_ids, device=dev)
             h = hidden.index_select(0, rows).contiguous()
             if forced is None:
                 # One LM-head pass: the logits sample, and the same pass's statistics give the
@@ -281,10 +291,10 @@ def _run_rollout(model, requests: list[Request], rc: RolloutConfig, forced: list
                 q = torch.empty_like(logits).exponential_(generator=gen)
                 toks = (torch.softmax(logits, dim=-1) / q).argmax(dim=-1)
                 lp = model.logp_of_sampled(logits, stats, toks)
+                host_toks = toks.tolist()  # the step's one device read (sampling only)
             else:
-                toks = torch.tensor([s.forced[len(s.generated)] for _, s in samplers], dtype=torch.int64, device=dev)
                 lp = model.logp(h, toks)
-            for j, ((_, s), t) in enumerate(zip(samplers, toks.tolist())):  # one device read per step
+            for j, ((_, s), t) in enumerate(zip(samplers, host_toks)):
                 s.generated.append(int(t))
                 s.logp.append(lp[j])
         comp = frozenset(s.idx for s, _ in sched)
@@ -310,6 +320,13 @@ def _run_rollout(model, requests: list[Request], rc: RolloutConfig, forced: list
         graph_captures=runner.captures - captures0 if runner else 0,
         graph_replays=runner.replays - replays0 if runner else 0, **counts,
     )
+
+
+def _to_device(ring, dev, *arrays):
+    """CPU arrays on ``dev``: one non-blocking pinned copy on CUDA, plain copies elsewhere."""
+    if ring is None:
+        return [a.to(dev) for a in arrays]
+    return ring.to_device(*arrays)
 
 
 def _scatter_probes(pr, sched, cu, probe_rows):

@@ -49,22 +49,52 @@ CPU_TABLE = {
     "gemm": {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 2, "TMA": 1, "num_warps": 4,
              "num_stages": 1},
     "G_BUDGET_MB": 256, "V_CHUNK_MAX": 64,
+    # 0.25 MB: about 170 rows at V 257, so the interpreter tests run several row chunks by default.
+    "fused": {"ROWS_BUDGET_MB": 0.25},
 }
 # Schedule fields: they choose the load path (TMA descriptors or masked pointers), the program
 # order or the pipeline depth, never a sum. Everything else in a table is a bit field.
-SCHEDULE_FIELDS = ("GROUP_T", "GROUP_M", "TMA", "num_stages", "G_BUDGET_MB", "V_CHUNK_MAX")
+SCHEDULE_FIELDS = ("GROUP_T", "GROUP_M", "TMA", "num_stages", "G_BUDGET_MB", "V_CHUNK_MAX", "ROWS_BUDGET_MB",
+                   "DECODE_T_MAX", "DECODE_STAGES")
 SCHEDULE_EVIDENCE = ("linear_logp_variants@sm_90 2026-12-01, docs/results/linear_logp_variants_*h200.json: "
                      "logp/lse byte-identical with TMA on/off, GROUP 1/8/32, num_stages 2/3/4 (T 8..8192, "
                      "v1 and v2 tables), d_hidden/d_weight byte-identical with TMA on/off and 128 MB vocab "
                      "chunks vs 4096-column chunks; linear_logp_invariance_test (interpreter: TMA on/off, "
                      "vocab chunk sizes; the d_hidden chain continues across chunks through an exact fp32 "
                      "store/load)")
+DECODE_EVIDENCE = ("linear_logp_variants --graph@sm_90 2026-12-01 (docs/results/"
+                   "linear_logp_variants_decode_graph_h200.json): the forward with one-warpgroup tiles "
+                   "(BLOCK_T 64, 4 warps, stages 2/3/4) gives logp/lse byte-identical to the table's "
+                   "two-warpgroup tiles (BLOCK_T 128, 8 warps) at T 8, 64 and 256 (BLOCK_T 64 with 8 warps "
+                   "does not: its warpgroups split the columns); GPU test "
+                   "linear_logp_invariance_test::test_gpu_rows_logits_run_to_run compares rows of T <= 64 "
+                   "(decode tiles) with the same rows of T = 1000")
+FUSED_EVIDENCE = ("fused_test (interpreter): fused d_hidden/d_weight byte-identical to linear_logp_bwd for 1, "
+                  "2 and 3 row chunks (the d_weight fp32 chain continues across chunks cut at multiples of "
+                  "BLOCK_K); GPU: fused_test::test_gpu_fused_equals_unfused (H200 run by the lead)")
 
 
 def bit_table(t: dict) -> dict:
-    """A launch table without its schedule fields (what the contract's bit hash covers)."""
-    return {k: ({f: v for f, v in e.items() if f not in SCHEDULE_FIELDS} if isinstance(e, dict) else e)
-            for k, e in t.items() if k != "status"}
+    """A launch table without its schedule fields (what the contract's bit hash covers); an entry
+    holding only schedule fields (``fused``) has no bits and is left out."""
+    out = {k: ({f: v for f, v in e.items() if f not in SCHEDULE_FIELDS} if isinstance(e, dict) else e)
+           for k, e in t.items() if k != "status"}
+    return {k: e for k, e in out.items() if not (isinstance(e, dict) and not e and t[k])}
+
+
+def fwd_entry(tab: dict, T: int) -> dict:
+    """The forward's launch entry for ``T`` rows (a schedule choice, never a byte).
+
+    With ``DECODE_T_MAX`` set, ``T <= DECODE_T_MAX`` runs one-warpgroup tiles: 64 rows and 4
+    warps instead of the table's 128 rows and 8 warps. On sm_90 a 128-row tile is two
+    warpgroups of 64 rows each doing exactly what the 64-row tile does (wgmma m64 per warpgroup,
+    row reductions inside a warpgroup), so every row's bytes are the same (``DECODE_EVIDENCE``);
+    at decode sizes it halves the padded MMA work and lets two programs share an SM.
+    """
+    f = tab["fwd"]
+    if T > (f.get("DECODE_T_MAX") or 0):
+        return f
+    return {**f, "BLOCK_T": 64, "num_warps": 4, "num_stages": f.get("DECODE_STAGES", f["num_stages"])}
 
 
 @functools.lru_cache(maxsize=None)
@@ -79,6 +109,10 @@ def load_table(arch: str) -> dict:
     for name in ("fwd", "bwd_grad", "gemm"):
         if t[name]["BLOCK_K"] % BLOCK_K:
             raise UnsupportedConfigError(f"{TABLE_FILES[arch]}: {name}.BLOCK_K must be a multiple of {BLOCK_K}")
+    f = t["fwd"]
+    if f.get("DECODE_T_MAX") and (f["BLOCK_T"], f["num_warps"]) != (128, 8):
+        raise UnsupportedConfigError(f"{TABLE_FILES[arch]}: DECODE_T_MAX needs fwd tiles of two 64-row "
+                                     f"warpgroups (BLOCK_T 128, 8 warps), not {f['BLOCK_T']} / {f['num_warps']}")
     if t.get("V_CHUNK_MAX") is not None and t["V_CHUNK_MAX"] % BLOCK_K:
         raise UnsupportedConfigError(f"{TABLE_FILES[arch]}: V_CHUNK_MAX must be a multiple of {BLOCK_K}")
     return t
@@ -155,20 +189,35 @@ CONTRACT = contracts.register(contracts.Contract(
     },
     schedule_fields={"GROUP_T": [1, 2, 8, 32], "GROUP_M": [1, 2, 8], "TMA": [0, 1], "num_stages": [1, 2, 3, 4],
                      "G_BUDGET_MB": "bytes of the backward's G buffer; sets the vocab chunk (multiple of 64)",
-                     "V_CHUNK_MAX": "cap of the vocab chunk (None: V_local)"},
-    bit_neutral_evidence={k: SCHEDULE_EVIDENCE for k in SCHEDULE_FIELDS},
+                     "V_CHUNK_MAX": "cap of the vocab chunk (None: V_local)",
+                     "DECODE_T_MAX": "T at or below which the forward runs one-warpgroup tiles (64 rows, 4 "
+                                     "warps; see fwd_entry); 0 / absent: never",
+                     "DECODE_STAGES": "num_stages of those tiles",
+                     "ROWS_BUDGET_MB": "fused logp + loss path (fused.py): bytes of its per-row-chunk "
+                                       "buffers (fp32 logits + bf16 G, 6 bytes per (row, column)); sets "
+                                       "the row chunk (a multiple of the gemm BLOCK_K)"},
+    bit_neutral_evidence={k: {"ROWS_BUDGET_MB": FUSED_EVIDENCE, "DECODE_T_MAX": DECODE_EVIDENCE,
+                              "DECODE_STAGES": DECODE_EVIDENCE}.get(k, SCHEDULE_EVIDENCE)
+                          for k in SCHEDULE_FIELDS},
     targets=("sm_90", "cpu-interpreter"),
-    kernels=("linear_logp.fwd_stats", "linear_logp.merge", "linear_logp.bwd_grad", "linear_logp.gemm"),
+    kernels=("linear_logp.fwd_stats", "linear_logp.merge", "linear_logp.bwd_grad", "linear_logp.gemm",
+             "linear_logp.grad_from_logits"),
 ))
 
 
 def _launch_fields(entry: dict) -> dict:
     """A table entry as kernel constexprs: ``TMA`` -> ``USE_TMA=False`` (the registry's compile
     check uses pointer loads; TMA needs descriptors made from real tensors)."""
-    out = {k: v for k, v in entry.items() if k != "TMA"}
+    out = {k: v for k, v in entry.items() if k not in ("TMA", "DECODE_T_MAX", "DECODE_STAGES")}
     if "TMA" in entry:
         out["USE_TMA"] = False
     return out
+
+
+def grad_from_logits_fields(t: dict) -> dict:
+    """Launch fields of grad_from_logits: bwd_grad's tile and warps (elementwise, so any tile
+    gives the same bytes; no bit field of its own)."""
+    return {k: t["bwd_grad"][k] for k in ("BLOCK_T", "BLOCK_V", "num_warps", "num_stages")}
 
 
 def _register_kernels() -> None:
@@ -202,8 +251,22 @@ def _register_kernels() -> None:
           "stride_cm": "i32", "stride_cn": "i32"},
          {"ACC_IN": True, "OUT_BF16": False, "INTERPRET": False, "a_desc": None, "b_desc": None,
           "A_KM": False, "B_KN": False, **_launch_fields(t["gemm"])}),
+        ("grad_from_logits", K.grad_from_logits_kernel,
+         {"g_ptr": "*bf16", "x_ptr": ptr, "tgt_ptr": "*i64", "lse_ptr": ptr, "dlogp_ptr": ptr, "T": "i32",
+          "V_local": "i32", "vocab_start": "i32", "vocab_real": "i32", "stride_xt": "i32", "stride_gt": "i32",
+          "inv_temp": "fp32"},
+         {"INTERPRET": False, **grad_from_logits_fields(t)}),
     ]
+    # The forward's one-warpgroup decode tile (fwd_entry) is compiled and fingerprinted too.
+    decode = [_launch_fields(fwd_entry(t, 1))] if t["fwd"].get("DECODE_T_MAX") else []
     for name, fn, sig, cfg in regs:
+        extra = [{**cfg, **d} for d in decode] if name == "fwd_stats" else []
+        _register(name, fn, sig, [cfg, *extra])
+
+
+def _register(name, fn, sig, cfgs) -> None:
+    configs = []
+    for cfg in cfgs:
         sig, cfg = dict(sig), dict(cfg)
         # GPU values of the interpreter-only constexprs (kernel.py: loop bounds).
         for k in ("INTERPRET", "H_I", "S_I", "R_I", "K_I"):
@@ -217,9 +280,10 @@ def _register_kernels() -> None:
         missing = [a for a in fn.arg_names if a not in sig]
         if missing:
             raise RuntimeError(f"linear_logp.{name}: signature lacks {missing}")
-        registry.register_kernel(registry.KernelEntry(
-            name=f"linear_logp.{name}", contract_id=CONTRACT_ID, fn=fn, signature=sig,
-            configs=(cfg,), expects_mma=name != "merge"))
+        configs.append(cfg)
+    registry.register_kernel(registry.KernelEntry(
+        name=f"linear_logp.{name}", contract_id=CONTRACT_ID, fn=fn, signature=sig,
+        configs=tuple(configs), expects_mma=name not in ("merge", "grad_from_logits")))
 
 
 _register_kernels()

@@ -188,33 +188,19 @@ def merge_kernel(logp_ptr, lse_ptr, ent_ptr, m_ptr, s_ptr, e_ptr, tg_ptr, S, R, 
 
 
 @triton.jit
-def bwd_grad_kernel(g_ptr, h_ptr, w_ptr, tgt_ptr, lse_ptr, ent_ptr, dlogp_ptr, dlse_ptr, dent_ptr,
-                    h_desc, w_desc, T, V_local, H, col0, col_end, vocab_start, vocab_real,
-                    stride_ht, stride_wv, stride_gt, inv_temp,
-                    BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr,
-                    BLOCK_K: tl.constexpr, USE_TMA: tl.constexpr,
-                    DOT_DTYPE: tl.constexpr, HAS_DLSE: tl.constexpr,
-                    HAS_DENT: tl.constexpr, INTERPRET: tl.constexpr, H_I: tl.constexpr):
-    """Recomputes logits of local columns [col0, col_end) and writes the bf16 gradient
-    w.r.t. the pre-temperature logits (dL/dacc) into g [T, col_end - col0].
+def _grad_store(g_ptr, stride_gt, x, rows, lc, cols, rmask, col_hi, tgt_ptr, lse_ptr, ent_ptr, dlogp_ptr,
+                dlse_ptr, dent_ptr, vocab_start, vocab_real, inv_temp,
+                HAS_DLSE: tl.constexpr, HAS_DENT: tl.constexpr, INTERPRET: tl.constexpr):
+    """The contract's gradient of one tile of temperature-scaled logits x [BLOCK_T, BLOCK_V] (local
+    columns ``cols``), stored as bf16 at g[rows, lc]. The one copy of the backward formula: the
+    recomputing kernel (bwd_grad) and the stored-logits kernel (grad_from_logits) both call it, so
+    equal x gives equal G bytes.
 
-    With x the temperature-scaled logit, p = exp(x - lse):
+    With p = exp(x - lse):
       dL/dx = dlogp * (onehot - p) + dlse * p - dent * p * (x - lse + entropy);
-      dL/dacc = dL/dx * inv_temp, rounded once to bf16 (RNE). Masked columns give 0.
-    Grid: (cdiv(T, BLOCK_T), cdiv(col_end - col0, BLOCK_V)). Every element is its own
-    computation, so the chunking never changes a byte.
+      dL/dacc = dL/dx * inv_temp, rounded once to bf16 (RNE). Columns >= min(col_hi,
+      vocab_real - vocab_start) and rows >= T (rmask) give 0; columns >= col_hi are not stored.
     """
-    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    lc = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
-    cols = col0 + lc
-    rmask = rows < T
-    col_hi = tl.minimum(col_end, V_local)
-    # Reduction order: K in chunks of 64 ascending, one fp32 chain (see _tile_logits).
-    acc = _tile_logits(h_ptr, w_ptr, h_desc, w_desc, rows, cols, tl.program_id(0) * BLOCK_T,
-                       col0 + tl.program_id(1) * BLOCK_V, T, col_hi, H, stride_ht, stride_wv,
-                       BLOCK_T, BLOCK_V, BLOCK_K, USE_TMA, DOT_DTYPE, INTERPRET, H_I)
-    # Temperature: one fp32 multiply by the fp32 reciprocal computed on the host; no bf16 rounding.
-    x = acc * inv_temp
     valid = (cols < tl.minimum(col_hi, vocab_real - vocab_start))[None, :] & rmask[:, None]
     lse = tl.load(lse_ptr + rows, mask=rmask, other=0.0)
     p = tl.where(valid, tl.exp(x - lse[:, None]), 0.0)
@@ -231,6 +217,54 @@ def bwd_grad_kernel(g_ptr, h_ptr, w_ptr, tgt_ptr, lse_ptr, ent_ptr, dlogp_ptr, d
     gx = tl.where(valid, gx, 0.0) * inv_temp
     gp = g_ptr + rows.to(tl.int64)[:, None] * stride_gt + lc[None, :]
     tl.store(gp, round_bf16(gx, INTERPRET), mask=rmask[:, None] & (cols < col_hi)[None, :])
+
+
+@triton.jit
+def bwd_grad_kernel(g_ptr, h_ptr, w_ptr, tgt_ptr, lse_ptr, ent_ptr, dlogp_ptr, dlse_ptr, dent_ptr,
+                    h_desc, w_desc, T, V_local, H, col0, col_end, vocab_start, vocab_real,
+                    stride_ht, stride_wv, stride_gt, inv_temp,
+                    BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr,
+                    BLOCK_K: tl.constexpr, USE_TMA: tl.constexpr,
+                    DOT_DTYPE: tl.constexpr, HAS_DLSE: tl.constexpr,
+                    HAS_DENT: tl.constexpr, INTERPRET: tl.constexpr, H_I: tl.constexpr):
+    """Recomputes logits of local columns [col0, col_end) and writes the bf16 gradient
+    w.r.t. the pre-temperature logits (dL/dacc) into g [T, col_end - col0] (formula: _grad_store).
+
+    Grid: (cdiv(T, BLOCK_T), cdiv(col_end - col0, BLOCK_V)). Every element is its own
+    computation, so the chunking never changes a byte.
+    """
+    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    lc = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
+    cols = col0 + lc
+    rmask = rows < T
+    col_hi = tl.minimum(col_end, V_local)
+    # Reduction order: K in chunks of 64 ascending, one fp32 chain (see _tile_logits).
+    acc = _tile_logits(h_ptr, w_ptr, h_desc, w_desc, rows, cols, tl.program_id(0) * BLOCK_T,
+                       col0 + tl.program_id(1) * BLOCK_V, T, col_hi, H, stride_ht, stride_wv,
+                       BLOCK_T, BLOCK_V, BLOCK_K, USE_TMA, DOT_DTYPE, INTERPRET, H_I)
+    # Temperature: one fp32 multiply by the fp32 reciprocal computed on the host; no bf16 rounding.
+    x = acc * inv_temp
+    _grad_store(g_ptr, stride_gt, x, rows, lc, cols, rmask, col_hi, tgt_ptr, lse_ptr, ent_ptr, dlogp_ptr,
+                dlse_ptr, dent_ptr, vocab_start, vocab_real, inv_temp, HAS_DLSE, HAS_DENT, INTERPRET)
+
+
+@triton.jit
+def grad_from_logits_kernel(g_ptr, x_ptr, tgt_ptr, lse_ptr, dlogp_ptr, T, V_local, vocab_start,
+                            vocab_real, stride_xt, stride_gt, inv_temp,
+                            BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr, INTERPRET: tl.constexpr):
+    """bwd_grad's G from stored logits instead of recomputed ones: x [T, V_local] fp32 is the
+    forward's ``return_logits`` output (temperature-scaled, -inf past vocab_real), g [T, V_local]
+    bf16 gets dL/dacc for the dlogp term only (formula: _grad_store). Elementwise, no reduction:
+    the tile shape never changes a byte, and G equals bwd_grad's wherever x equals its recomputed
+    logits (GPU test: fused_test). Grid: (cdiv(T, BLOCK_T), cdiv(V_local, BLOCK_V)).
+    """
+    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    cols = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
+    rmask = rows < T
+    xp = x_ptr + rows.to(tl.int64)[:, None] * stride_xt + cols[None, :]
+    x = tl.load(xp, mask=rmask[:, None] & (cols < V_local)[None, :], other=0.0)
+    _grad_store(g_ptr, stride_gt, x, rows, cols, cols, rmask, V_local, tgt_ptr, lse_ptr, lse_ptr, dlogp_ptr,
+                lse_ptr, lse_ptr, vocab_start, vocab_real, inv_temp, False, False, INTERPRET)
 
 
 @triton.jit

@@ -149,7 +149,7 @@ def segment_stats(hidden, weight, targets, vocab_start: int = 0, vocab_real: Opt
     hidden, weight, targets = hidden.contiguous(), weight.contiguous(), targets.contiguous()
     T, H = hidden.shape
     V_local = weight.shape[0]
-    cfg = cfgmod.table(cfgmod.arch_of(hidden.device))["fwd"]
+    cfg = cfgmod.fwd_entry(cfgmod.table(cfgmod.arch_of(hidden.device)), hidden.shape[0])
     S = num_segments(V_local, align, seg_v)
     dev = hidden.device
     m = torch.empty((S, T), dtype=torch.float32, device=dev)
@@ -284,29 +284,20 @@ def linear_logp_bwd(hidden, weight, targets, lse, dlogp, vocab_start: int = 0,
         dlogp = torch.zeros((T,), dtype=torch.float32, device=dev)
     hidden, weight, targets = hidden.contiguous(), weight.contiguous(), targets.contiguous()
     tab = cfgmod.table(cfgmod.arch_of(dev))
-    gc, mc = tab["bwd_grad"], tab["gemm"]
+    gc = tab["bwd_grad"]
     VC = vocab_chunk(T, V_local, tab)
     dot = _dot(dev)
     interp = interpret_flag()
     opts = launch_options()
     VCc = min(VC, V_local)
-    bk = mc["BLOCK_K"]
-    # TMA path: the two GEMMs read G, hidden and weight in place through descriptors (G^T and
-    # weight[chunk] as [K, M] / [K, N] tiles, transposed in registers): no copies. Same tiles and
-    # K chains as the pointer path, so the same bytes (checked by linear_logp_variants on GPU and
-    # by the interpreter tests).
-    use_tma = bool(mc.get("TMA", 0)) and _tma_ok(hidden) and _tma_ok(weight)
     g = torch.empty((T, -(-VCc // 8) * 8), dtype=torch.bfloat16, device=dev)
     gtm = bool(gc.get("TMA", 0)) and _tma_ok(hidden) and _tma_ok(weight)
     ghd, gwd = ((_desc(hidden, (gc["BLOCK_T"], gc["BLOCK_K"])), _desc(weight, (gc["BLOCK_V"], gc["BLOCK_K"])))
                 if gtm else (None, None))
-    if use_tma:
-        hkn = _desc(hidden, (bk, mc["BLOCK_N"]))
+    gemms = GradGemms(hidden, weight, tab)
     dw = torch.empty_like(weight)
     dh_acc = torch.empty((T, H), dtype=torch.float32, device=dev)
     cd = triton.cdiv
-    gm = dict(BLOCK_M=mc["BLOCK_M"], BLOCK_N=mc["BLOCK_N"], BLOCK_K=bk, GROUP_M=mc.get("GROUP_M", 1),
-              DOT_DTYPE=dot, INTERPRET=interp, num_warps=mc["num_warps"], num_stages=mc["num_stages"], **opts)
     # Reduction order (d_hidden): vocab chunks ascending; the fp32 chain continues across chunks.
     for c, col0 in enumerate(range(0, V_local, VC)):
         nc = min(VC, V_local - col0)
@@ -319,21 +310,52 @@ def linear_logp_bwd(hidden, weight, targets, lse, dlogp, vocab_start: int = 0,
             USE_TMA=gtm, DOT_DTYPE=dot, HAS_DLSE=dlse is not None,
             HAS_DENT=dentropy is not None, INTERPRET=interp, H_I=_bound(H),
             num_warps=gc["num_warps"], num_stages=gc["num_stages"], **opts)
-        dwc = dw[col0:col0 + nc]
-        wc = weight[col0:col0 + nc]
-        gc_view = g[:, :nc]
-        if use_tma:
-            a_km, b_kn = _desc(gc_view, (bk, mc["BLOCK_M"])), _desc(wc, (bk, mc["BLOCK_N"]))
-            a_mk = _desc(gc_view, (mc["BLOCK_M"], bk))
-        else:
-            a_km = b_kn = a_mk = hkn = None
-        # d_weight[chunk] [nc, H] = G[:, :nc]^T @ hidden: K = tokens ascending.
-        K.gemm_kernel[(cd(nc, mc["BLOCK_M"]) * cd(H, mc["BLOCK_N"]),)](
-            dwc, g, hidden, a_km, hkn, nc, H, T, 1, g.stride(0), hidden.stride(0), 1, dwc.stride(0), 1,
-            ACC_IN=False, OUT_BF16=True, USE_TMA=use_tma, A_KM=True, B_KN=True, K_I=_bound(T), **gm)
-        # d_hidden [T, H] (+)= G[:, :nc] @ weight[chunk]: K = this chunk's columns ascending.
-        K.gemm_kernel[(cd(T, mc["BLOCK_M"]) * cd(H, mc["BLOCK_N"]),)](
-            dh_acc, g, wc, a_mk, b_kn, T, H, nc, g.stride(0), 1, wc.stride(0), 1, dh_acc.stride(0), 1,
-            ACC_IN=c > 0, OUT_BF16=False, USE_TMA=use_tma, A_KM=False, B_KN=True, K_I=_bound(nc), **gm)
+        # d_weight[chunk] = G^T @ hidden (tokens ascending); d_hidden (+)= G @ weight[chunk].
+        gemms.d_weight(g[:, :nc], hidden, dw[col0:col0 + nc], ACC_IN=False, OUT_BF16=True)
+        gemms.d_hidden(g[:, :nc], weight[col0:col0 + nc], dh_acc, ACC_IN=c > 0, OUT_BF16=False)
     # One RNE rounding (torch's fp32 -> bf16 cast is round-to-nearest-even on CPU and GPU).
     return dh_acc.to(hidden.dtype), dw
+
+
+class GradGemms:
+    """The backward's two GEMMs over a bf16 gradient block G [n, nc] (a unit-inner-stride view of
+    a buffer whose row stride is a multiple of 8), launched with the table's ``gemm`` entry.
+
+    Reduction order: K in chunks of BLOCK_K ascending, one fp32 chain per output element; with
+    ACC_IN the chain continues from the fp32 partial sums already in ``out`` (exact fp32
+    store/load), so K cut at multiples of BLOCK_K gives the bytes of one uncut walk. OUT_BF16:
+    one RNE rounding at the store. TMA path (when the table asks and hidden and weight allow it):
+    G, hidden and weight are read in place through descriptors (G^T and weight rows as [K, M] /
+    [K, N] tiles, transposed in registers), with the pointer path's tiles and K chains, so the
+    same bytes (checked by linear_logp_variants on GPU and by the interpreter tests).
+    """
+
+    def __init__(self, hidden: torch.Tensor, weight: torch.Tensor, tab: dict):
+        mc = self.mc = tab["gemm"]
+        self.use_tma = bool(mc.get("TMA", 0)) and _tma_ok(hidden) and _tma_ok(weight)
+        self.kw = dict(BLOCK_M=mc["BLOCK_M"], BLOCK_N=mc["BLOCK_N"], BLOCK_K=mc["BLOCK_K"],
+                       GROUP_M=mc.get("GROUP_M", 1), USE_TMA=self.use_tma, DOT_DTYPE=_dot(hidden.device),
+                       INTERPRET=interpret_flag(), num_warps=mc["num_warps"], num_stages=mc["num_stages"])
+
+    def d_weight(self, g, hidden_rows, out, *, ACC_IN: bool, OUT_BF16: bool) -> None:
+        """out [nc, H] (+)= G^T @ hidden_rows [n, H]: K = the n tokens ascending."""
+        mc, bk = self.mc, self.mc["BLOCK_K"]
+        descs = ((_desc(g, (bk, mc["BLOCK_M"])), _desc(hidden_rows, (bk, mc["BLOCK_N"])))
+                 if self.use_tma else (None, None))
+        self._launch(out, g, hidden_rows, descs, g.shape[1], g.shape[0],
+                     (1, g.stride(0), hidden_rows.stride(0), 1), ACC_IN, OUT_BF16, A_KM=True)
+
+    def d_hidden(self, g, weight_rows, out, *, ACC_IN: bool, OUT_BF16: bool) -> None:
+        """out [n, H] (+)= G @ weight_rows [nc, H]: K = the nc columns ascending."""
+        mc, bk = self.mc, self.mc["BLOCK_K"]
+        descs = ((_desc(g, (mc["BLOCK_M"], bk)), _desc(weight_rows, (bk, mc["BLOCK_N"])))
+                 if self.use_tma else (None, None))
+        self._launch(out, g, weight_rows, descs, g.shape[0], g.shape[1],
+                     (g.stride(0), 1, weight_rows.stride(0), 1), ACC_IN, OUT_BF16, A_KM=False)
+
+    def _launch(self, out, a, b, descs, M, Kdim, strides, ACC_IN, OUT_BF16, A_KM) -> None:
+        H = out.shape[1]
+        grid = (triton.cdiv(M, self.mc["BLOCK_M"]) * triton.cdiv(H, self.mc["BLOCK_N"]),)
+        K.gemm_kernel[grid](out, a, b, *descs, M, H, Kdim, *strides, out.stride(0), 1,
+                            ACC_IN=ACC_IN, OUT_BF16=OUT_BF16, A_KM=A_KM, B_KN=True, K_I=_bound(Kdim),
+                            **self.kw, **launch_options())

@@ -142,9 +142,46 @@ def test_gpu_rows_logits_run_to_run(V, vocab_real):
     again = linear_logp(h, w, tg, 0, vocab_real, return_entropy=True, return_logits=True)
     assert_bitwise_equal(again.logp, full.logp, "logits on/off")
     assert_bitwise_equal(again.lse, full.lse, "logits on/off (lse)")
-    for k in (1, 2, 3, 8, 127, 128, 129, 255):
+    # k <= 64 runs the one-warpgroup decode tile (config.fwd_entry), k > 64 the 128-row tile.
+    for k in (1, 2, 3, 8, 63, 64, 65, 127, 128, 129, 255):
         part = linear_logp(h[:k].contiguous(), w, tg[:k].contiguous(), 0, vocab_real)
         assert_bitwise_equal(part.logp, full.logp[:k], f"rows[:{k}] of 1000")
+
+
+def test_decode_tile_selection():
+    """fwd_entry: T <= DECODE_T_MAX gets the one-warpgroup tile (64 rows, 4 warps, DECODE_STAGES);
+    larger T and tables without the field keep the table's tile; a table whose tile is not two
+    64-row warpgroups cannot declare it."""
+    from rlk.errors import UnsupportedConfigError
+    from rlk.kernels.linear_logp import config as cfgmod
+
+    tab = {"fwd": {"BLOCK_T": 128, "BLOCK_V": 256, "num_warps": 8, "num_stages": 3, "DECODE_T_MAX": 64,
+                   "DECODE_STAGES": 4}}
+    assert cfgmod.fwd_entry(tab, 1) == {**tab["fwd"], "BLOCK_T": 64, "num_warps": 4, "num_stages": 4}
+    assert cfgmod.fwd_entry(tab, 64)["BLOCK_T"] == 64
+    assert cfgmod.fwd_entry(tab, 65) is tab["fwd"]
+    assert cfgmod.fwd_entry({"fwd": {**tab["fwd"], "DECODE_T_MAX": 0}}, 1)["BLOCK_T"] == 128
+    assert cfgmod.fwd_entry(cfgmod.CPU_TABLE, 1) is cfgmod.CPU_TABLE["fwd"]
+    sm90 = cfgmod.load_table("sm_90")
+    assert sm90["fwd"]["DECODE_T_MAX"] == 64
+    assert "DECODE_T_MAX" not in str(cfgmod.bit_table(sm90))  # a schedule field: not in the hash
+    bad = {**sm90, "fwd": {**sm90["fwd"], "BLOCK_T": 64, "num_warps": 4}}
+    import json
+    import os
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        with open(os.path.join(d, "sm90.json"), "w") as f:
+            json.dump(bad, f)
+        old_dir = cfgmod._DIR
+        cfgmod._DIR = d
+        cfgmod.load_table.cache_clear()
+        try:
+            with pytest.raises(UnsupportedConfigError, match="two 64-row"):
+                cfgmod.load_table("sm_90")
+        finally:
+            cfgmod._DIR = old_dir
+            cfgmod.load_table.cache_clear()
 
 
 @pytest.mark.gpu

@@ -78,6 +78,25 @@ def test_strict_actor_grads_deterministic():
     assert float(a[1]["model.layers.0.self_attn.qkv_proj.weight"].float().abs().sum()) > 0
 
 
+def test_strict_actor_fused_lm_head_equals_unfused(monkeypatch):
+    """The strict actor path forms the LM head's gradients in its forward (ops.logp_loss); every
+    weight's gradient and the logp equal the unfused path (linear_logp, then backward) bitwise."""
+    from rlk.models.qwen3.routes import StrictOps
+
+    m = Qwen3(TINY, random_weights(TINY, 0), "strict")
+    prompts, resps = _seqs(2)
+    calls = []
+    real = StrictOps.logp_loss
+    monkeypatch.setattr(StrictOps, "logp_loss", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    fused = trainer.score(m, prompts, resps, actor=True)
+    assert calls, "the fused LM head path did not run"
+    monkeypatch.setattr(StrictOps, "logp_loss", None)
+    unfused = trainer.score(m, prompts, resps, actor=True)
+    assert compare_logp(fused[0], unfused[0])["mismatch_count"] == 0
+    for k in fused[1]:
+        assert_bitwise_equal(fused[1][k], unfused[1][k], k)
+
+
 @pytest.mark.gpu
 def test_gpu_qwen3_8b_shape_two_layers_trainer_vs_rollout():
     """Qwen3-8B shape (2 of 36 layers), bf16 on the GPU: trainer vs rollout bitwise."""

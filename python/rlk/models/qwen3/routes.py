@@ -107,6 +107,12 @@ class StrictOps:
         return self._logp.linear_logp(hidden, w, targets, vocab_real=vocab_real,
                                       segmentation=self.logp_segmentation).logp
 
+    def logp_loss(self, hidden, w, targets, loss_fn, vocab_real=None):
+        """(loss, logp) of ``sum_t loss_fn(logp)_t`` through the fused LM head + loss path
+        (``linear_logp_loss``: gradients formed in the forward; bytes of the unfused backward)."""
+        return self._logp.linear_logp_loss(hidden, w, targets, loss_fn, vocab_real=vocab_real,
+                                           segmentation=self.logp_segmentation)
+
     def logits(self, hidden, w, vocab_real=None):
         """Logits for sampling only (the recorded logp comes from :meth:`logp`)."""
         return self.logits_and_stats(hidden, w, vocab_real)[0]

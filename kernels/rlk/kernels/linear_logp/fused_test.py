@@ -1,0 +1,218 @@
+"""Fused logp + per-token loss path of ``logp.v2`` (``fused.py``, ``rlk.ops.linear_logp.linear_logp_loss``).
+
+CPU (interpreter): logp/lse and d_hidden/d_weight byte-identical to the unfused path
+(``linear_logp_fwd`` + ``linear_logp_bwd`` fed the same dlogp) for 1, 2 and 3 row chunks; the
+autograd op against ``linear_logp`` + backward; accuracy vs fp64; bad inputs. The interpreter
+recomputes logits with the forward's tile, so it cannot show that the GPU forward tile (128x256)
+and bwd_grad's (128x128) give the same logits: the ``gpu`` cases do (H200).
+"""
+
+import pytest
+import torch
+
+from rlk.errors import ExactnessError, UnsupportedConfigError
+from rlk.kernels.linear_logp import config as cfgmod
+from rlk.kernels.linear_logp import fused, launch
+from rlk.kernels.linear_logp import reference as R
+from rlk.kernels.linear_logp.linear_logp_test import CPU_SEG, FWD_TOL, GRAD_TOL, _close, make
+from rlk.ops.linear_logp import linear_logp, linear_logp_loss
+from rlk.testing import assert_bitwise_equal
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+
+T, H, V, VR, TEMP = 150, 128, 257, 250, 0.7  # padded columns 250..256, T not a multiple of 64
+NAMES = ("logp", "lse", "d_hidden", "d_weight")
+
+
+def _recording(dlogp, calls):
+    def fn(lp, lo, hi):
+        calls.append((lo, hi))
+        return dlogp[lo:hi]
+    return fn
+
+
+def _unfused(h, w, tg, dlogp, vocab_real, temperature, seg):
+    logp, lse, _, _ = launch.linear_logp_fwd(h, w, tg, 0, vocab_real, temperature, segmentation=seg)
+    dh, dw = launch.linear_logp_bwd(h, w, tg, lse, dlogp, 0, vocab_real, temperature)
+    return logp, lse, dh, dw
+
+
+@pytest.fixture(scope="module")
+def case():
+    h, w, tg = make(T, H, V, VR, seed=21)
+    dl = torch.randn(T, generator=torch.Generator().manual_seed(22))
+    return h, w, tg, dl, _unfused(h, w, tg, dl, VR, TEMP, CPU_SEG)
+
+
+def _assert_all_equal(got, ref, what):
+    for name, a, b in zip(NAMES, got, ref):
+        assert_bitwise_equal(a, b, f"{name}, {what}")
+
+
+@pytest.mark.parametrize("rows,chunks", [(64, [(0, 64), (64, 128), (128, 150)]),
+                                         (128, [(0, 128), (128, 150)]), (192, [(0, 150)])])
+def test_fused_equals_unfused(case, rows, chunks):
+    """(a) logp/lse = linear_logp_fwd; (b) d_hidden/d_weight = linear_logp_bwd, for 3, 2, 1 chunks."""
+    h, w, tg, dl, ref = case
+    calls = []
+    got = fused.linear_logp_fused_loss(h, w, tg, _recording(dl, calls), 0, VR, TEMP, rows, segmentation=CPU_SEG)
+    assert calls == chunks, f"row chunks {calls}, expected {chunks}"
+    _assert_all_equal(got, ref, f"{len(chunks)} row chunks of {rows}")
+
+
+def test_default_chunks_and_run_to_run(case):
+    h, w, tg, dl, ref = case
+    calls = []
+    a = fused.linear_logp_fused_loss(h, w, tg, _recording(dl, calls), 0, VR, TEMP, segmentation=CPU_SEG)
+    # The CPU table's 0.25 MB budget gives 170 rows at V 257 -> 2 chunks of 128 rows (unit 64).
+    assert calls == [(0, 128), (128, 150)], calls
+    _assert_all_equal(a, ref, "table's row chunks")
+    b = fused.linear_logp_fused_loss(h, w, tg, _recording(dl, []), 0, VR, TEMP, segmentation=CPU_SEG)
+    _assert_all_equal(b, a, "run to run")
+
+
+def test_broken_chunk_chain_is_caught(case, monkeypatch):
+    """The equality above can fail: restarting d_weight's chain at each row chunk changes it."""
+    h, w, tg, dl, ref = case
+    orig = launch.GradGemms.d_weight
+
+    def restart(self, g, hidden_rows, out, *, ACC_IN, OUT_BF16):
+        return orig(self, g, hidden_rows, out, ACC_IN=False, OUT_BF16=OUT_BF16)
+
+    monkeypatch.setattr(launch.GradGemms, "d_weight", restart)
+    got = fused.linear_logp_fused_loss(h, w, tg, _recording(dl, []), 0, VR, TEMP, 64, segmentation=CPU_SEG)
+    assert_bitwise_equal(got[2], ref[2], "d_hidden does not use the chain")
+    with pytest.raises(ExactnessError):
+        assert_bitwise_equal(got[3], ref[3], "d_weight with a restarted chain")
+
+
+def test_rows_per_chunk_for_budget():
+    tab = cfgmod.load_table("sm_90")
+    assert fused.row_unit(tab) == 128
+    # 4096 MB / (6 * 151936) = 4711 rows -> cap 4608; T 8192 -> 2 equal chunks of 4096.
+    assert fused.rows_per_chunk_for(8192, 151936, tab) == 4096
+    assert fused.rows_per_chunk_for(1000, 151936, tab) == 1024
+    assert fused.rows_per_chunk_for(32768, 37984, tab) == 16384
+    tiny = {**tab, "fused": {"ROWS_BUDGET_MB": 1}}
+    assert fused.rows_per_chunk_for(5000, 151936, tiny) == 128  # never below one unit
+
+
+def _ppo_like(adv, old):
+    """A per-token loss built from exact ops only (mul, add, clamp, min): its gradient has the same
+    bytes whatever the chunk, also on CPU (no vectorized exp whose scalar tail may differ)."""
+    def loss_fn(logp, lo, hi):
+        d = logp - old[lo:hi]
+        a = adv[lo:hi]
+        return -torch.minimum(d * a, torch.clamp(d, -0.2, 0.2) * a) + 0.05 * logp * logp
+    return loss_fn
+
+
+def test_autograd_op_equals_unfused_autograd():
+    """(c) linear_logp_loss vs linear_logp + the same loss + backward: loss, logp, grads bitwise."""
+    h, w, tg = make(T, H, V, VR, seed=23)
+    g = torch.Generator().manual_seed(24)
+    loss_fn = _ppo_like(torch.randn(T, generator=g), torch.randn(T, generator=g) * 0.1 - 5)
+    h1, w1 = h.clone().requires_grad_(True), w.clone().requires_grad_(True)
+    out = linear_logp(h1, w1, tg, 0, VR, TEMP, segmentation=CPU_SEG)
+    ref_loss = loss_fn(out.logp, 0, T).sum()
+    ref_loss.backward()
+    h2, w2 = h.clone().requires_grad_(True), w.clone().requires_grad_(True)
+    loss, logp = linear_logp_loss(h2, w2, tg, loss_fn, 0, VR, TEMP, segmentation=CPU_SEG, rows_per_chunk=64)
+    assert logp.grad_fn is None and not logp.requires_grad
+    assert loss.dtype == torch.float32 and loss.dim() == 0
+    assert_bitwise_equal(logp, out.logp.detach(), "logp")
+    assert_bitwise_equal(loss.detach(), ref_loss.detach(), "loss")
+    loss.backward()
+    assert_bitwise_equal(h2.grad, h1.grad, "d_hidden, autograd")
+    assert_bitwise_equal(w2.grad, w1.grad, "d_weight, autograd")
+
+    # grad_out != 1: fp32 product rounded once; frozen weight: no d_weight, d_hidden unchanged.
+    h3 = h.clone().requires_grad_(True)
+    loss3, _ = linear_logp_loss(h3, w, tg, loss_fn, 0, VR, TEMP, segmentation=CPU_SEG, rows_per_chunk=64)
+    (loss3 * 3.0).backward()
+    assert_bitwise_equal(h3.grad, (h1.grad.float() * 3.0).to(torch.bfloat16), "d_hidden, grad_out 3")
+    with torch.no_grad():
+        loss4, logp4 = linear_logp_loss(h, w, tg, loss_fn, 0, VR, TEMP, segmentation=CPU_SEG)
+    assert loss4.grad_fn is None
+    assert_bitwise_equal(logp4, logp, "logp without grad")
+    assert_bitwise_equal(loss4, loss.detach(), "loss without grad")
+
+
+def test_accuracy_vs_fp64(case):
+    """(d) logp/lse vs the fp64 reference; gradients within the bf16 gradient tolerance."""
+    h, w, tg, dl, _ = case
+    logp, lse, dh, dw = fused.linear_logp_fused_loss(h, w, tg, _recording(dl, []), 0, VR, TEMP, 64,
+                                                     segmentation=CPU_SEG)
+    rlogp, rlse, _ = R.linear_logp_ref(h, w, tg, 0, VR, TEMP)
+    _close(logp, rlogp, FWD_TOL["cpu"], "logp")
+    _close(lse, rlse, FWD_TOL["cpu"], "lse")
+    rdh, rdw = R.linear_logp_grads_ref(h, w, tg, dl, vocab_real=VR, temperature=TEMP)
+    for name, a, r in (("d_hidden", dh, rdh), ("d_weight", dw, rdw)):
+        err = (a.double() - r).abs().max().item()
+        assert err <= GRAD_TOL * r.abs().max().item(), f"{name}: max err {err:.3e}"
+    assert bool((dw[VR:] == 0).all()), "padded columns get zero weight gradient"
+
+
+def _bad(fn, match):
+    with pytest.raises(UnsupportedConfigError, match=match):
+        fn()
+
+
+def test_bad_inputs():
+    """(e) clear errors before any launch."""
+    h, w, tg = make(4, 64, 128, 120)
+    ok = lambda lp, lo, hi: torch.ones_like(lp)  # noqa: E731
+    f = fused.linear_logp_fused_loss
+    kw = dict(segmentation=CPU_SEG)
+    _bad(lambda: f(h, w, tg, ok, 0, 120, return_entropy=True, **kw), "entropy")
+    _bad(lambda: f(h, w[:64], tg % 60, ok, 64, 120, **kw), "single-shard")
+    _bad(lambda: f(h, w[:64], tg % 60, ok, 0, 120, **kw), "single-shard")
+    _bad(lambda: f(h, w, tg, ok, 0, 120, rows_per_chunk=48, **kw), "multiple of")
+    _bad(lambda: f(h, w, tg, ok, 0, 120, rows_per_chunk=0, **kw), "multiple of")
+    _bad(lambda: f(h, w, torch.tensor([0, 1, 2, 120]), ok, 0, 120, **kw), "outside")
+    _bad(lambda: f(h.float(), w, tg, ok, 0, 120, **kw), "dtype")
+    _bad(lambda: f(h, w, tg[:3], ok, 0, 120, **kw), "entries")
+    _bad(lambda: f(h, w, tg, ok, 0, 120, 0.0, **kw), "temperature")
+    _bad(lambda: f(h, w, tg, None, 0, 120, **kw), "callable")
+    _bad(lambda: f(h, w, tg, lambda lp, lo, hi: lp.double(), 0, 120, **kw), "dtype")
+    _bad(lambda: f(h, w, tg, lambda lp, lo, hi: lp[:1], 0, 120, **kw), "entries")
+    _bad(lambda: linear_logp_loss(h.clone().requires_grad_(True), w, tg, lambda lp, lo, hi: lp.sum(), 0, 120,
+                                  segmentation=CPU_SEG), "per-token")
+
+
+# ----------------------------------------------------------------------------------------------
+# GPU (H200): does the stored forward logit (128x256 tile) equal bwd_grad's recomputed one
+# (128x128 tile)? Only then are the fused gradients the unfused ones. Not run on CPU.
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("V,vocab_real", [(37984, 37984), (151936, 151669)])
+def test_gpu_fused_equals_unfused(V, vocab_real):
+    h, w, tg = make(1000, 4096, V, vocab_real, device="cuda", seed=25)
+    dl = torch.randn(1000, device="cuda")
+    for temp in (1.0, 0.8):
+        ref = _unfused(h, w, tg, dl, vocab_real, temp, None)
+        for rows in (None, 384):  # 1 chunk (table budget) and 3 chunks (384, 384, 232)
+            calls = []
+            got = fused.linear_logp_fused_loss(h, w, tg, _recording(dl, calls), 0, vocab_real, temp, rows)
+            assert len(calls) == (1 if rows is None else 3), calls
+            _assert_all_equal(got, ref, f"V {V}, temperature {temp}, rows_per_chunk {rows}")
+
+
+@pytest.mark.gpu
+def test_gpu_autograd_op_equals_unfused_autograd():
+    h, w, tg = make(700, 4096, 151936, 151669, device="cuda", seed=26)
+    g = torch.Generator(device="cuda").manual_seed(27)
+    adv = torch.randn(700, device="cuda", generator=g)
+    old = torch.randn(700, device="cuda", generator=g) * 0.1 - 12
+
+    def ppo(logp, lo, hi):  # GPU elementwise ops: the same bytes whatever the chunk
+        ratio = torch.exp(logp - old[lo:hi])
+        return -torch.minimum(ratio * adv[lo:hi], torch.clamp(ratio, 0.8, 1.2) * adv[lo:hi])
+
+    h1, w1 = h.clone().requires_grad_(True), w.clone().requires_grad_(True)
+    ppo(linear_logp(h1, w1, tg, 0, 151669).logp, 0, 700).sum().backward()
+    h2, w2 = h.clone().requires_grad_(True), w.clone().requires_grad_(True)
+    loss, _ = linear_logp_loss(h2, w2, tg, ppo, 0, 151669, rows_per_chunk=256)
+    loss.backward()
+    assert_bitwise_equal(h2.grad, h1.grad, "d_hidden, autograd (GPU)")
+    assert_bitwise_equal(w2.grad, w1.grad, "d_weight, autograd (GPU)")

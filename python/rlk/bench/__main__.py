@@ -28,11 +28,7 @@ def main(argv=None) -> int:
     a.add_argument("--spec", required=True)
     a.add_argument("--json", required=True)
     args = p.parse_args(argv)
-    if args.cmd == "e2e" and args.device is None:
-        import torch
-
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    from rlk.bench import e2e
+    from rlk.bench import e2e  # run_e2e picks the default device
 
     return e2e.run_e2e(args) if args.cmd == "e2e" else e2e.run_arm(args)
 

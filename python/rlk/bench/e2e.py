@@ -141,7 +141,12 @@ def analyse(arms: list[tuple[dict, dict]], target: float = TARGET) -> tuple[dict
 
 
 def run_e2e(args) -> int:
+    import torch
+
     from rlk.bench.workload import WorkloadSpec
+
+    if getattr(args, "device", None) is None:  # every caller (CLI, the gate's L5 check) gets the default
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
 
     spec = WorkloadSpec(layers=args.layers, sequences=args.sequences, config=args.config,
                         prompt_range=tuple(args.prompt_range), response_range=tuple(args.response_range),

@@ -73,3 +73,25 @@ def test_l5_check_is_registered_for_h200_only():
     c = registry.all_checks() if hasattr(registry, "all_checks") else None
     keys = {f"{k.level}:{k.name}": k for k in (c or registry._CHECKS.values())}
     assert keys["L5:e2e.paired"].profiles == ("h200",)
+
+
+def test_l5_check_gives_the_arms_a_device(monkeypatch, tmp_path):
+    """The gate's L5 check passes device=None (the CLI default); run_e2e must resolve it before
+    the arms build their models (it reached the arms as None on the H200: TypeError)."""
+    from types import SimpleNamespace
+
+    from rlk.bench import checks, e2e
+
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def spawn(route, spec, steps, path):
+        seen.append(spec["device"])
+        raise Stop
+
+    monkeypatch.setattr(e2e, "_spawn", spawn)
+    with pytest.raises(Stop):
+        checks.e2e_paired(SimpleNamespace(out_dir=str(tmp_path), progress=lambda *a: None))
+    assert seen and seen[0] in ("cuda", "cpu")

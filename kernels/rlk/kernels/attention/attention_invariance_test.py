@@ -99,7 +99,8 @@ def test_default_contract_segments(data):
 
 # ---------------------------------------------------------------- GPU (H200), real sizes
 @pytest.mark.gpu
-@pytest.mark.parametrize("hq,hk", [(32, 8), (8, 2)])
+# GQA groups 4 (Qwen3-8B and its TP4 shard), 2 (Qwen3-1.7B: 16/8), 5 (Qwen3-14B: 40/8), 1 (MHA).
+@pytest.mark.parametrize("hq,hk", [(32, 8), (8, 2), (16, 8), (40, 8), (8, 8)])
 def test_gpu_qwen3_rows_identical(hq, hk):
     lens = [1, 63, 64, 65, 511, 512, 513, 1500, 4099, 8192]
     q, k, v, cu = T.packed(lens, hq, hk, 128, device="cuda", seed=2)

@@ -125,8 +125,27 @@ def test_errors():
         launch.prefill(q, k, v, cu, 4, float("nan"))
 
 
+@pytest.mark.parametrize("gp", [4, 3])
+def test_table_gp_that_does_not_divide_the_gqa_group(gp):
+    """The sm_90 table packs GP=4 q heads per tile; with a GQA group of 2 (Qwen3-1.7B's 16/8
+    heads) GP must shrink to a divisor of the group. Before the fix the grid had no program for
+    any head (g // GP == 0) and the output was whatever torch.empty held. GP is bit-neutral:
+    the rows equal GP=1's."""
+    from rlk.kernels.attention import config
+
+    q, k, v, cu = T.packed([5, 70], 4, 2, 64, seed=3)
+    scale = 64 ** -0.5
+    with config.override("prefill", GP=1):
+        ref_o, ref_l = launch.prefill(q, k, v, cu, 70, scale)
+    with config.override("prefill", GP=gp):
+        out, lse = launch.prefill(q, k, v, cu, 70, scale)
+    assert_bitwise_equal(out, ref_o, f"out GP={gp} at GQA 2")
+    assert_bitwise_equal(lse, ref_l, f"lse GP={gp} at GQA 2")
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("hq,hk", [(32, 8), (8, 2)])
+# GQA groups 4 (Qwen3-8B and its TP4 shard), 2 (Qwen3-1.7B: 16/8), 5 (Qwen3-14B: 40/8), 1 (MHA).
+@pytest.mark.parametrize("hq,hk", [(32, 8), (8, 2), (16, 8), (40, 8), (8, 8)])
 def test_gpu_accuracy_qwen3(hq, hk):
     lens = [1, 1000, 4097]
     q, k, v, cu = T.packed(lens, hq, hk, 128, device="cuda", seed=1)

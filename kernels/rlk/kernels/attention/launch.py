@@ -110,7 +110,10 @@ def prefill(q, k, v, cu_seqlens, max_seqlen, scale, *, contract="attn.v2", valid
         return out, lse
     s = config.schedule("prefill", q.device)
     g = hq // hk
-    gp = s.get("GP", 1)
+    # q heads packed per tile: the table's GP where it divides the GQA group, else their gcd
+    # (GP is bit-neutral; a GP that does not divide g would leave heads without a program:
+    # g // GP == 0 at Qwen3-1.7B's 16/8 heads gave an empty grid and unwritten output).
+    gp = math.gcd(int(s.get("GP", 1)), g)
     grid = (triton.cdiv(max_seqlen, s["BLOCK_M"] // gp), hk * (g // gp), nb)
     _fwd(out, lse, q, k, v, cu_seqlens, cu_seqlens, cu_seqlens, scale, c, grid, g, gp, s,
          paged=False, split=1, page=16)

@@ -79,6 +79,13 @@ class Qwen3:
         return x
 
     # ---- trainer pattern -----------------------------------------------------------------------
+    # The strict actor's LM head through the fused logp + loss path (ops.logp_loss: gradients
+    # formed in the forward, 3 GEMM-equivalents instead of 4). Same bytes as the unfused path:
+    # bitwise in the CPU tests and on the H200 (python -m rlk.models.qwen3.fused_actor_probe,
+    # docs/results/fused_actor_probe_h200.json). Off by default until an L5 e2e run measures it:
+    # the gate's L5 pass of 2026-12-01 (R/R / P/P 0.901) ran with it off.
+    fused_actor_lm_head = False
+
     def trainer_logp(self, ids, cu_seqlens, targets, *, actor=False, loss_mask=None, probes=None):
         """Selected-token logp of ``targets`` over packed sequences.
 
@@ -126,7 +133,7 @@ class Qwen3:
             h = self._forward(leaves, ids, positions, attn, probes)
             m = (torch.ones(ids.shape[0], dtype=torch.float32, device=self.device) if loss_mask is None
                  else loss_mask.to(self.device, torch.float32))
-            fused = getattr(self.ops, "logp_loss", None)
+            fused = getattr(self.ops, "logp_loss", None) if self.fused_actor_lm_head else None
             if fused is not None:
                 # Strict: the loss is known at forward time, so the LM head's gradients are
                 # formed with its forward (3 GEMM-equivalents, not 4); the same bytes as the

@@ -84,6 +84,7 @@ def test_strict_actor_fused_lm_head_equals_unfused(monkeypatch):
     from rlk.models.qwen3.routes import StrictOps
 
     m = Qwen3(TINY, random_weights(TINY, 0), "strict")
+    monkeypatch.setattr(Qwen3, "fused_actor_lm_head", True)
     prompts, resps = _seqs(2)
     calls = []
     real = StrictOps.logp_loss

@@ -12,6 +12,7 @@ from typing import Optional
 
 import torch
 
+from rlk.kernels.common import host_validated
 from rlk.kernels.rowops import launch as L
 from rlk.ops._dispatch import direct
 
@@ -138,7 +139,12 @@ def _rope_setup(ctx, inputs, output):
 
 def _rope_backward(ctx, dy):
     positions, cos, sin = ctx.saved_tensors
-    return _rope_op(dy.contiguous(), positions, cos, sin, not ctx.backward), None, None, None, None
+    # The forward already range-checked these positions (or its caller vouched for them under
+    # host_validated); checking again would cost one device read per call, and the autograd
+    # engine runs CUDA backward on its own thread, where the caller's host_validated() (a
+    # thread-local) does not reach.
+    with host_validated():
+        return _rope_op(dy.contiguous(), positions, cos, sin, not ctx.backward), None, None, None, None
 
 
 def _swiglu_setup(ctx, inputs, output):

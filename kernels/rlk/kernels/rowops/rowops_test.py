@@ -159,6 +159,25 @@ def test_rope_backward_autograd():
     _close(x.grad, ref, 2**-8, 1e-5, "rope backward")
 
 
+def test_rope_backward_reads_no_device_value(monkeypatch):
+    """Positions are range-checked once, in the forward (one device read); the backward reuses
+    the same saved positions without a second read (on GPU the autograd engine runs it on its own
+    thread, outside any host_validated() of the caller)."""
+    from rlk.ops import rowops as O
+
+    reads = []
+    real = L._span
+    monkeypatch.setattr(L, "_span", lambda t: reads.append(1) or real(t))
+    T, nh, D = 5, 2, 16
+    x = _data((T, nh, D), 21).requires_grad_(True)
+    cos, sin = L.rope_table(32, D, 10000.0, DEV)
+    pos = torch.tensor([3, 1, 31, 0, 3], device=DEV)
+    y = O.apply_rope(x, pos, cos, sin)
+    assert len(reads) == 1, "the forward's range check did not run"
+    y.backward(_data((T, nh, D), 22))
+    assert len(reads) == 1, "the backward read the positions again"
+
+
 def test_swiglu_forward_backward():
     T, F = 7, 96
     gu = _data((T, 2 * F), 23, 3.0)

@@ -125,22 +125,22 @@ def test_errors():
         launch.prefill(q, k, v, cu, 4, float("nan"))
 
 
-@pytest.mark.parametrize("gp", [4, 3])
-def test_table_gp_that_does_not_divide_the_gqa_group(gp):
+@pytest.mark.parametrize("gp,hq,hk", [(4, 4, 2), (3, 4, 2), (4, 5, 1), (4, 3, 1), (4, 2, 2)])
+def test_table_gp_that_does_not_divide_the_gqa_group(gp, hq, hk):
     """The sm_90 table packs GP=4 q heads per tile; with a GQA group of 2 (Qwen3-1.7B's 16/8
     heads) GP must shrink to a divisor of the group. Before the fix the grid had no program for
-    any head (g // GP == 0) and the output was whatever torch.empty held. GP is bit-neutral:
-    the rows equal GP=1's."""
+    any head (g // GP == 0) and the output was whatever torch.empty held (group 5: one head in
+    five unwritten). GP is bit-neutral: the rows equal GP=1's."""
     from rlk.kernels.attention import config
 
-    q, k, v, cu = T.packed([5, 70], 4, 2, 64, seed=3)
+    q, k, v, cu = T.packed([5, 70], hq, hk, 64, seed=3)
     scale = 64 ** -0.5
     with config.override("prefill", GP=1):
         ref_o, ref_l = launch.prefill(q, k, v, cu, 70, scale)
     with config.override("prefill", GP=gp):
         out, lse = launch.prefill(q, k, v, cu, 70, scale)
-    assert_bitwise_equal(out, ref_o, f"out GP={gp} at GQA 2")
-    assert_bitwise_equal(lse, ref_l, f"lse GP={gp} at GQA 2")
+    assert_bitwise_equal(out, ref_o, f"out GP={gp} at heads {hq}/{hk}")
+    assert_bitwise_equal(lse, ref_l, f"lse GP={gp} at heads {hq}/{hk}")
 
 
 @pytest.mark.gpu

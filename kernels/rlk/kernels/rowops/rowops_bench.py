@@ -7,7 +7,8 @@ Qwen3-8B sizes (hidden 4096, head_dim 128, 32 q / 8 kv heads, FFN 12288, vocab 1
 and torch.compile(dynamic=True) of the same function; a compile failure is recorded, not fatal.
 Times: medians over 5 alternating rounds (strict, eager, compiled, strict, ...) of short
 ``triton.testing.do_bench`` medians (ms -> us), same tensors, same process; the rounds are kept.
-JSON rows: op, rows, strict_us, native_us, ratio (= strict / native), eager_us, compiled_us.
+JSON rows: op, rows, strict_us, native_us, ratio (= strict / native), eager_us, compiled_us; rows
+<= 256 also strict_graph_us, native_graph_us (eager native form), graph_ratio (device time only).
 Needs a GPU; never run in CI.
 """
 
@@ -69,6 +70,7 @@ def _hf_swiglu_bwd(gu, dy):
 
 
 ROUNDS = 5
+GRAPH_ROWS_MAX = 256  # rows up to this also get CUDA-graph device times (decode sizes)
 
 
 def _compiled(fn):
@@ -137,10 +139,30 @@ def run(rows, quick: bool, only=None):
                    "ratio": round(s_us / native, 3), "eager_us": round(e_us, 2),
                    "compiled_us": None if c_us is None else round(c_us, 2),
                    "strict_rounds": t["strict"]["rounds"], "eager_rounds": t["eager"]["rounds"]}
+            if T <= GRAPH_ROWS_MAX:
+                row.update(_graph_columns(strict, eager))
             out.append(row)
             print(f"{op:14s} {T:6d}  strict {s_us:9.2f} us  eager {e_us:9.2f}  compiled "
                   f"{'   n/a' if c_us is None else f'{c_us:9.2f}'}  ratio {row['ratio']:.3f}", flush=True)
     return out
+
+
+def _graph_columns(strict, eager) -> dict:
+    """Device time per call of the strict op and the eager native form replayed from CUDA graphs
+    (decode-sized rows: engines capture decode steps; the eager times above include the host
+    launch path, which swings 2-10x on the H200 machine). Columns only: ``ratio`` stays eager."""
+    from rlk.testing.timing import cuda_graph_us
+
+    g = {}
+    for name, fn in (("strict", strict), ("native", eager)):
+        try:
+            g[name] = cuda_graph_us(fn)
+        except Exception as e:  # noqa: BLE001 - e.g. an op that cannot be captured: recorded
+            print(f"graph timing failed ({name}): {type(e).__name__}: {e}", file=sys.stderr)
+            g[name] = None
+    s, n = g["strict"], g["native"]
+    return {"strict_graph_us": None if s is None else round(s, 2), "native_graph_us": None if n is None else round(n, 2),
+            "graph_ratio": None if not (s and n) else round(s / n, 3)}
 
 
 def embedding_tiles(rows, tiles=(4096, 8192, 16384, 32768), warps=(4, 8)):

@@ -49,6 +49,7 @@ CONTRACT_MODULES = (
     "rlk.kernels.attention.config",
     "rlk.kernels.linear_logp.config",
     "rlk.collectives.contracts",
+    "rlk.collectives.ipc",  # registers the one-shot transport's fold kernel (ar.v1)
 )
 
 

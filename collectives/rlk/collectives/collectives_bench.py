@@ -8,7 +8,8 @@ Per op and message size (4 KiB..16 MiB of bf16):
 ``strict_us`` = median of CUDA-event timings of ``rlk.collectives`` (ar.v1 / rs.v1 / ag.v1, the
 torch.distributed transport: byte all-gather/all-to-all + local rank-ordered fold), ``nccl_us``
 = the same for ``dist.all_reduce`` / ``reduce_scatter_tensor`` / ``all_gather_into_tensor`` on
-the same tensors; max over ranks of each median. Rank 0 prints a table and writes JSON
+the same tensors; max over ranks of each median. ``all_reduce_oneshot``: ar.v1 through the
+single-node one-shot transport (``rlk.collectives.ipc``, symmetric memory) vs the same NCCL call. Rank 0 prints a table and writes JSON
 ``{"provenance": ..., "rows": [{op, world_size, bytes, strict_us, nccl_us, ratio}]}``.
 """
 
@@ -74,6 +75,9 @@ def main(argv=None):
     sg.verify(dev)
     sizes = [4 << 10, 1 << 20, 16 << 20] if a.quick else [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20,
                                                          4 << 20, 16 << 20]
+    from rlk.collectives.ipc import OneShotAllReduce
+
+    oneshot = OneShotAllReduce(max(sizes) // 2, torch.bfloat16, device=dev)
     rows = []
     for nbytes in sizes:
         numel = max(n, nbytes // 2 // n * n)
@@ -84,6 +88,8 @@ def main(argv=None):
             "all_reduce": (lambda: C.all_reduce(x, sg), lambda: dist.all_reduce(x.clone())),
             "reduce_scatter": (lambda: C.reduce_scatter(x, sg), lambda: dist.reduce_scatter_tensor(shard, x)),
             "all_gather": (lambda: C.all_gather(x, sg), lambda: dist.all_gather_into_tensor(full, x)),
+            # the single-node one-shot transport (rlk.collectives.ipc): same ar.v1 bytes
+            "all_reduce_oneshot": (lambda: oneshot(x), lambda: dist.all_reduce(x.clone())),
         }
         for op, (strict, nccl) in cases.items():
             s_us, n_us = _time_us(strict, a.iters), _time_us(nccl, a.iters)

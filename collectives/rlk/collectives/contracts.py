@@ -38,7 +38,7 @@ AR_V1 = register(
             "result_placement": "identical bytes on every rank",
         },
         schedule_fields={
-            "transport": ["torch.distributed.all_gather_single (gloo/nccl/rccl)", "ipc-oneshot (collectives/gpu, not run)"],
+            "transport": ["torch.distributed.all_gather_single (gloo/nccl/rccl)", "ipc-oneshot (rlk.collectives.ipc: symmetric memory + fold_pointers kernel; fold tested on CPU, transport not run)"],
         },
         bit_neutral_evidence={
             "transport": "transports copy bytes; collectives_test.py::test_all_reduce_* compares against "

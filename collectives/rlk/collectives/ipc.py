@@ -116,7 +116,6 @@ class OneShotAllReduce:
         self.world, self.rank = self.handle.world_size, self.handle.rank
         # Peer buffer addresses in rank order (valid in this process).
         self.ptrs = torch.tensor(list(self.handle.buffer_ptrs), dtype=torch.int64, device=self.device)
-        self.calls = 0
 
     def __call__(self, t: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
         """Rank-ordered sum of ``t`` over the group (identical bytes on every rank)."""
@@ -135,7 +134,6 @@ class OneShotAllReduce:
         out = torch.empty(n, dtype=out_dtype, device=self.device)
         fold_pointers(self.ptrs, n, self.dtype, out, volatile=True)
         self.handle.barrier(channel=1, timeout_ms=self.timeout_ms)
-        self.calls += 1
         return out.view(t.shape)
 
 

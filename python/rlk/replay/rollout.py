@@ -201,7 +201,7 @@ def _run_rollout(model, requests: list[Request], rc: RolloutConfig, forced: list
         kv = model.new_kv_cache(num_blocks, bs)
         runner = None
     captures0, replays0 = (runner.captures, runner.replays) if runner is not None else (0, 0)
-    ring = PinnedRing(dev) if dev.type == "cuda" else None
+    ring = runner.ring if runner is not None else (PinnedRing(dev) if dev.type == "cuda" else None)
     counts = dict(bucket_steps=0, padded_steps=0, over_bucket_steps=0)
     seqs = [_Seq(i, r, forced[i] if forced is not None else None) for i, r in enumerate(requests)]
     waiting = sorted(seqs, key=lambda s: (s.req.arrival_step, s.idx))

@@ -35,7 +35,8 @@ class PinnedRing:
         self._next = 0
         self.waits = 0  # copies that had to wait for their slot (the host was slots-1 copies ahead)
 
-    def _slot(self, nbytes: int) -> torch.Tensor:
+    def _slot(self, nbytes: int) -> tuple[int, torch.Tensor]:
+        """(index, pinned buffer of >= nbytes) of the next slot, once its previous copy is done."""
         i = self._next
         self._next = (i + 1) % len(self._bufs)
         ev = self._events[i]
@@ -45,24 +46,23 @@ class PinnedRing:
         buf = self._bufs[i]
         if buf is None or buf.numel() < nbytes:
             buf = self._bufs[i] = torch.empty(max(nbytes, 4096), dtype=torch.uint8, pin_memory=True)
-        self._cur = i
-        return buf
+        return i, buf
 
-    def _record(self) -> None:
-        ev = self._events[self._cur]
+    def _record(self, i: int) -> None:
+        ev = self._events[i]
         if ev is None:
-            ev = self._events[self._cur] = torch.cuda.Event()
+            ev = self._events[i] = torch.cuda.Event()
         ev.record()
 
     def copy_packed(self, dst: torch.Tensor, arrays: list[torch.Tensor], offsets: list[int]) -> None:
         """One non-blocking copy of CPU ``arrays`` into the flat uint8 device buffer ``dst`` at
         byte ``offsets`` (see :func:`pack_layout`)."""
-        buf = self._slot(dst.numel())
+        i, buf = self._slot(dst.numel())
         for a, off in zip(arrays, offsets):
             n = a.numel() * a.element_size()
             buf[off:off + n].view(a.dtype).view(a.shape).copy_(a)
         dst.copy_(buf[:dst.numel()], non_blocking=True)
-        self._record()
+        self._record(i)
 
     def to_device(self, *arrays: torch.Tensor) -> list[torch.Tensor]:
         """Fresh device tensors equal to the CPU ``arrays``, in one non-blocking copy."""

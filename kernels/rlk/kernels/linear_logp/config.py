@@ -17,7 +17,7 @@ from rlk import contracts
 from rlk.determinism import FP_FUSION
 from rlk.errors import UnsupportedConfigError
 from rlk.kernels import registry
-from rlk.kernels.common import TableOverrides
+from rlk.kernels.common import TableOverrides, device_capability
 from rlk.kernels.linear_logp import kernel as K
 
 CONTRACT_ID = "logp.v2"
@@ -77,9 +77,17 @@ FUSED_EVIDENCE = ("fused_test (interpreter): fused d_hidden/d_weight byte-identi
 def bit_table(t: dict) -> dict:
     """A launch table without its schedule fields (what the contract's bit hash covers); an entry
     holding only schedule fields (``fused``) has no bits and is left out."""
-    out = {k: ({f: v for f, v in e.items() if f not in SCHEDULE_FIELDS} if isinstance(e, dict) else e)
-           for k, e in t.items() if k != "status"}
-    return {k: e for k, e in out.items() if not (isinstance(e, dict) and not e and t[k])}
+    out = {}
+    for k, e in t.items():
+        if k == "status":
+            continue
+        if isinstance(e, dict):
+            bits = {f: v for f, v in e.items() if f not in SCHEDULE_FIELDS}
+            if e and not bits:
+                continue  # schedule fields only (``fused``)
+            e = bits
+        out[k] = e
+    return out
 
 
 def fwd_entry(tab: dict, T: int) -> dict:
@@ -138,7 +146,7 @@ def arch_of(device: torch.device) -> str:
         return "cpu-interpreter"
     if torch.version.hip:
         return "gfx942"
-    major, minor = torch.cuda.get_device_capability(device)
+    major, minor = device_capability(device)
     if (major, minor) != (9, 0):
         raise UnsupportedConfigError(f"{CONTRACT_ID}: sm_{major}{minor} has no config table (sm_90 only)")
     return "sm_90"

@@ -15,6 +15,7 @@ from rlk import contracts
 from rlk.determinism import FP_FUSION
 from rlk.errors import UnsupportedConfigError
 from rlk.kernels import registry
+from rlk.kernels.common import TableOverrides
 from rlk.kernels.rowops import kernel as K
 
 _DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
@@ -43,6 +44,16 @@ def table(arch: str = "sm_90") -> dict:
         raise UnsupportedConfigError(f"rowops: no config table for arch {arch!r} (have {sorted(ARCH_FILES)})")
     with open(os.path.join(_DIR, name)) as f:
         return json.load(f)
+
+
+# Table overrides for sweeps only (``with override("embedding", TILE_ELEMS=8192):``).
+_OVERRIDES = TableOverrides()
+override = _OVERRIDES.use
+
+
+def entry(arch: str, kind: str) -> dict:
+    """``table(arch)[kind]`` with any active :func:`override` applied (a copy when overridden)."""
+    return _OVERRIDES.apply(kind, table(arch)[kind]) if _OVERRIDES.active else table(arch)[kind]
 
 
 def norm_config(hidden: int, arch: str = "sm_90") -> dict:

@@ -297,7 +297,7 @@ def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     ids = _ids_checks(ids, V)
     y = torch.empty((ids.shape[0], H), dtype=weight.dtype, device=weight.device)
     if ids.shape[0] and H:
-        cfg = C.table(arch_for(weight.device))["embedding"]
+        cfg = C.entry(arch_for(weight.device), "embedding")
         bh = min(cfg["BLOCK_H"], C._next_pow2(H))
         bt = max(1, cfg["TILE_ELEMS"] // bh)
         T = ids.shape[0]

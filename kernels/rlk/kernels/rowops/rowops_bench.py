@@ -168,34 +168,28 @@ def _graph_columns(strict, eager) -> dict:
 def embedding_tiles(rows, tiles=(4096, 8192, 16384, 32768), warps=(4, 8)):
     """Device time (CUDA-graph replay) of the embedding gather for each (TILE_ELEMS, num_warps):
     schedule fields of embedding.v1 (an exact copy); every variant's output is compared with
-    ``F.embedding`` bytes. The table entry is restored afterwards."""
+    ``F.embedding`` bytes."""
     from rlk.kernels.rowops import config as C
     from rlk.testing.timing import cuda_graph_us
 
     dev = torch.device("cuda")
-    ent = C.table(L.arch_for(dev))["embedding"]
-    saved = dict(ent)
     g = torch.Generator(device=dev).manual_seed(0)
     emb = torch.randn((151936, 4096), device=dev, generator=g).to(torch.bfloat16)
     out = []
-    try:
-        for T in rows:
-            ids = torch.randint(0, emb.shape[0], (T,), device=dev, generator=g)
-            ref = Fn.embedding(ids, emb)
-            native = cuda_graph_us(lambda: Fn.embedding(ids, emb))
-            for te in tiles:
-                for nw in warps:
-                    ent.update(TILE_ELEMS=te, num_warps=nw)
+    for T in rows:
+        ids = torch.randint(0, emb.shape[0], (T,), device=dev, generator=g)
+        ref = Fn.embedding(ids, emb)
+        native = cuda_graph_us(lambda: Fn.embedding(ids, emb))
+        for te in tiles:
+            for nw in warps:
+                with C.override("embedding", TILE_ELEMS=te, num_warps=nw):
                     same = bool(torch.equal(L.embedding(ids, emb), ref))
                     us = cuda_graph_us(lambda: L.embedding(ids, emb))
-                    out.append({"rows": T, "TILE_ELEMS": te, "num_warps": nw, "graph_us": round(us, 2),
-                                "native_graph_us": round(native, 2), "ratio": round(us / native, 3),
-                                "same_bytes_as_native": same})
-                    print(f"embedding T={T:6d} tile={te:6d} w={nw}  {us:8.2f} us  native {native:8.2f}  "
-                          f"same={same}", flush=True)
-    finally:
-        ent.clear()
-        ent.update(saved)
+                out.append({"rows": T, "TILE_ELEMS": te, "num_warps": nw, "graph_us": round(us, 2),
+                            "native_graph_us": round(native, 2), "ratio": round(us / native, 3),
+                            "same_bytes_as_native": same})
+                print(f"embedding T={T:6d} tile={te:6d} w={nw}  {us:8.2f} us  native {native:8.2f}  "
+                      f"same={same}", flush=True)
     return out
 
 

@@ -2,8 +2,10 @@
 
     python -m rlk.models.qwen3.fused_actor_probe --config qwen3-1.7b --layers 2 --out probe.json
 
-Runs ``trainer.score(actor=True)`` with ``Qwen3.fused_actor_lm_head`` on, off, on again, and
-the forward-only (reference) score; reports per run the logp's NaN / zero / positive counts and
+First the forward sublayer by sublayer (``sublayer_trace``: the model's own probes) through the
+actor's path (grad-requiring weights: custom ops) and the direct path. Then
+``trainer.score(actor=True)`` with ``Qwen3.fused_actor_lm_head`` on, off, on again, and the
+forward-only (reference) score; reports per run the logp's NaN / zero / positive counts and
 range, whether each run's logp equals the reference bitwise, and which gradients differ between
 runs. Then the op alone (``linear_logp_loss`` vs ``linear_logp`` + backward) on the model's own
 LM-head weight. A diagnostic, not a benchmark; GPU only.
@@ -25,54 +27,26 @@ def _summary(lp: list[torch.Tensor]) -> dict:
             "max": float(fin.max()) if fin.numel() else None}
 
 
-def _same(a, b) -> bool:
-    return all(torch.equal(x.view(torch.uint8), y.view(torch.uint8)) for x, y in zip(a, b))
-
-
-def op_trace(model, ids, positions, cu, max_seqlen, grad: bool):
-    """Layer 0 of the strict forward op by op, with weights as grad-requiring leaves (the actor's
-    custom-op / autograd path) or plain (the direct path): [(name, tensor)]."""
-    cfg, ops, eps = model.cfg, model.ops, model.cfg.rms_norm_eps
+def sublayer_trace(model, ids, positions, cu, max_seqlen, grad: bool) -> list:
+    """The strict forward's per-layer attention and MLP outputs and the final hidden (the model's
+    own ``probes``), with weights as grad-requiring leaves (the actor's custom-op / autograd path)
+    or plain (the direct path): [(name, tensor)]."""
     w = {k: (t.detach().clone().requires_grad_(True) if grad else t) for k, t in model.w.items()}
-    T, qs, kvs = ids.shape[0], cfg.q_size, cfg.kv_size
-    p = "model.layers.0."
-    out = []
+    probes: dict = {}
     with torch.set_grad_enabled(grad):
-        x = ops.embedding(ids, w["model.embed_tokens.weight"])
-        out.append(("embedding", x))
-        r = x
-        x = ops.rms_norm(x, w[p + "input_layernorm.weight"], eps)
-        out.append(("rms_norm", x))
-        qkv = ops.linear(x, w[p + "self_attn.qkv_proj.weight"])
-        out.append(("linear_qkv", qkv))
-        q = qkv[:, :qs].contiguous().view(T, cfg.num_attention_heads, cfg.head_dim)
-        k = qkv[:, qs:qs + kvs].contiguous().view(T, cfg.num_key_value_heads, cfg.head_dim)
-        v = qkv[:, qs + kvs:].contiguous().view(T, cfg.num_key_value_heads, cfg.head_dim)
-        qn = ops.qk_norm(q, w[p + "self_attn.q_norm.weight"], eps)
-        out.append(("qk_norm_q", qn))
-        q = ops.apply_rope(qn, positions, model.rope)
-        out.append(("rope_q", q))
-        k = ops.apply_rope(ops.qk_norm(k, w[p + "self_attn.k_norm.weight"], eps), positions, model.rope)
-        out.append(("rope_k", k))
-        o = ops.attn_varlen(q, k, v, cu, max_seqlen, model.scale)
-        out.append(("attention", o))
-        x = ops.linear(o.reshape(T, qs), w[p + "self_attn.o_proj.weight"])
-        out.append(("linear_o", x))
-        x, r = ops.add_rms_norm(x, r, w[p + "post_attention_layernorm.weight"], eps)
-        out.append(("add_rms_norm_x", x))
-        out.append(("add_rms_norm_residual", r))
-        gu = ops.linear(x, w[p + "mlp.gate_up_proj.weight"])
-        out.append(("linear_gate_up", gu))
-        sg = ops.swiglu(gu)
-        out.append(("swiglu", sg))
-        out.append(("linear_down", ops.linear(sg, w[p + "mlp.down_proj.weight"])))
-    return [(n, t.detach()) for n, t in out]
+        model._forward(w, ids, positions,
+                       lambda i, q, k, v: model.ops.attn_varlen(q, k, v, cu, max_seqlen, model.scale), probes)
+    out = []
+    for i, (a, m) in enumerate(zip(probes["attn_out"], probes["mlp_out"])):
+        out += [(f"layer{i}.attn_out", a), (f"layer{i}.mlp_out", m)]
+    return out + [("final", probes["final"])]
 
 
 def main(argv=None):
     from rlk.models.qwen3 import Qwen3
     from rlk.ops.linear_logp import linear_logp, linear_logp_loss
     from rlk.replay import harness, trainer
+    from rlk.replay.compare import compare_logp
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", default="qwen3-1.7b")
@@ -88,19 +62,20 @@ def main(argv=None):
     resps = [torch.randint(0, model.cfg.vocab_size, (r.max_new_tokens,), generator=g).tolist() for r in reqs]
     out = {"config": a.config, "layers": a.layers, "tie_word_embeddings": model.cfg.tie_word_embeddings,
            "hidden": model.cfg.hidden_size, "vocab": model.cfg.vocab_size}
-    # Op by op, layer 0: the actor's path (grad-requiring weights) vs the direct path.
+    # Sublayer by sublayer: the actor's path (grad-requiring weights) vs the direct path.
     T = 300
     ids = torch.randint(0, model.cfg.vocab_size, (T,), device="cuda")
     cu = torch.tensor([0, 120, T], dtype=torch.int32, device="cuda")
     positions = torch.cat([torch.arange(120), torch.arange(T - 120)]).to("cuda")
-    plain, graded = op_trace(model, ids, positions, cu, 180, False), op_trace(model, ids, positions, cu, 180, True)
-    out["ops_layer0"] = []
+    plain = sublayer_trace(model, ids, positions, cu, 180, False)
+    graded = sublayer_trace(model, ids, positions, cu, 180, True)
+    out["sublayers"] = []
     for (name, x), (_, y) in zip(plain, graded):
-        r = {"op": name, "equal": bool(x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y)),
+        r = {"sublayer": name, "equal": bool(x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y)),
              "nan_direct": int(torch.isnan(x.float()).sum()), "nan_actor": int(torch.isnan(y.float()).sum()),
              "max_abs_diff": float((x.float() - y.float()).abs().nan_to_num(float("inf")).max())}
-        out["ops_layer0"].append(r)
-        print("op", r, flush=True)
+        out["sublayers"].append(r)
+        print("sublayer", r, flush=True)
     ref, _, _ = trainer.score(model, prompts, resps)
     out["reference"] = _summary(ref)
     print("reference", out["reference"], flush=True)
@@ -112,7 +87,7 @@ def main(argv=None):
             lp, grads, _ = trainer.score(model, prompts, resps, actor=True)
             torch.cuda.synchronize()
             runs[name] = (lp, grads)
-            out[name] = {**_summary(lp), "logp_equals_reference": _same(lp, ref)}
+            out[name] = {**_summary(lp), "logp_equals_reference": compare_logp(lp, ref)["mismatch_count"] == 0}
             print(name, out[name], flush=True)
     finally:
         Qwen3.fused_actor_lm_head = prev

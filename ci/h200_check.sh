@@ -18,7 +18,7 @@ if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=$PYTHONPATH:/tmp/site
 fi
-STAGES=${STAGES:-"env tests overhead logp_variants attn_variants gemm_sweep gemm_tune gemm_bench rowops_bench attention_sweep attention_bench logp_bench replay megatron_replay e2e gate"}
+STAGES=${STAGES:-"env tests actor_lm_head overhead logp_variants attn_variants gemm_sweep gemm_tune gemm_bench gemm_bwd_bench rowops_bench attention_sweep attention_bench logp_bench replay megatron_replay e2e gate"}
 SUMMARY=$OUT/summary.txt
 : > "$SUMMARY"
 
@@ -36,6 +36,7 @@ stage() {  # stage NAME LIMIT_S CMD...
 
 stage env 60 bash -c 'nvidia-smi; python3 -c "import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name())"'
 stage tests ${TESTS_LIMIT:-420} python3 -m pytest -m gpu -q -p no:cacheprovider ${TEST_PATHS:-kernels python} --timeout=400
+stage actor_lm_head ${ACTOR_LIMIT:-300} python3 -m rlk.bench.actor_lm_head --out "$R/actor_lm_head_h200.json" ${ACTOR_ARGS:-}
 stage overhead ${OVERHEAD_LIMIT:-240} python3 -m rlk.bench.overhead --out "$R/overhead_h200.json"
 stage logp_variants ${VARIANTS_LIMIT:-420} python3 -m rlk.kernels.linear_logp.linear_logp_variants --out "$R/linear_logp_variants_h200.json" ${VARIANTS_ARGS:-}
 stage attn_variants ${ATTN_VARIANTS_LIMIT:-300} python3 -m rlk.kernels.attention.attention_variants --out "$R/attention_variants_h200.json" ${ATTN_VARIANTS_ARGS:-}
@@ -43,10 +44,11 @@ stage gemm_sweep 240 python3 -m rlk.kernels.gemm.gemm_invariance_sweep --out "$R
 stage gemm_tune ${TUNE_LIMIT:-300} python3 -m rlk.kernels.gemm.gemm_tune --out "$R/gemm_sm90_tuned.json" ${TUNE_ARGS:-}
 [ -f "$R/gemm_sm90_tuned.json" ] && export RLK_GEMM_TABLE="$R/gemm_sm90_tuned.json"
 stage gemm_bench ${GEMM_BENCH_LIMIT:-300} python3 -m rlk.kernels.gemm.gemm_bench --out "$R/gemm_h200.json" ${GEMM_BENCH_ARGS:-}
-stage rowops_bench 240 python3 -m rlk.kernels.rowops.rowops_bench --out "$R/rowops_h200.json"
+stage gemm_bwd_bench ${GEMM_BWD_LIMIT:-240} python3 -m rlk.kernels.gemm.gemm_bench --backward --out "$R/gemm_bwd_h200.json"
+stage rowops_bench ${ROWOPS_LIMIT:-300} python3 -m rlk.kernels.rowops.rowops_bench --out "$R/rowops_h200.json"
 stage attention_sweep ${SWEEP_LIMIT:-240} python3 -m rlk.kernels.attention.attention_invariance_sweep --out "$R/attention_invariance_sm90.json" ${SWEEP_ARGS:-}
-stage attention_bench 300 python3 -m rlk.kernels.attention.attention_bench --out "$R/attention_h200.json"
-stage logp_bench 300 python3 -m rlk.kernels.linear_logp.linear_logp_bench --out "$R/linear_logp_h200.json"
+stage attention_bench ${ATTN_BENCH_LIMIT:-300} python3 -m rlk.kernels.attention.attention_bench --out "$R/attention_h200.json"
+stage logp_bench ${LOGP_BENCH_LIMIT:-420} python3 -m rlk.kernels.linear_logp.linear_logp_bench --out "$R/linear_logp_h200.json"
 stage replay ${REPLAY_LIMIT:-540} python3 -m rlk.replay h200 --out "$R/replay" ${REPLAY_ARGS:-}
 stage megatron_replay ${MEGATRON_LIMIT:-300} python3 -m rlk.integrations.megatron.replay --out "$R/replay_megatron" ${MEGATRON_ARGS:-}
 stage e2e ${E2E_LIMIT:-540} python3 -m rlk.bench e2e --out "$R/e2e" ${E2E_ARGS:-}

@@ -162,13 +162,20 @@ class _LinearLogpLoss(torch.autograd.Function):
         logp, _, dh, dw = linear_logp_fused_loss(
             hidden, weight, targets, dlogp_fn, vocab_start, vocab_real, temperature, rows_per_chunk,
             segmentation=segmentation, need_d_hidden=need_h, need_d_weight=need_w)
-        ctx.save_for_backward(dh, dw)
+        # Held as plain attributes (they are neither inputs nor outputs) and dropped in backward,
+        # so the returned buffers have no other owner and AccumulateGrad adopts them as .grad
+        # instead of copying them (a save_for_backward reference forces a copy: [V, H] bf16).
+        ctx.grads = (dh, dw)
         ctx.mark_non_differentiable(logp)
         return losses.sum(), logp
 
     @staticmethod
     def backward(ctx, grad_loss, _grad_logp):
-        dh, dw = ctx.saved_tensors
+        if ctx.grads is None:
+            raise RuntimeError("linear_logp_loss: backward ran twice (its gradients were handed over "
+                               "the first time); call the loss again for a second backward")
+        dh, dw = ctx.grads
+        ctx.grads = None
         return (_times(dh, grad_loss), _times(dw, grad_loss)) + (None,) * 7
 
 

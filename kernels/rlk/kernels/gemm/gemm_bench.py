@@ -2,6 +2,14 @@
 
 Run on the H200 (not in CI):
   python -m rlk.kernels.gemm.gemm_bench --out gemm_h200.json [--quick] [--eager]
+  python -m rlk.kernels.gemm.gemm_bench --backward --out gemm_bwd_h200.json
+
+``--backward``: the two training-backward GEMMs of every shape at M (tokens) in BWD_M, as the
+autograd of ``rlk.ops.gemm`` calls them: ``dx = gemm(dy, w.t())`` and ``dw = gemm(dy.t(),
+x.t())`` (transposed views) vs ``dy @ w`` / ``dy.T @ x`` (cuBLAS); ``strict_ptr_us`` is the same
+call with the pointer-load path forced (TMA=0, the path transposed operands took before they
+had descriptors), ``strict_<variant>_us`` other bit-neutral tiles (BWD_VARIANTS), and
+``same_bytes`` whether every variant and the contiguous-copy call agree bitwise.
 
 Times are medians of ``triton.testing.do_bench_cudagraph`` (both arms replayed from CUDA graphs,
 as vLLM decode runs; ``--eager`` uses ``do_bench`` instead, which at decode sizes also measures
@@ -53,10 +61,13 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="4 shapes x M in (1, 32, 2048)")
     ap.add_argument("--eager", action="store_true", help="time eager launches instead of graph replays")
     ap.add_argument("--shapes", default="", help="comma-separated shape names (default: all)")
+    ap.add_argument("--backward", action="store_true", help="the backward GEMMs (dx, dw) instead")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("gemm_bench needs a CUDA GPU", file=sys.stderr)
         return 2
+    if args.backward:
+        return backward(args)
     from rlk.kernels.gemm import config, launch
 
     names = args.shapes.split(",") if args.shapes else list(QUICK_SHAPES if args.quick else QWEN3_8B_GEMMS)
@@ -92,6 +103,53 @@ def main(argv=None) -> int:
         json.dump(doc, f, indent=1, default=str)
     print(f"wrote {len(rows)} rows to {args.out}")
     return 0
+
+
+BWD_M = (1700, 8192)
+BWD_SHAPES = ("qkv", "o", "gate_up", "down")
+# Bit-neutral load/tile variants timed beside the table's plan (same_bytes checks them all):
+# ptr = pointer loads (what transposed operands used before they had descriptors).
+BWD_VARIANTS = {"ptr": {"TMA": 0}, "bn256": {"BLOCK_N": 256, "TMA": 1}, "bn256_persistent": {"BLOCK_N": 256, "TMA": 1,
+                                                                                           "PERSISTENT": 1}}
+
+
+def backward(args) -> int:
+    from rlk.kernels.gemm import launch
+
+    names = args.shapes.split(",") if args.shapes else list(BWD_SHAPES)
+    rows = []
+    print(f"{'shape':<10}{'pass':>5}{'K':>7}{'N':>7}{'M':>6}{'strict us':>11}{'ptr us':>10}{'cuBLAS us':>11}{'ratio':>7}  same")
+    for name in names:
+        K, N = QWEN3_8B_GEMMS[name]
+        g = torch.Generator(device="cuda").manual_seed(1)
+        w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16, generator=g)
+        for M in BWD_M:
+            x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16, generator=g)
+            dy = torch.randn(M, N, device="cuda", dtype=torch.bfloat16, generator=g)
+            cases = {"dx": ((dy, w.t()), lambda: torch.matmul(dy, w)),
+                     "dw": ((dy.t(), x.t()), lambda: torch.matmul(dy.t(), x))}
+            for pas, ((a, b), native) in cases.items():
+                y = launch.gemm(a, b)
+                same = bool(torch.equal(y, launch.gemm(a.contiguous(), b.contiguous()))
+                            and all(torch.equal(y, launch.gemm(a, b, config=c)) for c in BWD_VARIANTS.values()))
+                strict_ms = _time(lambda: launch.gemm(a, b), args.eager)
+                var_ms = {k: _time(lambda c=c: launch.gemm(a, b, config=c), args.eager) for k, c in BWD_VARIANTS.items()}
+                native_ms = _time(native, args.eager)
+                p = launch.plan(a.shape[0], a.shape[1], b.shape[0], a.device)
+                row = {"shape": name, "pass": pas, "K": K, "N": N, "M": M,
+                       "strict_us": round(strict_ms * 1e3, 2), "native_us": round(native_ms * 1e3, 2),
+                       "ratio": round(strict_ms / native_ms, 4),
+                       **{f"strict_{k}_us": round(v * 1e3, 2) for k, v in var_ms.items()},
+                       **{f"ratio_{k}": round(v / native_ms, 4) for k, v in var_ms.items()},
+                       "same_bytes": same, "plan": {k: p[k] for k in ("split_k", "BLOCK_M", "BLOCK_N", "TMA", "FLAT")},
+                       "timing": "eager" if args.eager else "cudagraph"}
+                rows.append(row)
+                print(f"{name:<10}{pas:>5}{K:>7}{N:>7}{M:>6}{row['strict_us']:>11.1f}{row['strict_ptr_us']:>10.1f}"
+                      f"{row['native_us']:>11.1f}{row['ratio']:>7.3f}  {same}", flush=True)
+    with open(args.out, "w") as f:
+        json.dump({"provenance": _provenance(), "rows": rows}, f, indent=1, default=str)
+    print(f"wrote {len(rows)} rows to {args.out}")
+    return 0 if all(r["same_bytes"] for r in rows) else 1
 
 
 if __name__ == "__main__":

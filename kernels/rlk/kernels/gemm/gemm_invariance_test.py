@@ -104,6 +104,29 @@ def test_prefill_variants_identical(K, N):
             assert_bitwise_equal(y, ref[:m], f"K={K} N={N} M={m} {cfg}")
 
 
+@pytest.mark.parametrize("K,N", [(520, 97), (128, 64)], ids=["split2_ragged", "split1"])
+def test_tma_transposed_operands_identical(K, N):
+    """Operands that are transposes of row-major tensors (the backward's ``dy @ w`` and
+    ``dy.T @ x``) go through descriptors of the row-major tensor and a register transpose: the
+    bytes equal the pointer path's and the contiguous copies' (ragged M, N, K edges included)."""
+    from rlk.kernels.gemm import launch
+
+    x = _rand(K, 40, seed=15).t()  # [40, K], the transpose of a row-major [K, 40]
+    w = _rand(K, 104, seed=16)[:, :N].t()  # [N, K]: 208-byte rows of the row-major parent
+    assert launch.tma_layout(x) == "t" and launch.tma_layout(w) == "t"
+    assert launch.tma_layout(_rand(K, 63).t()) is None  # 126-byte rows: pointer loads
+    ref = gemm(x.contiguous(), w.contiguous(), out_dtype=torch.float32, schedule="prefill",
+               config=dict(BLOCK_M=32, BLOCK_N=32, FLAT=0, PERSISTENT=0, TMA=0))
+    for flat, pers in ((0, 0), (1, 1)):
+        for tma in (0, 1):
+            cfg = dict(BLOCK_M=16, BLOCK_N=32, GROUP_M=2, FLAT=flat, PERSISTENT=pers, TMA=tma)
+            for m in (1, 17, 40):
+                assert_bitwise_equal(gemm(x[:m], w, out_dtype=torch.float32, schedule="prefill", config=cfg),
+                                     ref[:m], f"x.T w.T K={K} M={m} {cfg}")
+                assert_bitwise_equal(gemm(x[:m].contiguous(), w, out_dtype=torch.float32, schedule="prefill",
+                                          config=cfg), ref[:m], f"x w.T K={K} M={m} {cfg}")
+
+
 def test_tma_falls_back_on_unaligned_strides():
     from rlk.kernels.gemm import launch
 

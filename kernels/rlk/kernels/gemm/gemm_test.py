@@ -162,3 +162,20 @@ def test_backward_gpu_run_to_run():
     assert torch.equal(dw.view(torch.int16), dw2.view(torch.int16))
     assert_close_to_reference(dx[:64], dy[:64], w.t())
     assert_close_to_reference(dw[:64], dy.t()[:64], x.t())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["qkv", "down", "tp4_lm_head"])
+def test_backward_gpu_transposed_tma_equals_pointer_path(name):
+    """The backward's transposed operands (dy @ w: w.t(); dy.T @ x: dy.t(), x.t()) read through
+    descriptors of the row-major tensors give the bytes of the pointer path and of contiguous
+    copies, at a ragged token count (1700: not a multiple of 64, the dw reduction length)."""
+    from rlk.kernels.gemm import launch
+
+    K, N = QWEN3_8B_GEMMS[name]
+    x, w, dy = _rand(1700, K, seed=16), _rand(N, K, seed=17), _rand(1700, N, seed=18)
+    for a, b in ((dy, w.t()), (dy.t(), x.t())):
+        y = gemm(a, b)
+        assert launch.tma_layout(b) == "t" and launch.plan(a.shape[0], a.shape[1], b.shape[0], a.device)["TMA"]
+        assert torch.equal(y.view(torch.int16), gemm(a.contiguous(), b.contiguous()).view(torch.int16))
+        assert torch.equal(y.view(torch.int16), launch.gemm(a, b, config=dict(TMA=0)).view(torch.int16))

@@ -9,7 +9,10 @@ per element; the GPU evidence is the tuner's byte-identity check and the ``gpu``
 * ``NUM_PROGS > 0``: persistent; program p walks tiles p, p + NUM_PROGS, ... ascending.
   ``NUM_PROGS == 0``: one program per tile.
 * ``USE_TMA``: x/w tiles come through host-side tensor descriptors (TMA on sm_90; out-of-range
-  lanes zero-filled), else through masked pointer loads.
+  lanes zero-filled), else through masked pointer loads. ``X_T`` / ``W_T``: that operand is the
+  transpose of a row-major tensor (the backward's ``w.t()``, ``dy.t()``, ``x.t()``); its
+  descriptor is over the row-major tensor and the loaded [BLOCK_K, BLOCK_*] tile is transposed
+  in registers before the MMA. The same values reach the same MMA k-steps in the same order.
 """
 
 import triton
@@ -21,10 +24,17 @@ from rlk.kernels.gemm.kernel import _load_ab, _mma, _operand, _store_out
 @triton.jit
 def _tile_ab(x_ptr, w_ptr, x_desc, w_desc, offs_m, offs_n, m0, n0, k0, M, N, K,
              stride_xm, stride_xk, stride_wn, stride_wk,
-             BLOCK_K: tl.constexpr, USE_TMA: tl.constexpr, DOT_DTYPE: tl.constexpr):
+             BLOCK_K: tl.constexpr, USE_TMA: tl.constexpr, X_T: tl.constexpr, W_T: tl.constexpr,
+             DOT_DTYPE: tl.constexpr):
     if USE_TMA:
-        a = _operand(x_desc.load([m0, k0]), DOT_DTYPE)
-        b = _operand(w_desc.load([n0, k0]), DOT_DTYPE)
+        if X_T:
+            a = _operand(tl.trans(x_desc.load([k0, m0])), DOT_DTYPE)
+        else:
+            a = _operand(x_desc.load([m0, k0]), DOT_DTYPE)
+        if W_T:
+            b = _operand(tl.trans(w_desc.load([k0, n0])), DOT_DTYPE)
+        else:
+            b = _operand(w_desc.load([n0, k0]), DOT_DTYPE)
     else:
         a, b = _load_ab(x_ptr, w_ptr, offs_m, offs_n, k0, M, N, K,
                         stride_xm, stride_xk, stride_wn, stride_wk, BLOCK_K, DOT_DTYPE)
@@ -36,8 +46,8 @@ def _one_tile(tile, y_ptr, x_ptr, w_ptr, x_desc, w_desc, M, N, K,
               stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_yn,
               SPLIT_K: tl.constexpr, SEG_STEPS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, FLAT: tl.constexpr,
-              USE_TMA: tl.constexpr, DOT_DTYPE: tl.constexpr, OUT_FP32: tl.constexpr,
-              INTERPRET: tl.constexpr):
+              USE_TMA: tl.constexpr, X_T: tl.constexpr, W_T: tl.constexpr, DOT_DTYPE: tl.constexpr,
+              OUT_FP32: tl.constexpr, INTERPRET: tl.constexpr):
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     group = GROUP_M * num_pid_n
@@ -57,7 +67,7 @@ def _one_tile(tile, y_ptr, x_ptr, w_ptr, x_desc, w_desc, M, N, K,
         # left fold from total = 0.0), then acc = 0 for the next segment.
         for i in tl.range(0, SPLIT_K * SEG_STEPS):
             a, b = _tile_ab(x_ptr, w_ptr, x_desc, w_desc, offs_m, offs_n, m0, n0, i * BLOCK_K, M, N, K,
-                            stride_xm, stride_xk, stride_wn, stride_wk, BLOCK_K, USE_TMA, DOT_DTYPE)
+                            stride_xm, stride_xk, stride_wn, stride_wk, BLOCK_K, USE_TMA, X_T, W_T, DOT_DTYPE)
             acc = _mma(a, b, acc, DOT_DTYPE)
             if SPLIT_K > 1:
                 if i % SEG_STEPS == SEG_STEPS - 1:
@@ -73,7 +83,7 @@ def _one_tile(tile, y_ptr, x_ptr, w_ptr, x_desc, w_desc, M, N, K,
             for j in range(0, SEG_STEPS):
                 k0 = (s * SEG_STEPS + j) * BLOCK_K
                 a, b = _tile_ab(x_ptr, w_ptr, x_desc, w_desc, offs_m, offs_n, m0, n0, k0, M, N, K,
-                                stride_xm, stride_xk, stride_wn, stride_wk, BLOCK_K, USE_TMA, DOT_DTYPE)
+                                stride_xm, stride_xk, stride_wn, stride_wk, BLOCK_K, USE_TMA, X_T, W_T, DOT_DTYPE)
                 acc = _mma(a, b, acc, DOT_DTYPE)
             total = total + acc
     _store_out(y_ptr, total, offs_m, offs_n, M, N, stride_ym, stride_yn, OUT_FP32, INTERPRET)
@@ -88,17 +98,20 @@ def gemm_tiled_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     NUM_PROGS: tl.constexpr, FLAT: tl.constexpr, USE_TMA: tl.constexpr,
     DOT_DTYPE: tl.constexpr, OUT_FP32: tl.constexpr, INTERPRET: tl.constexpr,
+    X_T: tl.constexpr = False, W_T: tl.constexpr = False,
 ):
     """Prefill/training schedule: each output tile computed whole by one program (no
     cross-program sum), segments folded in registers; tiles grouped by GROUP_M row tiles.
 
     Grid: (cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N),) or, persistent, (min(NUM_PROGS, tiles),).
-    x_desc / w_desc: tensor descriptors of x [M, K] / w [N, K] when USE_TMA, else None.
+    x_desc / w_desc: tensor descriptors of x [M, K] / w [N, K] when USE_TMA, else None; with
+    X_T (W_T) the descriptor is of the row-major x.T [K, M] (w.T [K, N]).
     """
     if NUM_PROGS == 0:
         _one_tile(tl.program_id(0), y_ptr, x_ptr, w_ptr, x_desc, w_desc, M, N, K,
                   stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_yn,
-                  SPLIT_K, SEG_STEPS, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, FLAT, USE_TMA, DOT_DTYPE, OUT_FP32, INTERPRET)
+                  SPLIT_K, SEG_STEPS, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, FLAT, USE_TMA, X_T, W_T, DOT_DTYPE, OUT_FP32,
+                  INTERPRET)
     else:
         num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
         # Tiles are independent (each element is summed by exactly one program): the walk order
@@ -108,6 +121,6 @@ def gemm_tiled_kernel(
         while tile < num_tiles:
             _one_tile(tile, y_ptr, x_ptr, w_ptr, x_desc, w_desc, M, N, K,
                       stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_yn,
-                      SPLIT_K, SEG_STEPS, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, FLAT, USE_TMA, DOT_DTYPE, OUT_FP32,
-                      INTERPRET)
+                      SPLIT_K, SEG_STEPS, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, FLAT, USE_TMA, X_T, W_T, DOT_DTYPE,
+                      OUT_FP32, INTERPRET)
             tile += NUM_PROGS

@@ -96,18 +96,33 @@ def num_progs(device: torch.device) -> int:
 
 
 def tma_ok(t: torch.Tensor) -> bool:
-    """Whether ``t`` [rows, K] can be read through a tensor descriptor (TMA): unit inner stride,
-    16-byte aligned base and row stride."""
-    return (t.stride(1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0
-            and t.data_ptr() % 16 == 0 and t.shape[0] > 0)
+    """Whether ``t`` [rows, K] is row-major and can be read through a tensor descriptor (TMA):
+    unit inner stride, 16-byte aligned base and row stride."""
+    return tma_layout(t) == "row"
 
 
-def _descriptors(x, w, bm, bn, bk):
+def tma_layout(t: torch.Tensor) -> str | None:
+    """How ``t`` [rows, K] can be read through a tensor descriptor: ``"row"`` (row-major: unit
+    inner stride), ``"t"`` (the transpose of a row-major tensor, e.g. ``w.t()``: unit row stride)
+    or None (neither, or a base / stride not 16-byte aligned: pointer loads)."""
+    if t.shape[0] == 0 or t.shape[1] == 0 or t.data_ptr() % 16:
+        return None
+    if t.stride(1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0:
+        return "row"
+    if t.stride(0) == 1 and (t.stride(1) * t.element_size()) % 16 == 0:
+        return "t"
+    return None
+
+
+def _descriptor(t, layout, rows_block, k_block):
+    """A descriptor over ``t`` [rows, K] (layout ``row``: blocks [rows_block, k_block]) or over
+    ``t.T`` [K, rows] (layout ``t``: blocks [k_block, rows_block]; the kernel transposes them)."""
     from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: PLC0415
 
-    xd = TensorDescriptor(x, list(x.shape), [x.stride(0), 1], [bm, bk])
-    wd = TensorDescriptor(w, list(w.shape), [w.stride(0), 1], [bn, bk])
-    return xd, wd
+    if layout == "t":
+        t = t.t()
+        return TensorDescriptor(t, list(t.shape), [t.stride(0), 1], [k_block, rows_block])
+    return TensorDescriptor(t, list(t.shape), [t.stride(0), 1], [rows_block, k_block])
 
 
 def gemm(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfloat16,
@@ -166,14 +181,18 @@ def gemm(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfl
         else:
             tiles = cdiv(M, bm) * cdiv(N, bn)
             nprog = num_progs(x.device) if p["PERSISTENT"] else 0
-            use_tma = bool(p["TMA"]) and tma_ok(x) and tma_ok(w)
-            xd, wd = _descriptors(x, w, bm, bn, bk) if use_tma else (None, None)
+            # TMA for row-major operands and for transposes of row-major tensors (the backward's
+            # dy @ w and dy.T @ x); anything else (or unaligned) takes the pointer loads.
+            lx, lw = tma_layout(x), tma_layout(w)
+            use_tma = bool(p["TMA"]) and lx is not None and lw is not None
+            xd, wd = ((_descriptor(x, lx, bm, bk), _descriptor(w, lw, bn, bk)) if use_tma else (None, None))
             grid = (min(nprog, tiles) if nprog else tiles,)
             handles.append(kernel_tiled.gemm_tiled_kernel[grid](
                 y, x, w, xd, wd, M, N, K,
                 x.stride(0), x.stride(1), w.stride(0), w.stride(1), y.stride(0), y.stride(1),
                 SPLIT_K=S, SEG_STEPS=p["seg_steps"], BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=p["GROUP_M"],
                 NUM_PROGS=nprog, FLAT=bool(p["FLAT"]), USE_TMA=use_tma,
+                X_T=use_tma and lx == "t", W_T=use_tma and lw == "t",
                 num_warps=p["num_warps"], num_stages=p["num_stages"], **flags, **opts))
     if _handles is not None:
         _handles.extend(handles)

@@ -138,6 +138,32 @@ def test_autograd_op_equals_unfused_autograd():
     assert_bitwise_equal(loss4, loss.detach(), "loss without grad")
 
 
+def test_autograd_hands_over_the_gradient_buffers(monkeypatch):
+    """backward returns the d_hidden / d_weight buffers the fused pass wrote with no other owner,
+    so they become .grad without a copy (a [V, H] copy per actor step otherwise); a second
+    backward through the same graph is refused with a clear error (the buffers were given away)."""
+    from rlk.kernels.linear_logp import fused as fused_mod
+    from rlk.ops import linear_logp as op_mod
+
+    made = []
+    real = fused_mod.linear_logp_fused_loss
+
+    def spy(*a, **k):
+        out = real(*a, **k)
+        made.append((out[2].data_ptr(), out[3].data_ptr()))  # addresses only: no extra owner
+        return out
+
+    monkeypatch.setattr(op_mod, "linear_logp_fused_loss", spy)
+    h, w, tg = make(T, H, V, VR, seed=25)
+    hr, wr = h.clone().requires_grad_(True), w.clone().requires_grad_(True)
+    loss, _ = linear_logp_loss(hr, wr, tg, lambda lp, lo, hi: -lp, 0, VR, TEMP, segmentation=CPU_SEG)
+    loss.backward(retain_graph=True)
+    # Adopted, not copied: a copy is allocated while the buffer is alive, so it cannot reuse its address.
+    assert (hr.grad.data_ptr(), wr.grad.data_ptr()) == made[0]
+    with pytest.raises(RuntimeError, match="backward ran twice"):
+        loss.backward()
+
+
 def test_accuracy_vs_fp64(case):
     """(d) logp/lse vs the fp64 reference; gradients within the bf16 gradient tolerance."""
     h, w, tg, dl, _ = case

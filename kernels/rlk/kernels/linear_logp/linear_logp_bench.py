@@ -9,8 +9,13 @@ formed in the forward, 3 GEMM-equivalents; its native/Liger numbers are the ``fw
 measured on the same inputs in the same process; ``grads_equal_unfused``: d_hidden/d_weight
 torch.equal to the fwd_bwd row's).
 
-Times are medians of ``triton.testing.do_bench`` (warm-up excluded), both routes on the same
-tensors in the same process. Peak memory: torch.cuda.max_memory_allocated() after
+Times: every arm of a pass is measured in alternating rounds (``interleaved_us``; each round a
+``triton.testing.do_bench`` median, warm-up excluded), all on the same tensors in the same
+process; the row gives the median over rounds and the rounds. ``strict_us`` is the trainer's
+configuration: the call inside ``host_validated()`` (the trainer and the replay harness range-check
+token ids on the host once per batch); ``strict_checked_us`` is the plain eager call, which reads
+the targets back for a range check (one device sync per call). ``ratio`` = strict_us / native_us,
+``ratio_checked`` = strict_checked_us / native_us. Peak memory: torch.cuda.max_memory_allocated() after
 reset_peak_memory_stats(), minus the memory allocated before the call (inputs, i.e. hidden,
 weight, targets, are excluded; outputs and gradients are included). Not for CI.
 """
@@ -68,11 +73,27 @@ def _peak_mb(fn) -> float:
     return (torch.cuda.max_memory_allocated() - base) / 2**20
 
 
-def run(shapes, out_path):
+ROUNDS = 3  # alternating measurement rounds per pass (rlk.testing.timing.interleaved_us)
+
+
+def _validated(fn):
+    """``fn`` inside ``host_validated()``: how the trainer and the replay harness call the op (token
+    ids range-checked on the host once per batch, no per-call device read)."""
+    from rlk.kernels.common import host_validated
+
+    def call():
+        with host_validated():
+            return fn()
+
+    return call
+
+
+def run(shapes, out_path, rounds: int = ROUNDS, dev: str = "cuda"):
     import triton.testing as tt
 
     from rlk.kernels.linear_logp import reference as R
     from rlk.ops.linear_logp import linear_logp, linear_logp_loss
+    from rlk.testing.timing import interleaved_us
 
     liger_fn, liger_reason = _liger()
     if liger_reason:
@@ -82,7 +103,6 @@ def run(shapes, out_path):
 
         print(f"liger: liger-kernel {importlib.metadata.version('liger-kernel')}")
     rows = []
-    dev = "cuda"
     prov = _provenance()
     for T, V in shapes:
         g = torch.Generator(device=dev).manual_seed(0)
@@ -114,36 +134,34 @@ def run(shapes, out_path):
         def fused_fb():
             linear_logp_loss(hg, wg, tg, lambda lp, lo, hi: lp * coef[lo:hi])[0].backward()
 
-        for pas, s_fn, n_fn in (("fwd", strict_fwd, native_fwd), ("fwd_bwd", strict_fb, native_fb)):
+        passes = {
+            "fwd": {"strict": _validated(strict_fwd), "strict_checked": strict_fwd, "native": native_fwd},
+            "fwd_bwd": {"strict": _validated(strict_fb), "strict_checked": strict_fb, "native": native_fb,
+                        **({"liger": liger_fb} if liger_fn is not None else {}),
+                        "fused": _validated(fused_fb), "fused_checked": fused_fb},
+        }
+        for pas, fns in passes.items():
             gn = [hg, wg] if pas == "fwd_bwd" else None
-            row = {"T": T, "V": V, "H": H, "pass": pas}
-            try:
-                row["strict_us"] = tt.do_bench(s_fn, grad_to_none=gn, return_mode="median") * 1e3
-                row["strict_peak_mb"] = _peak_mb(s_fn)
-            except torch.cuda.OutOfMemoryError as e:
-                row["strict_error"] = f"OOM: {e}"[:200]
+
+            def measure(fn, gn=gn):
+                return tt.do_bench(fn, grad_to_none=gn, return_mode="median") * 1e3
+
+            t = interleaved_us(fns, rounds=rounds, measure=measure)
             hg.grad = wg.grad = None
-            try:
-                row["native_us"] = tt.do_bench(n_fn, grad_to_none=gn, return_mode="median") * 1e3
-                row["native_peak_mb"] = _peak_mb(n_fn)
-            except torch.cuda.OutOfMemoryError as e:
-                row["native_error"] = f"OOM: {e}"[:200]
-            hg.grad = wg.grad = None
-            torch.cuda.empty_cache()
-            if "strict_us" in row and "native_us" in row:
-                row["ratio"] = row["strict_us"] / row["native_us"]
-            if pas == "fwd_bwd":
-                if liger_fn is not None:
+            peaks = {}
+            for name in ("strict", "native", "liger", "fused"):
+                if name in fns and "us" in t[name]:
                     try:
-                        row["liger_us"] = tt.do_bench(liger_fb, grad_to_none=gn, return_mode="median") * 1e3
-                        row["liger_peak_mb"] = _peak_mb(liger_fb)
-                        if "strict_us" in row:
-                            row["ratio_vs_liger"] = row["strict_us"] / row["liger_us"]
-                    except Exception as e:  # noqa: BLE001
-                        row["liger_error"] = repr(e)[:200]
+                        peaks[name] = _peak_mb(fns[name])
+                    except torch.cuda.OutOfMemoryError as e:
+                        peaks[name] = None
+                        t[name] = {"error": f"OOM: {e}"[:200]}
                     hg.grad = wg.grad = None
-                else:
-                    row["liger_skipped"] = liger_reason
+            torch.cuda.empty_cache()
+            row = {"T": T, "V": V, "H": H, "pass": pas}
+            _fill(row, t, peaks, "strict", "native", "liger" if pas == "fwd_bwd" else None)
+            if pas == "fwd_bwd" and liger_fn is None:
+                row["liger_skipped"] = liger_reason
             if pas == "fwd" and T == ERR_T:
                 ref, _, _ = R.linear_logp_ref(h, w, tg)
                 row["strict_logp_max_abs_err_fp64"] = (strict_fwd().double() - ref).abs().max().item()
@@ -151,13 +169,58 @@ def run(shapes, out_path):
                 del ref
             rows.append(row)
             _print_row(row)
-        rows.append(_fused_row(rows[-1], fused_fb, strict_fb, hg, wg))
-        _print_row(rows[-1])
+            if pas == "fwd_bwd":
+                fused = {"T": T, "V": V, "H": H, "pass": "fwd_bwd_fused"}
+                _fill(fused, {**t, "strict": t["fused"], "strict_checked": t["fused_checked"]},
+                      {**peaks, "strict": peaks.get("fused")}, "strict", "native", "liger" if liger_fn else None)
+                if "us" in t["strict"] and "us" in t["fused"]:
+                    fused["unfused_strict_us"] = t["strict"]["us"]
+                    fused["ratio_vs_unfused"] = t["fused"]["us"] / t["strict"]["us"]
+                fused["grads_equal_unfused"] = _grads_equal(fused_fb, strict_fb, hg, wg)
+                rows.append(fused)
+                _print_row(fused)
         del h, w, hg, wg
         torch.cuda.empty_cache()
         _write(out_path, prov, rows)  # after every shape: a stage time limit keeps what was measured
     _table(rows)
     print(f"wrote {out_path}")
+
+
+def _fill(row, t, peaks, strict, native, liger):
+    """Times (medians of the interleaved rounds), peaks and ratios of one row."""
+    for key, name in (("strict", strict), ("strict_checked", strict + "_checked"), ("native", native),
+                      ("liger", liger)):
+        if name is None or name not in t:
+            continue
+        if "us" in t[name]:
+            row[f"{key}_us"] = t[name]["us"]
+            row[f"{key}_rounds_us"] = t[name]["rounds"]
+        else:
+            row[f"{key}_error"] = t[name]["error"]
+        if key in ("strict", "native", "liger") and peaks.get(name) is not None:
+            row[f"{key}_peak_mb"] = peaks[name]
+    if "strict_us" in row and "native_us" in row:
+        row["ratio"] = row["strict_us"] / row["native_us"]
+    if "strict_checked_us" in row and "native_us" in row:
+        row["ratio_checked"] = row["strict_checked_us"] / row["native_us"]
+    if "strict_us" in row and "liger_us" in row:
+        row["ratio_vs_liger"] = row["strict_us"] / row["liger_us"]
+
+
+def _grads_equal(fused_fb, strict_fb, hg, wg):
+    """Whether the fused path's d_hidden / d_weight equal the unfused path's bitwise."""
+    try:
+        hg.grad = wg.grad = None
+        fused_fb()
+        fused_grads = (hg.grad, wg.grad)
+        hg.grad = wg.grad = None
+        strict_fb()
+        same = bool(torch.equal(fused_grads[0], hg.grad) and torch.equal(fused_grads[1], wg.grad))
+    except torch.cuda.OutOfMemoryError:
+        same = None
+    hg.grad = wg.grad = None
+    torch.cuda.empty_cache()
+    return same
 
 
 def _write(out_path, prov, rows):
@@ -167,42 +230,6 @@ def _write(out_path, prov, rows):
 
 def _print_row(row):
     print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
-
-
-def _fused_row(fb_row, fused_fb, strict_fb, hg, wg):
-    """The fused path timed like ``fwd_bwd``'s strict column; native and Liger numbers copied from
-    ``fb_row`` (same inputs, same process, same loss)."""
-    import triton.testing as tt
-
-    row = {k: fb_row[k] for k in ("T", "V", "H")}
-    row["pass"] = "fwd_bwd_fused"
-    try:
-        row["strict_us"] = tt.do_bench(fused_fb, grad_to_none=[hg, wg], return_mode="median") * 1e3
-        row["strict_peak_mb"] = _peak_mb(fused_fb)
-        hg.grad = wg.grad = None
-        fused_fb()
-        fused_grads = (hg.grad, wg.grad)
-        hg.grad = wg.grad = None
-        strict_fb()
-        row["grads_equal_unfused"] = bool(torch.equal(fused_grads[0], hg.grad)
-                                          and torch.equal(fused_grads[1], wg.grad))
-        del fused_grads
-    except torch.cuda.OutOfMemoryError as e:
-        row["strict_error"] = f"OOM: {e}"[:200]
-    hg.grad = wg.grad = None
-    torch.cuda.empty_cache()
-    for k in ("native_us", "native_peak_mb", "native_error", "liger_us", "liger_peak_mb", "liger_error",
-              "liger_skipped"):
-        if k in fb_row:
-            row[k] = fb_row[k]
-    if "strict_us" in fb_row:
-        row["unfused_strict_us"] = fb_row["strict_us"]
-    if "strict_us" in row:
-        for key, base in (("ratio", "native_us"), ("ratio_vs_liger", "liger_us"),
-                          ("ratio_vs_unfused", "unfused_strict_us")):
-            if base in row:
-                row[key] = row["strict_us"] / row[base]
-    return row
 
 
 def _table(rows):

@@ -127,6 +127,13 @@ def run(T_list, V, H, fwd_names, bwd_names, log=print):
                     lambda: launch.linear_logp_bwd(h, w, tg, lse, dlogp))})
                 log(f"bwd parts T={T}: {rows[-1]['kernels_us']}")
                 continue
+            if name == "fused_parts":  # the fused logp + loss path (forward included), per kernel
+                from rlk.kernels.linear_logp.fused import linear_logp_fused_loss
+
+                rows.append({"pass": "fused_parts", "T": T, "V": V, "kernels_us": _bwd_parts(
+                    lambda: linear_logp_fused_loss(h, w, tg, lambda lp, lo, hi: dlogp[lo:hi]))})
+                log(f"fused parts T={T}: {rows[-1]['kernels_us']}")
+                continue
             gv, mv = BWD_VARIANTS[name]
             try:
                 with cfg.override("bwd_grad", **gv), cfg.override("gemm", **mv):
@@ -160,7 +167,9 @@ def main(argv=None):
     ap.add_argument("--V", type=int, default=37984)
     ap.add_argument("--H", type=int, default=4096)
     ap.add_argument("--fwd", nargs="*", default=list(FWD_VARIANTS))
-    ap.add_argument("--bwd", nargs="*", default=list(BWD_VARIANTS))
+    ap.add_argument("--bwd", nargs="*", default=list(BWD_VARIANTS),
+                    help=f"backward variants ({', '.join(BWD_VARIANTS)}), or 'parts' / 'fused_parts': per-kernel "
+                         "device times of the unfused backward / the fused logp + loss path")
     ap.add_argument("--graph", action="store_true", help="time CUDA-graph replays (device time)")
     a = ap.parse_args(argv)
     _GRAPH["on"] = a.graph

@@ -82,9 +82,14 @@ class Qwen3:
     # The strict actor's LM head through the fused logp + loss path (ops.logp_loss: gradients
     # formed in the forward, 3 GEMM-equivalents instead of 4). Same bytes as the unfused path:
     # bitwise in the CPU tests and on the H200 (python -m rlk.models.qwen3.fused_actor_probe,
-    # docs/results/fused_actor_probe_h200.json). Off by default until an L5 e2e run measures it:
-    # the gate's L5 pass of 2026-12-01 (R/R / P/P 0.901) ran with it off.
-    fused_actor_lm_head = False
+    # docs/results/fused_actor_probe_h200.json, and python -m rlk.bench.actor_lm_head at the L5
+    # size: logp and every gradient equal). On by default: at Qwen3's 151,936-column vocabulary
+    # the fused op takes 0.76-0.83x the unfused op's time (docs/results/linear_logp_h200.json,
+    # T 1024 / 8192 / 32768); the actor phase as a whole is host-noisy on the H200 machine
+    # (docs/results/actor_lm_head/: two runs, fused 0.97x and 1.18x unfused, rounds spread 28-44
+    # ms). Costs up to the ROWS_BUDGET_MB of kept logits. Set False on the class or an instance
+    # for the unfused path.
+    fused_actor_lm_head = True
 
     def trainer_logp(self, ids, cu_seqlens, targets, *, actor=False, loss_mask=None, probes=None):
         """Selected-token logp of ``targets`` over packed sequences.

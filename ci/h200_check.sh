@@ -18,7 +18,7 @@ if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=$PYTHONPATH:/tmp/site
 fi
-STAGES=${STAGES:-"env tests actor_lm_head overhead logp_variants attn_variants gemm_sweep gemm_tune gemm_bench gemm_bwd_bench rowops_bench attention_sweep attention_bench logp_bench replay megatron_replay e2e gate"}
+STAGES=${STAGES:-"env tests actor_lm_head host_profile overhead logp_variants attn_variants gemm_sweep gemm_tune gemm_bench gemm_bwd_bench rowops_bench attention_sweep attention_bench logp_bench replay megatron_replay e2e gate"}
 SUMMARY=$OUT/summary.txt
 : > "$SUMMARY"
 
@@ -37,6 +37,7 @@ stage() {  # stage NAME LIMIT_S CMD...
 stage env 60 bash -c 'nvidia-smi; python3 -c "import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name())"'
 stage tests ${TESTS_LIMIT:-420} python3 -m pytest -m gpu -q -p no:cacheprovider ${TEST_PATHS:-kernels python} --timeout=400
 stage actor_lm_head ${ACTOR_LIMIT:-300} python3 -m rlk.bench.actor_lm_head --out "$R/actor_lm_head_h200.json" ${ACTOR_ARGS:-}
+stage host_profile ${HOST_PROFILE_LIMIT:-240} python3 -m rlk.bench.host_profile --out "$R/host_profile" ${HOST_PROFILE_ARGS:-}
 stage overhead ${OVERHEAD_LIMIT:-240} python3 -m rlk.bench.overhead --out "$R/overhead_h200.json"
 stage logp_variants ${VARIANTS_LIMIT:-420} python3 -m rlk.kernels.linear_logp.linear_logp_variants --out "$R/linear_logp_variants_h200.json" ${VARIANTS_ARGS:-}
 stage attn_variants ${ATTN_VARIANTS_LIMIT:-300} python3 -m rlk.kernels.attention.attention_variants --out "$R/attention_variants_h200.json" ${ATTN_VARIANTS_ARGS:-}

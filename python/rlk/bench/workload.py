@@ -30,6 +30,8 @@ class WorkloadSpec:
     device: str = "cuda"
     # Decode steps as CUDA graphs per batch bucket (None: on for CUDA). The same for both arms.
     rollout_graphs: bool | None = None
+    # Forced-token logp inside the padded decode steps (RolloutConfig.step_logp). The same for both arms.
+    step_logp: bool = False
 
     def to_dict(self):
         return dataclasses.asdict(self)
@@ -54,7 +56,8 @@ class Workload:
         self.forced = [[rng.randrange(cfg.vocab_size) for _ in range(r.max_new_tokens)] for r in self.requests]
         self.prompts = [r.prompt for r in self.requests]
         self.rc = rollout.RolloutConfig(block_size=spec.block_size, max_batch=spec.max_batch,
-                                        chunk_size=spec.chunk_size, jitter=0.0, cuda_graphs=spec.rollout_graphs)
+                                        chunk_size=spec.chunk_size, jitter=0.0, cuda_graphs=spec.rollout_graphs,
+                                        step_logp=spec.step_logp)
         self.response_tokens = sum(len(f) for f in self.forced)
         self.total_tokens = self.response_tokens + sum(len(p) for p in self.prompts)
 

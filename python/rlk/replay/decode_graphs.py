@@ -5,7 +5,9 @@ A decode-only step of ``B`` requests (one query each) is padded to the smallest 
 need). Every input shape of ``model.rollout_step`` then depends on ``P`` only, so one graph per
 bucket serves every such step. Padding rows: token id 0, position 0, slot -1 (``write_kv`` skips
 it), kv length 0 (``attn.v2`` gives out 0 / lse -inf), block-table row of zeros, one query each;
-they trail the real rows and are dropped before sampling and logp.
+they trail the real rows and are dropped before sampling and logp. With ``targets`` (a replay
+with forced tokens, ``RolloutConfig.step_logp``) the step also computes every row's logp of its
+forced token (``model.logp``; every row of a decode step samples), inside the graph.
 
 :class:`DecodeGraphs` follows the PyTorch CUDA-graphs recipe: static input buffers per bucket,
 eager warm-up on a side stream, capture with ``torch.cuda.graph`` (one memory pool shared by
@@ -38,15 +40,18 @@ class PaddedInputs:
     seq_lens_kv: torch.Tensor  # [P] int32
     slot_mapping: torch.Tensor  # [P] int64
     real: int
+    targets: torch.Tensor | None = None  # [P] int64: forced tokens (0 on padding rows), or None
 
     @property
     def bucket(self) -> int:
         return self.ids.shape[0]
 
     def arrays(self) -> list[torch.Tensor]:
-        """The six input arrays in the order of the packed device buffer (:class:`_Bucket`)."""
-        return [self.ids, self.positions, self.block_tables, self.cu_seqlens_q, self.seq_lens_kv,
-                self.slot_mapping]
+        """The input arrays in the order of the packed device buffer (:class:`_Bucket`): six, and
+        ``targets`` seventh when present."""
+        out = [self.ids, self.positions, self.block_tables, self.cu_seqlens_q, self.seq_lens_kv,
+               self.slot_mapping]
+        return out if self.targets is None else out + [self.targets]
 
     def meta(self, device, block_size: int) -> PagedMeta:
         """Device metadata for an eager padded step (no host copies: same code as the graph)."""
@@ -60,15 +65,19 @@ def padded_meta(block_tables, cu_seqlens_q, seq_lens_kv, slot_mapping, block_siz
 
 
 def pad_decode_inputs(ids: list[int], positions: list[int], slots: list[int], lens: list[int],
-                      pages: list[list[int]], bucket: int, width: int) -> PaddedInputs:
+                      pages: list[list[int]], bucket: int, width: int,
+                      targets: list[int] | None = None) -> PaddedInputs:
     """The host tensors of a decode step of ``len(ids)`` requests padded to ``bucket`` rows.
 
     ``pages[b]``: request ``b``'s page ids (at most ``width``); ``lens[b]``: its kv length after
-    this step. Determinism: exact host construction; real rows are unchanged by the padding.
+    this step; ``targets[b]``: the token whose logp row ``b`` gives (forced replays), or None.
+    Determinism: exact host construction; real rows are unchanged by the padding.
     """
     B, P = len(ids), bucket
     if not 1 <= B <= P or len(positions) != B or len(slots) != B or len(lens) != B or len(pages) != B:
         raise ValueError(f"pad_decode_inputs: {B} rows for bucket {P} (one id, position, slot, length, page list each)")
+    if targets is not None and len(targets) != B:
+        raise ValueError(f"pad_decode_inputs: {len(targets)} targets for {B} rows")
     pad = P - B
     bt = torch.zeros(P, width, dtype=torch.int32)
     for b, pg in enumerate(pages):
@@ -82,7 +91,8 @@ def pad_decode_inputs(ids: list[int], positions: list[int], slots: list[int], le
         cu_seqlens_q=torch.arange(P + 1, dtype=torch.int32),
         seq_lens_kv=torch.tensor(list(lens) + [0] * pad, dtype=torch.int32),
         slot_mapping=torch.tensor(list(slots) + [-1] * pad, dtype=torch.int64),
-        real=B)
+        real=B,
+        targets=None if targets is None else torch.tensor(list(targets) + [0] * pad, dtype=torch.int64))
 
 
 class _Bucket:
@@ -93,12 +103,13 @@ class _Bucket:
         arrays = host.arrays()
         self.offsets, total = pack_layout(arrays)
         self.flat = torch.empty(total, dtype=torch.uint8, device=device)
-        ids, pos, bt, cu, lens, slots = unpack(self.flat, arrays, self.offsets)
+        ids, pos, bt, cu, lens, slots, *tg = unpack(self.flat, arrays, self.offsets)
         self.ids, self.positions = ids, pos
+        self.targets = tg[0] if tg else None
         self.meta = padded_meta(bt, cu, lens, slots, block_size)
         self.ring = ring
         self.graph: torch.cuda.CUDAGraph | None = None
-        self.out: torch.Tensor | None = None
+        self.out: tuple | None = None  # (hidden [P, H], logp [P] fp32 or None)
         self.load(host)
 
     def load(self, host: PaddedInputs):
@@ -132,7 +143,8 @@ class DecodeGraphs:
         self.replays = 0
 
     def _run(self, st: _Bucket):
-        return self.model.rollout_step(st.ids, st.positions, self.kv, st.meta)
+        hidden = self.model.rollout_step(st.ids, st.positions, self.kv, st.meta)
+        return hidden, (None if st.targets is None else self.model.logp(hidden, st.targets))
 
     def _capture(self, host: PaddedInputs) -> _Bucket:
         st = _Bucket(host, self.model.device, self.block_size, self.ring)
@@ -151,15 +163,18 @@ class DecodeGraphs:
         self.captures += 1
         return st
 
-    def step(self, host: PaddedInputs) -> torch.Tensor:
-        """Hidden ``[P, H]`` of one padded decode step (rows ``>= host.real`` are padding).
+    def step(self, host: PaddedInputs) -> tuple:
+        """``(hidden [P, H], logp [P] fp32 or None)`` of one padded decode step (rows ``>=
+        host.real`` are padding; logp when ``host.targets`` is given: one graph per bucket and
+        kind).
 
-        The result is the graph's static output: valid until the next :meth:`step`; copy the
-        rows needed (``index_select``) before then.
+        The results are the graph's static outputs: valid until the next :meth:`step`; copy the
+        rows needed (``index_select``, ``clone``) before then.
         """
-        st = self._buckets.get(host.bucket)
+        key = (host.bucket, host.targets is not None)
+        st = self._buckets.get(key)
         if st is None:
-            st = self._buckets[host.bucket] = self._capture(host)
+            st = self._buckets[key] = self._capture(host)
         st.load(host)
         st.graph.replay()
         self.replays += 1

@@ -20,8 +20,10 @@ the block table has one width for the whole rollout, so each bucket has static s
 ``cuda_graphs`` (default: on when the model is on CUDA) each bucket's step is captured once as a
 CUDA graph and replayed (:mod:`rlk.replay.decode_graphs`); prefill and mixed steps, and decode
 steps larger than the largest bucket, run eagerly. Sampling, logits and logp run eagerly on the
-real rows only. On the strict route the logp are bitwise the same either way (gate L1, "graph vs
-eager").
+real rows only, except with ``RolloutConfig.step_logp`` in a forced replay: then a bucket step
+also computes each row's logp of its forced token (inside the graph; padding rows dropped). On
+the strict route the logp are bitwise the same either way (gate L1, "graph vs eager"; logp.v2
+rows do not depend on the row count).
 """
 
 from __future__ import annotations
@@ -59,6 +61,9 @@ class RolloutConfig:
     cuda_graphs: bool | None = None  # decode steps as CUDA graphs per bucket (None: on iff the model is on CUDA)
     decode_buckets: tuple = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # padded decode batch sizes
     pad_decode: bool | None = None  # pad decode steps to a bucket (None: same as cuda_graphs)
+    # Forced replays: bucket steps compute their rows' logp inside the step (the CUDA graph)
+    # instead of an eager LM-head launch per step. Off until measured on the GPU.
+    step_logp: bool = False
 
     def to_dict(self):
         return dataclasses.asdict(self)
@@ -246,14 +251,21 @@ def _run_rollout(model, requests: list[Request], rc: RolloutConfig, forced: list
             bucket = next((p for p in buckets if p >= len(sched)), None)
             counts["over_bucket_steps" if bucket is None else "bucket_steps"] += 1
         pr = {} if probes else None
+        step_lp = None
         if bucket is not None:
-            # Padded decode step; rows >= len(sched) are padding and never read below.
+            # Padded decode step; rows >= len(sched) are padding and never read below. Every row
+            # samples (a decode row is its request's last), so with forced tokens the step can
+            # give every row's logp itself.
             counts["padded_steps"] += bucket > len(sched)
-            host = decode_graphs.pad_decode_inputs(ids, pos, slots, lens, [s.pages for s, _ in sched], bucket, width)
+            tg = [s.forced[len(s.generated)] for s, _ in sched] if (rc.step_logp and forced is not None) else None
+            host = decode_graphs.pad_decode_inputs(ids, pos, slots, lens, [s.pages for s, _ in sched], bucket, width,
+                                                   targets=tg)
             if runner is not None:
-                hidden = runner.step(host)
+                hidden, step_lp = runner.step(host)
             else:
                 hidden = model.rollout_step(host.ids.to(dev), host.positions.to(dev), kv, host.meta(dev, bs))
+                if tg is not None:
+                    step_lp = model.logp(hidden, host.targets.to(dev))
         else:
             nb = max(len(s.pages) for s, _ in sched)
             bt = torch.zeros(len(sched), nb, dtype=torch.int32)
@@ -272,7 +284,15 @@ def _run_rollout(model, requests: list[Request], rc: RolloutConfig, forced: list
         samplers = [(b, s) for b, (s, n) in enumerate(sched) if s.computed + n >= len(s.prompt)]
         for s, n in sched:
             s.computed += n
-        if samplers:
+        if samplers and step_lp is not None:
+            # Rows 0..B-1 in order (all rows sample); a copy: the graph's output is overwritten
+            # by the next replay.
+            host_toks = [s.forced[len(s.generated)] for _, s in samplers]
+            lp = step_lp[: len(samplers)].clone()
+            for j, ((_, s), t) in enumerate(zip(samplers, host_toks)):
+                s.generated.append(int(t))
+                s.logp.append(lp[j])
+        elif samplers:
             row_ids = [cu[b + 1] - 1 for b, _ in samplers]
             if forced is not None:
                 # Frozen tokens are known on the host: no device read this step, and the inputs

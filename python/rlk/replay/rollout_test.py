@@ -136,6 +136,30 @@ def test_padded_decode_strict_bitwise_equal_to_unpadded():
         assert torch.equal(x, y), (x, y)
 
 
+def test_step_logp_forced_replay_bitwise_equal():
+    """RolloutConfig.step_logp: padded decode steps of a forced replay give every row's logp of its
+    forced token inside the step (all rows of a decode step sample); strict: the same bytes as the
+    eager per-step LM head on the real rows (logp.v2 rows do not depend on the row count)."""
+    m = harness.build_model(harness.ModelSpec(), "strict")
+    reqs = harness.make_requests(5, (3, 12), (3, 8), 256, seed=3, arrival_spread=2)
+    rc = rollout.RolloutConfig(max_batch=3, jitter=0.0, cuda_graphs=False, pad_decode=True)
+    a = rollout.run_rollout(m, reqs, rc)
+    calls = []
+    real_logp = m.logp
+    m.logp = lambda h, t: calls.append(h.shape[0]) or real_logp(h, t)
+    try:
+        b = rollout.run_rollout(m, reqs, dataclasses.replace(rc, step_logp=True), forced=a.responses)
+    finally:
+        del m.logp
+    assert b.padded_steps > 0 and b.responses == a.responses
+    assert 4 in calls, "no padded step computed its logp at the bucket's row count"
+    for x, y in zip(b.logp, a.logp):
+        assert torch.equal(x, y), (x, y)
+    # Without forced tokens the flag changes nothing (sampling needs the logits on the host).
+    c = rollout.run_rollout(m, reqs, dataclasses.replace(rc, step_logp=True))
+    assert c.responses == a.responses and all(torch.equal(x, y) for x, y in zip(c.logp, a.logp))
+
+
 def test_padded_decode_native_finite_and_close(recorded):
     m, reqs, res = recorded
     rc = rollout.RolloutConfig(pad_decode=True)
@@ -230,6 +254,12 @@ def test_gpu_cuda_graphs_equal_eager(config, layers):
     assert g.graph_replays > 0 and g.graph_captures >= 1 and g.padded_steps > 0
     assert g.graph_replays == g.bucket_steps and g.graph_captures <= len(set(g.batch_sizes))
     for x, y in zip(g.logp, a.logp):
+        assert torch.equal(x, y), (x, y)
+    # Forced replay with the logp inside the graphs (step_logp): the same bytes.
+    gl = rollout.run_rollout(m, reqs, dataclasses.replace(eager, cuda_graphs=True, pad_decode=True, step_logp=True),
+                             forced=a.responses)
+    assert gl.graph_replays > 0
+    for x, y in zip(gl.logp, a.logp):
         assert torch.equal(x, y), (x, y)
     # Sampling with graphs gives the eager tokens too (logits of the real rows only).
     s = rollout.run_rollout(m, reqs, dataclasses.replace(eager, cuda_graphs=True, pad_decode=True))

@@ -1,0 +1,93 @@
+"""Where the host time of one e2e phase goes: cProfile of the phase on the L5 workload.
+
+    python -m rlk.bench.host_profile --out DIR [--phase rollout] [--routes native strict] [--reps 2] [--step-logp]
+
+For each route: build the L5-size workload (``rlk.bench.checks.L5_ARGS``), run one warm-up step
+of the phase, then profile ``--reps`` runs of it under cProfile. Writes ``DIR/host_<route>_<phase>.txt``
+(pstats text, sorted by own time and by cumulative time; no pickled stats) and prints the top
+entries. A diagnostic for the host-bound phases (the rollout is host-bound in both arms on the
+H200 machine, docs/results/gate_h200_2026-12-01/README.md); not a benchmark: cProfile slows
+Python, so only the shares inside one profile mean something.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import os
+import pstats
+
+
+def _phase_fn(wl, phase: str):
+    from rlk.replay import trainer
+
+    mb = wl.spec.microbatch_tokens
+    if phase == "rollout":
+        return lambda: wl._rollout.run_rollout(wl.model, wl.requests, wl.rc, forced=wl.forced)
+    if phase == "ref_logp":
+        return lambda: trainer.score(wl.model, wl.prompts, wl.forced, actor=False, microbatch_tokens=mb)
+    if phase == "actor_fwd_bwd":
+        return lambda: trainer.score(wl.model, wl.prompts, wl.forced, actor=True, microbatch_tokens=mb)
+    raise SystemExit(f"unknown phase {phase!r} (rollout, ref_logp, actor_fwd_bwd)")
+
+
+def profile_route(route: str, phase: str, reps: int, top: int = 40, device: str = "cuda", **overrides) -> str:
+    import torch
+
+    from rlk.bench.checks import L5_ARGS
+    from rlk.bench.workload import Workload, WorkloadSpec
+
+    size = {k: L5_ARGS[k] for k in ("config", "layers", "sequences", "prompt_range", "response_range", "max_batch")}
+    spec = WorkloadSpec(**{**size, **overrides}, device=device,
+                        rollout_graphs=(L5_ARGS["rollout_graphs"] == "on") if device == "cuda" else False)
+    wl = Workload(spec, route)
+    fn = _phase_fn(wl, phase)
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    with torch.no_grad() if phase != "actor_fwd_bwd" else _null():
+        fn()  # warm-up: compilation, graph capture, allocator growth
+        sync()
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(reps):
+            fn()
+        sync()
+        prof.disable()
+    text = []
+    for key in ("tottime", "cumulative"):
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).strip_dirs().sort_stats(key).print_stats(top)
+        text.append(f"==== {route} {phase}: {reps} run(s), sorted by {key}\n{buf.getvalue()}")
+    return "\n".join(text)
+
+
+class _null:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *a):
+        return False
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--phase", default="rollout")
+    ap.add_argument("--routes", nargs="+", default=["native", "strict"])
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--top", type=int, default=40)
+    ap.add_argument("--step-logp", action="store_true", help="RolloutConfig.step_logp on (forced-token logp in the graphs)")
+    a = ap.parse_args(argv)
+    os.makedirs(a.out, exist_ok=True)
+    for route in a.routes:
+        text = profile_route(route, a.phase, a.reps, a.top, step_logp=a.step_logp)
+        path = os.path.join(a.out, f"host_{route}_{a.phase}.txt")
+        with open(path, "w") as f:
+            f.write(text)
+        print(text[:6000], flush=True)
+        print(f"wrote {path}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -8,6 +8,7 @@ them while a capture is active).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -36,7 +37,13 @@ def qk_scale_of(scale: float) -> float:
     """fp32(scale * log2(e)): the float64 product rounded once (RNE) to fp32."""
     if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
         raise UnsupportedConfigError(f"attention: scale must be a finite positive float, got {scale!r}")
-    return torch.tensor(float(scale) * LOG2E, dtype=torch.float64).to(torch.float32).item()
+    return _fp32_scaled(float(scale))
+
+
+@functools.lru_cache(maxsize=64)
+def _fp32_scaled(scale: float) -> float:
+    """fp32(scale * log2(e)) (memoized: a tensor round trip per launch costs host time)."""
+    return torch.tensor(scale * LOG2E, dtype=torch.float64).to(torch.float32).item()
 
 
 def _opts(sched: dict) -> dict:

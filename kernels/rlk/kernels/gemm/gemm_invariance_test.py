@@ -77,14 +77,38 @@ def test_run_to_run():
         assert_bitwise_equal(a, b, f"run to run, {schedule}")
 
 
-def test_split_count_changes_bits(monkeypatch):
+def test_plan_memo_equals_fresh_plan_and_follows_the_table_file(monkeypatch, tmp_path):
+    """plan() is memoized: the cached plan equals a fresh computation, callers get a copy, and a
+    different table file ($RLK_GEMM_TABLE) is part of the key."""
+    from rlk.kernels.gemm import launch
+
+    dev = torch.device(DEV)
+    for args in ((8, 4096, 6144), (1700, 4096, 6144), (6144, 1700, 4096)):
+        p = launch.plan(*args, dev)
+        fresh = launch._plan(*args, config.arch_of(dev), None, dev.type == "cpu")
+        assert p == fresh
+        p["BLOCK_N"] = -1  # a caller's change never reaches the cache
+        assert launch.plan(*args, dev)["BLOCK_N"] == fresh["BLOCK_N"]
+    table = json.loads(open(config.table_path("sm_90")).read())
+    table["default"]["prefill"]["BLOCK_N"] = 64
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(table))
+    monkeypatch.setenv(config.TABLE_ENV, str(path))
+    assert launch.plan(1700, 4096, 999, dev, schedule="prefill")["BLOCK_N"] == 64
+
+
+def test_split_count_changes_bits(monkeypatch, request):
     """Negative control: the invariance checks can fail. Another split count (a contract change)
     gives other fp32 bytes, even under the interpreter."""
     K, N = 1024, 70
     x, w = _rand(16, K, seed=8), _rand(N, K, seed=9)
     ref = gemm(x, w, out_dtype=torch.float32, schedule="prefill")
     assert config.split_k(K, N) == 4
+    from rlk.kernels.gemm import launch
+
     monkeypatch.setattr(config, "split_k", lambda k, n: 1)
+    launch.clear_plan_cache()  # plans are memoized; the patched rule must be seen (and undone)
+    request.addfinalizer(launch.clear_plan_cache)
     other = gemm(x, w, out_dtype=torch.float32, schedule="prefill")
     assert not torch.equal(other.view(torch.int32), ref.view(torch.int32)), (
         "split 1 and split 4 gave equal fp32 bytes: the invariance tests could not detect a fold change")

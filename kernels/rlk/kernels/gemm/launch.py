@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
@@ -50,7 +51,31 @@ def plan(M: int, K: int, N: int, device: torch.device, schedule: str | None = No
     both are bit-neutral, so choosing them from M is allowed. Decode BLOCK_M defaults to the
     smallest of 16/32/64 covering M (the weights then stream exactly once for M <= 64).
     """
-    arch = cfgmod.arch_of(device)
+    if not config:
+        # A pure function of (M, K, N, device, schedule, table file): memoized (computing it costs
+        # ~17 us of Python per launch); callers get a copy and cannot alter the memo.
+        key = (M, K, N, device, schedule, os.environ.get(cfgmod.TABLE_ENV))
+        p = _PLANS.get(key)
+        if p is None:
+            if len(_PLANS) >= _PLANS_MAX:
+                _PLANS.clear()
+            arch = cfgmod.arch_of(device)
+            p = _PLANS[key] = _plan(M, K, N, arch, schedule, device.type == "cpu")
+        return dict(p)
+    return _plan(M, K, N, cfgmod.arch_of(device), schedule, device.type == "cpu", config)
+
+
+_PLANS: dict = {}
+_PLANS_MAX = 4096
+
+
+def clear_plan_cache() -> None:
+    """Forget memoized plans (tests that patch the config module's rules)."""
+    _PLANS.clear()
+
+
+def _plan(M: int, K: int, N: int, arch: str, schedule: str | None, cpu: bool, config: dict | None = None) -> dict:
+    """:func:`plan`'s body."""
     bucket_bm = None
     if schedule is None:
         schedule, bucket_bm = cfgmod.pick_schedule(M, K, N, arch)
@@ -72,7 +97,7 @@ def plan(M: int, K: int, N: int, device: torch.device, schedule: str | None = No
                                          f"({seg_chunks} chunks of 64)")
     if cfg["BLOCK_K"] % cfgmod.CHUNK_K:
         raise UnsupportedConfigError(f"gemm: BLOCK_K={cfg['BLOCK_K']} is not a multiple of 64")
-    if (seg_chunks * cfgmod.CHUNK_K) % cfg["BLOCK_K"] or device.type == "cpu":
+    if (seg_chunks * cfgmod.CHUNK_K) % cfg["BLOCK_K"] or cpu:
         # A function of (K, N) only. Under the interpreter one dot is one exact fp64 chunk sum, so
         # a 128-wide dot would model another arithmetic than the GPU's chained 64-chunks.
         cfg["BLOCK_K"] = cfgmod.CHUNK_K

@@ -7,6 +7,7 @@ entropy). :func:`linear_logp_fwd` does both for a single shard. Backward: :func:
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple, Optional, Sequence
 
@@ -42,7 +43,13 @@ def _inv_temp(temperature) -> float:
         raise UnsupportedConfigError(f"{CONTRACT_ID}: temperature must be a number, got {temperature!r}")
     if not (math.isfinite(t) and t > 0.0):
         raise UnsupportedConfigError(f"{CONTRACT_ID}: temperature must be finite and > 0, got {t}")
-    # fp32(1 / float64(temperature)): the contract's single host-side rounding.
+    return _fp32_inverse(t)
+
+
+@functools.lru_cache(maxsize=64)
+def _fp32_inverse(t: float) -> float:
+    """fp32(1 / float64(t)): the contract's single host-side rounding (memoized: a tensor round
+    trip per launch costs tens of microseconds of host time)."""
     return float(torch.tensor(1.0 / t, dtype=torch.float32).item())
 
 

@@ -22,6 +22,7 @@ class Packed:
     order: list[int]  # request index of each packed sequence
     prompt_lens: list[int]
     response_lens: list[int]
+    host_cu: list[int] | None = None  # cu_seqlens on the host (no device read to use it)
 
 
 def pack(prompts: list[list[int]], responses: list[list[int]], order: list[int] | None = None, device="cpu") -> Packed:
@@ -39,13 +40,14 @@ def pack(prompts: list[list[int]], responses: list[list[int]], order: list[int] 
         cu_seqlens=torch.tensor(cu, dtype=torch.int32, device=device),
         targets=torch.tensor(tg, dtype=torch.int64, device=device),
         loss_mask=torch.tensor(mask, dtype=torch.bool, device=device),
-        order=order, prompt_lens=[len(prompts[i]) for i in order], response_lens=[len(responses[i]) for i in order])
+        order=order, prompt_lens=[len(prompts[i]) for i in order], response_lens=[len(responses[i]) for i in order],
+        host_cu=cu)
 
 
 def response_logp(pk: Packed, logp: torch.Tensor, n: int) -> list[torch.Tensor]:
     """Per request index (``0..n-1``), its response logp ``[r]`` taken from packed rows."""
     out: list[torch.Tensor | None] = [None] * n
-    cu = pk.cu_seqlens.tolist()
+    cu = pk.host_cu if pk.host_cu is not None else pk.cu_seqlens.tolist()
     for j, i in enumerate(pk.order):
         p, r = pk.prompt_lens[j], pk.response_lens[j]
         out[i] = logp[cu[j] + p - 1: cu[j] + p - 1 + r]
@@ -94,7 +96,8 @@ def _score(model, prompts, responses, *, actor=False, order=None, microbatch_tok
     for gi in groups:
         pk = pack(prompts, responses, gi, device=model.device)
         pr = {} if probes is not None else None
-        lp, g = model.trainer_logp(pk.ids, pk.cu_seqlens, pk.targets, actor=actor, loss_mask=pk.loss_mask, probes=pr)
+        lp, g = model.trainer_logp(pk.ids, pk.cu_seqlens, pk.targets, actor=actor, loss_mask=pk.loss_mask, probes=pr,
+                                   host_cu=pk.host_cu)
         for i, t in enumerate(response_logp(pk, lp, n)):
             if t is not None:
                 out[i] = t

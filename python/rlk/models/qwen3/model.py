@@ -91,7 +91,7 @@ class Qwen3:
     # for the unfused path.
     fused_actor_lm_head = True
 
-    def trainer_logp(self, ids, cu_seqlens, targets, *, actor=False, loss_mask=None, probes=None):
+    def trainer_logp(self, ids, cu_seqlens, targets, *, actor=False, loss_mask=None, probes=None, host_cu=None):
         """Selected-token logp of ``targets`` over packed sequences.
 
         Args:
@@ -102,6 +102,9 @@ class Qwen3:
           actor: with autograd (weights as leaves) and a backward of ``-sum(logp * loss_mask)``;
             otherwise forward-only under ``torch.no_grad`` (reference logp).
           loss_mask: ``[T]`` bool, rows in the actor loss (default all).
+          host_cu: ``cu_seqlens`` as a host list, when the caller has it: the length checks and
+            ``max_seqlen`` then read nothing back from the device (no synchronization, so the
+            host can queue the next micro-batch while this one runs).
         Returns:
           ``(logp [T] fp32, grads)``; ``grads`` maps fused weight names to gradients (actor) or
           is ``None``.
@@ -112,13 +115,18 @@ class Qwen3:
         cfg = self.cfg
         cu = cu_seqlens.to(self.device, torch.int32)
         lens = (cu[1:] - cu[:-1]).long()
-        if int(cu[-1]) != ids.shape[0]:
-            raise UnsupportedConfigError(f"cu_seqlens ends at {int(cu[-1])}, ids has {ids.shape[0]} rows")
-        if int(lens.max()) > cfg.max_position_embeddings:
-            raise UnsupportedConfigError(f"sequence of {int(lens.max())} > max_position_embeddings")
-        starts = torch.repeat_interleave(cu[:-1].long(), lens)
+        if host_cu is None:
+            host_cu = cu.tolist()  # one device read
+        host_cu = [int(c) for c in host_cu]
+        if len(host_cu) != cu.shape[0]:
+            raise UnsupportedConfigError(f"host_cu has {len(host_cu)} entries, cu_seqlens {cu.shape[0]}")
+        if host_cu[-1] != ids.shape[0]:
+            raise UnsupportedConfigError(f"cu_seqlens ends at {host_cu[-1]}, ids has {ids.shape[0]} rows")
+        max_seqlen = max((b - a for a, b in zip(host_cu, host_cu[1:])), default=0)
+        if max_seqlen > cfg.max_position_embeddings:
+            raise UnsupportedConfigError(f"sequence of {max_seqlen} > max_position_embeddings")
+        starts = torch.repeat_interleave(cu[:-1].long(), lens, output_size=ids.shape[0])
         positions = torch.arange(ids.shape[0], device=self.device) - starts
-        max_seqlen = int(lens.max())
 
         def attn(i, q, k, v):
             return self.ops.attn_varlen(q, k, v, cu, max_seqlen, self.scale)

@@ -33,6 +33,24 @@ def test_native_packed_equals_single_sequences_fp32():
         torch.testing.assert_close(one[0], packed[i], rtol=0, atol=1e-5)
 
 
+def test_trainer_logp_host_cu_same_bytes_and_checked():
+    """trainer.pack keeps cu_seqlens on the host too; trainer_logp given it reads nothing back and
+    gives the bytes of the device-read path; a host_cu that disagrees is refused."""
+    from rlk.errors import UnsupportedConfigError
+
+    m = Qwen3(TINY, random_weights(TINY, 0, dtype=torch.float32), "native")
+    prompts, resps = _seqs(3)
+    pk = trainer.pack(prompts, resps)
+    assert pk.host_cu == pk.cu_seqlens.tolist()
+    a, _ = m.trainer_logp(pk.ids, pk.cu_seqlens, pk.targets, host_cu=pk.host_cu)
+    b, _ = m.trainer_logp(pk.ids, pk.cu_seqlens, pk.targets)
+    assert torch.equal(a, b)
+    with pytest.raises(UnsupportedConfigError, match="ends at"):
+        m.trainer_logp(pk.ids, pk.cu_seqlens, pk.targets, host_cu=pk.host_cu[:-1] + [pk.host_cu[-1] + 1])
+    with pytest.raises(UnsupportedConfigError, match="entries"):
+        m.trainer_logp(pk.ids, pk.cu_seqlens, pk.targets, host_cu=pk.host_cu[:-1])
+
+
 def test_native_matches_unpacked_reference_fp32():
     """Positions restart per sequence: a sequence packed behind another gives its own logp."""
     w = random_weights(TINY, 0, dtype=torch.float32)

@@ -253,11 +253,14 @@ def _run_rollout(model, requests: list[Request], rc: RolloutConfig, forced: list
         pr = {} if probes else None
         step_lp = None
         if bucket is not None:
-            # Padded decode step; rows >= len(sched) are padding and never read below. Every row
-            # samples (a decode row is its request's last), so with forced tokens the step can
-            # give every row's logp itself.
+            # Padded step of one-token rows; rows >= len(sched) are padding and never read below.
+            # When every row samples (decodes, or a prompt's last token; a one-token prefill
+            # chunk that leaves its prompt unfinished does not), rows 0..B-1 are exactly the
+            # samplers in order, so with forced tokens the step can give their logp itself.
             counts["padded_steps"] += bucket > len(sched)
-            tg = [s.forced[len(s.generated)] for s, _ in sched] if (rc.step_logp and forced is not None) else None
+            every_row_samples = all(s.computed + 1 >= len(s.prompt) for s, _ in sched)
+            tg = ([s.forced[len(s.generated)] for s, _ in sched]
+                  if (rc.step_logp and forced is not None and every_row_samples) else None)
             host = decode_graphs.pad_decode_inputs(ids, pos, slots, lens, [s.pages for s, _ in sched], bucket, width,
                                                    targets=tg)
             if runner is not None:
@@ -285,8 +288,9 @@ def _run_rollout(model, requests: list[Request], rc: RolloutConfig, forced: list
         for s, n in sched:
             s.computed += n
         if samplers and step_lp is not None:
-            # Rows 0..B-1 in order (all rows sample); a copy: the graph's output is overwritten
-            # by the next replay.
+            # Every row samples (checked above): rows 0..B-1 in order; a copy: the graph's output
+            # is overwritten by the next replay.
+            assert len(samplers) == len(sched)
             host_toks = [s.forced[len(s.generated)] for _, s in samplers]
             lp = step_lp[: len(samplers)].clone()
             for j, ((_, s), t) in enumerate(zip(samplers, host_toks)):

@@ -158,6 +158,14 @@ def test_step_logp_forced_replay_bitwise_equal():
     # Without forced tokens the flag changes nothing (sampling needs the logits on the host).
     c = rollout.run_rollout(m, reqs, dataclasses.replace(rc, step_logp=True))
     assert c.responses == a.responses and all(torch.equal(x, y) for x, y in zip(c.logp, a.logp))
+    # One-token prefill chunks: a padded step may hold a row whose prompt is unfinished (it does
+    # not sample) before one that finishes its prompt; such steps keep the eager path.
+    r1 = [rollout.Request(prompt=list(range(1, 1 + p)), max_new_tokens=3) for p in (3, 6, 4)]
+    rc1 = rollout.RolloutConfig(max_batch=3, chunk_size=1, jitter=0.0, cuda_graphs=False, pad_decode=True)
+    ref = rollout.run_rollout(m, r1, rc1)
+    d = rollout.run_rollout(m, r1, dataclasses.replace(rc1, step_logp=True), forced=ref.responses)
+    for x, y in zip(d.logp, ref.logp):
+        assert torch.equal(x, y), (x, y)
 
 
 def test_padded_decode_native_finite_and_close(recorded):
@@ -258,7 +266,7 @@ def test_gpu_cuda_graphs_equal_eager(config, layers):
     # Forced replay with the logp inside the graphs (step_logp): the same bytes.
     gl = rollout.run_rollout(m, reqs, dataclasses.replace(eager, cuda_graphs=True, pad_decode=True, step_logp=True),
                              forced=a.responses)
-    assert gl.graph_replays > 0
+    assert gl.graph_replays > 0 and gl.graph_captures > 0  # graphs with targets were captured
     for x, y in zip(gl.logp, a.logp):
         assert torch.equal(x, y), (x, y)
     # Sampling with graphs gives the eager tokens too (logits of the real rows only).

@@ -104,7 +104,8 @@ class Qwen3:
           loss_mask: ``[T]`` bool, rows in the actor loss (default all).
           host_cu: ``cu_seqlens`` as a host list, when the caller has it: the length checks and
             ``max_seqlen`` then read nothing back from the device (no synchronization, so the
-            host can queue the next micro-batch while this one runs).
+            host can queue the next micro-batch while this one runs). Trusted to equal
+            ``cu_seqlens``: only its length and last entry are checked.
         Returns:
           ``(logp [T] fp32, grads)``; ``grads`` maps fused weight names to gradients (actor) or
           is ``None``.

@@ -70,6 +70,9 @@ from typing import Any, Iterable, Mapping
 
 TARGETS = {"sm_90": ("cuda", 90, 32), "gfx942": ("hip", "gfx942", 64)}
 ASM_KEY = {"sm_90": "ptx", "gfx942": "amdgcn"}
+# A config key holding signature overrides for that config only ({arg: type}), e.g. tensor
+# descriptor types ("tensordesc<bf16[64, 128]>") of a TMA variant whose other configs pass None.
+SIGNATURE_KEY = "SIGNATURE"
 # Config keys that are compile options, not constexprs (others must be constexprs of the kernel).
 OPTION_KEYS = frozenset(
     {"num_warps", "num_stages", "num_ctas", "enable_fp_fusion", "maxnreg", "matrix_instr_nonkdim",
@@ -289,7 +292,7 @@ def scan_launch_sites(folder: str | os.PathLike, kernel_names: Iterable[str] = (
 # ----------------------------------------------------------------------------- compile worker
 
 
-def _compile(entry, constexprs, options, target):
+def _compile(entry, constexprs, options, target, signature=None):
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -297,7 +300,7 @@ def _compile(entry, constexprs, options, target):
     import triton.language as tl
 
     fn = entry.fn
-    sig = dict(entry.signature)
+    sig = {**entry.signature, **(signature or {})}
     constexprs = dict(constexprs)
     for k, v in constexprs.items():  # tables read from JSON name dtypes as strings ("bf16")
         if isinstance(v, str) and v in _TL_DTYPES:
@@ -311,8 +314,9 @@ def _compile(entry, constexprs, options, target):
 def _check_one(entry, contract, config, target, launch_opts) -> dict:
     cfg = dict(config)
     arg_names = list(getattr(entry.fn, "arg_names", []))
+    signature = cfg.get(SIGNATURE_KEY)
     options = {**launch_opts, **{k: v for k, v in cfg.items() if k in OPTION_KEYS}}
-    constexprs = {k: v for k, v in cfg.items() if k not in OPTION_KEYS}
+    constexprs = {k: v for k, v in cfg.items() if k not in OPTION_KEYS and k != SIGNATURE_KEY}
     if "INTERPRET" in arg_names and "INTERPRET" not in constexprs:
         constexprs["INTERPRET"] = False  # its GPU value
     bits = dict(contract.bit_fields) if contract is not None else {}
@@ -333,7 +337,7 @@ def _check_one(entry, contract, config, target, launch_opts) -> dict:
     if contract is None:
         probs.append(f"contract {entry.contract_id!r} is not registered")
     try:
-        ck = _compile(entry, constexprs, options, target)
+        ck = _compile(entry, constexprs, options, target, signature)
     except Exception as e:  # noqa: BLE001 - the error text is the result
         rec["error"] = f"{type(e).__name__}: {e}"[-2000:]
         if rec["claimed"]:
@@ -364,7 +368,7 @@ def _check_one(entry, contract, config, target, launch_opts) -> dict:
         probs.append(f"MMA form {rec['mma_form']!r} on {target}, contract allows {rec['expected_mma_form']!r}")
     # Fusion: compile again with it flipped; differing code means fusion is bit-relevant here.
     try:
-        other = _compile(entry, constexprs, {**options, "enable_fp_fusion": not ff}, target)
+        other = _compile(entry, constexprs, {**options, "enable_fp_fusion": not ff}, target, signature)
         other_asm = other.asm[ASM_KEY[target]]
         rec["fusion_relevant"] = fingerprint_asm(other_asm, target) != rec["fingerprint"]
         unfused = fma_count(asm if not ff else other_asm, target)

@@ -248,6 +248,7 @@ def _register_kernels() -> None:
     flags = {"DOT_DTYPE": "constexpr", "OUT_FP32": "constexpr", "INTERPRET": "constexpr"}
     dec = schedule_config(4096, 6144, "decode")
     pre = schedule_config(4096, 6144, "prefill")
+    bwd = load_table("sm_90")["default"]["prefill"]
     gpu = {"DOT_DTYPE": "bf16", "OUT_FP32": False, "INTERPRET": False}
     registry.register_kernel(registry.KernelEntry(
         name="gemm.segment", contract_id=CONTRACT_ID, fn=kernel.gemm_segment_kernel,
@@ -277,7 +278,15 @@ def _register_kernels() -> None:
         configs=({"x_desc": None, "w_desc": None, "SPLIT_K": 2, "SEG_STEPS": 32,
                   **{k: pre[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")},
                   "NUM_PROGS": 132 if pre.get("PERSISTENT") else 0, "FLAT": bool(pre.get("FLAT", 1)),
-                  "USE_TMA": False, **gpu, "num_warps": pre["num_warps"], "num_stages": pre["num_stages"]},),
+                  "USE_TMA": False, **gpu, "num_warps": pre["num_warps"], "num_stages": pre["num_stages"]},
+                 # The training backward's path: both operands transposes of row-major tensors,
+                 # read through tensor descriptors (TMA on sm_90, plain loads on gfx942) and
+                 # transposed in registers; the default prefill tiles (every dw shape is untuned).
+                 {"SIGNATURE": {"x_desc": f"tensordesc<bf16[{bwd['BLOCK_K']}, {bwd['BLOCK_M']}]>",
+                                "w_desc": f"tensordesc<bf16[{bwd['BLOCK_K']}, {bwd['BLOCK_N']}]>"},
+                  "SPLIT_K": 1, "SEG_STEPS": 27, **{k: bwd[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")},
+                  "NUM_PROGS": 0, "FLAT": bool(bwd.get("FLAT", 1)), "USE_TMA": True, "X_T": True, "W_T": True,
+                  **gpu, "num_warps": bwd["num_warps"], "num_stages": bwd["num_stages"]}),
         expects_mma=True))
 
 

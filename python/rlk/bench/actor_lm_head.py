@@ -17,18 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
-
-
-def _timed(fn):
-    import torch
-
-    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
-    sync()
-    t0 = time.perf_counter()
-    out = fn()
-    sync()
-    return out, time.perf_counter() - t0
 
 
 def run(rounds: int, device: str = "cuda", **overrides) -> dict:
@@ -36,20 +24,17 @@ def run(rounds: int, device: str = "cuda", **overrides) -> dict:
     import torch
 
     from rlk import provenance
-    from rlk.bench.checks import L5_ARGS
-    from rlk.bench.workload import Workload, WorkloadSpec
-    from rlk.replay import trainer
+    from rlk.bench.checks import l5_spec
+    from rlk.bench.workload import Workload
 
-    size = {k: L5_ARGS[k] for k in ("config", "layers", "sequences", "prompt_range", "response_range", "max_batch")}
-    spec = WorkloadSpec(**{**size, **overrides}, device=device)
+    spec = l5_spec(device, **overrides)
     arms = {"native": Workload(spec, "native"), "strict": Workload(spec, "strict")}
-    mb = spec.microbatch_tokens
 
     def actor(route, fused=None):
         wl = arms[route]
         if fused is not None:
             wl.model.fused_actor_lm_head = fused
-        return trainer.score(wl.model, wl.prompts, wl.forced, actor=True, microbatch_tokens=mb)
+        return wl.phase("actor_fwd_bwd")()
 
     plan = {"native": lambda: actor("native"), "strict_unfused": lambda: actor("strict", False),
             "strict_fused": lambda: actor("strict", True)}
@@ -57,7 +42,7 @@ def run(rounds: int, device: str = "cuda", **overrides) -> dict:
     last: dict = {}
     for r in range(rounds + 1):
         for name, fn in plan.items():
-            out, s = _timed(fn)
+            out, s, _ = Workload.timed(fn)  # synchronized wall time, as the e2e phases
             if r:
                 times[name].append(s * 1e3)
             if name != "native":

@@ -27,6 +27,16 @@ L5_ARGS = dict(layers=2, sequences=8, prompt_range=(64, 256), response_range=(32
                profile=False)
 
 
+def l5_spec(device: str = "cuda", **overrides):
+    """The :class:`rlk.bench.workload.WorkloadSpec` of the L5 size (``overrides`` replace fields:
+    smaller sizes for CPU smoke tests, ``step_logp``, ...)."""
+    from rlk.bench.workload import WorkloadSpec
+
+    size = {k: L5_ARGS[k] for k in ("config", "layers", "sequences", "prompt_range", "response_range", "max_batch")}
+    graphs = {"on": True, "off": False}.get(L5_ARGS["rollout_graphs"]) if device == "cuda" else False
+    return WorkloadSpec(**{**size, "rollout_graphs": graphs, **overrides}, device=device)
+
+
 def evaluate(rep: dict) -> CheckResult:
     """Pass/fail of an e2e report (``rlk.bench.e2e.analyse``'s dict)."""
     from rlk.bench.e2e import TARGET

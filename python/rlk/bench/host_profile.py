@@ -13,38 +13,23 @@ Python, so only the shares inside one profile mean something.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import io
 import os
 import pstats
 
 
-def _phase_fn(wl, phase: str):
-    from rlk.replay import trainer
-
-    mb = wl.spec.microbatch_tokens
-    if phase == "rollout":
-        return lambda: wl._rollout.run_rollout(wl.model, wl.requests, wl.rc, forced=wl.forced)
-    if phase == "ref_logp":
-        return lambda: trainer.score(wl.model, wl.prompts, wl.forced, actor=False, microbatch_tokens=mb)
-    if phase == "actor_fwd_bwd":
-        return lambda: trainer.score(wl.model, wl.prompts, wl.forced, actor=True, microbatch_tokens=mb)
-    raise SystemExit(f"unknown phase {phase!r} (rollout, ref_logp, actor_fwd_bwd)")
-
-
 def profile_route(route: str, phase: str, reps: int, top: int = 40, device: str = "cuda", **overrides) -> str:
     import torch
 
-    from rlk.bench.checks import L5_ARGS
-    from rlk.bench.workload import Workload, WorkloadSpec
+    from rlk.bench.checks import l5_spec
+    from rlk.bench.workload import Workload
 
-    size = {k: L5_ARGS[k] for k in ("config", "layers", "sequences", "prompt_range", "response_range", "max_batch")}
-    spec = WorkloadSpec(**{**size, **overrides}, device=device,
-                        rollout_graphs=(L5_ARGS["rollout_graphs"] == "on") if device == "cuda" else False)
-    wl = Workload(spec, route)
-    fn = _phase_fn(wl, phase)
+    wl = Workload(l5_spec(device, **overrides), route)
+    fn = wl.phase(phase)
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
-    with torch.no_grad() if phase != "actor_fwd_bwd" else _null():
+    with torch.no_grad() if phase != "actor_fwd_bwd" else contextlib.nullcontext():
         fn()  # warm-up: compilation, graph capture, allocator growth
         sync()
         prof = cProfile.Profile()
@@ -61,18 +46,10 @@ def profile_route(route: str, phase: str, reps: int, top: int = 40, device: str 
     return "\n".join(text)
 
 
-class _null:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *a):
-        return False
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--phase", default="rollout")
+    ap.add_argument("--phase", default="rollout", choices=("rollout", "old_logp", "ref_logp", "actor_fwd_bwd"))
     ap.add_argument("--routes", nargs="+", default=["native", "strict"])
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--top", type=int, default=40)

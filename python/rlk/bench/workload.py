@@ -61,7 +61,22 @@ class Workload:
         self.response_tokens = sum(len(f) for f in self.forced)
         self.total_tokens = self.response_tokens + sum(len(p) for p in self.prompts)
 
-    def _timed(self, fn: Callable[[], Any]):
+    def phase(self, name: str) -> Callable[[], Any]:
+        """The work of one phase as a call: ``rollout`` (forced replay), ``old_logp`` /
+        ``ref_logp`` (reference scoring; call under ``torch.no_grad``) or ``actor_fwd_bwd``."""
+        from rlk.replay import trainer
+
+        mb = self.spec.microbatch_tokens
+        if name == "rollout":
+            return lambda: self._rollout.run_rollout(self.model, self.requests, self.rc, forced=self.forced)
+        if name in ("old_logp", "ref_logp", "actor_fwd_bwd"):
+            actor = name == "actor_fwd_bwd"
+            return lambda: trainer.score(self.model, self.prompts, self.forced, actor=actor, microbatch_tokens=mb)
+        raise ValueError(f"unknown phase {name!r} (one of {PHASES})")
+
+    @staticmethod
+    def timed(fn: Callable[[], Any]):
+        """``(fn(), synchronized wall seconds, device seconds between CUDA events or None)``."""
         sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
         sync()
         if torch.cuda.is_available():
@@ -77,19 +92,14 @@ class Workload:
         return out, wall, dev
 
     def step(self, check_equality: bool = False) -> dict[str, Any]:
-        from rlk.replay import compare, trainer
+        from rlk.replay import compare
 
         rec: dict[str, Any] = {}
-        res, rec["rollout_s"], rec["rollout_dev_s"] = self._timed(
-            lambda: self._rollout.run_rollout(self.model, self.requests, self.rc, forced=self.forced))
-        mb = self.spec.microbatch_tokens
+        res, rec["rollout_s"], rec["rollout_dev_s"] = self.timed(self.phase("rollout"))
         with torch.no_grad():
-            (old, _, _), rec["old_logp_s"], rec["old_logp_dev_s"] = self._timed(
-                lambda: trainer.score(self.model, self.prompts, self.forced, actor=False, microbatch_tokens=mb))
-            (_, _, _), rec["ref_logp_s"], rec["ref_logp_dev_s"] = self._timed(
-                lambda: trainer.score(self.model, self.prompts, self.forced, actor=False, microbatch_tokens=mb))
-        (_, grads, _), rec["actor_fwd_bwd_s"], rec["actor_fwd_bwd_dev_s"] = self._timed(
-            lambda: trainer.score(self.model, self.prompts, self.forced, actor=True, microbatch_tokens=mb))
+            (old, _, _), rec["old_logp_s"], rec["old_logp_dev_s"] = self.timed(self.phase("old_logp"))
+            (_, _, _), rec["ref_logp_s"], rec["ref_logp_dev_s"] = self.timed(self.phase("ref_logp"))
+        (_, grads, _), rec["actor_fwd_bwd_s"], rec["actor_fwd_bwd_dev_s"] = self.timed(self.phase("actor_fwd_bwd"))
         del grads
         rec["step_s"] = sum(rec[f"{p}_s"] for p in PHASES)
         # Reuse variant: the rollout's logp stands in for the old-logp recompute. Allowed only

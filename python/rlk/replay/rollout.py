@@ -293,9 +293,6 @@ def _run_rollout(model, requests: list[Request], rc: RolloutConfig, forced: list
             assert len(samplers) == len(sched)
             host_toks = [s.forced[len(s.generated)] for _, s in samplers]
             lp = step_lp[: len(samplers)].clone()
-            for j, ((_, s), t) in enumerate(zip(samplers, host_toks)):
-                s.generated.append(int(t))
-                s.logp.append(lp[j])
         elif samplers:
             row_ids = [cu[b + 1] - 1 for b, _ in samplers]
             if forced is not None:
@@ -318,6 +315,7 @@ def _run_rollout(model, requests: list[Request], rc: RolloutConfig, forced: list
                 host_toks = toks.tolist()  # the step's one device read (sampling only)
             else:
                 lp = model.logp(h, toks)
+        if samplers:
             for j, ((_, s), t) in enumerate(zip(samplers, host_toks)):
                 s.generated.append(int(t))
                 s.logp.append(lp[j])

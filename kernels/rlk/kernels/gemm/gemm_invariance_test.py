@@ -93,6 +93,7 @@ def test_plan_memo_equals_fresh_plan_and_follows_the_table_file(monkeypatch, tmp
     table["default"]["prefill"]["BLOCK_N"] = 64
     path = tmp_path / "t.json"
     path.write_text(json.dumps(table))
+    assert launch.plan(1700, 4096, 999, dev, schedule="prefill")["BLOCK_N"] != 64  # memoized first
     monkeypatch.setenv(config.TABLE_ENV, str(path))
     assert launch.plan(1700, 4096, 999, dev, schedule="prefill")["BLOCK_N"] == 64
 

@@ -79,15 +79,17 @@ def pad_decode_inputs(ids: list[int], positions: list[int], slots: list[int], le
     if targets is not None and len(targets) != B:
         raise ValueError(f"pad_decode_inputs: {len(targets)} targets for {B} rows")
     pad = P - B
-    bt = torch.zeros(P, width, dtype=torch.int32)
+    # One flat list, one tensor: a tensor per request's page row cost ~B small host ops per step.
+    flat = [0] * (P * width)
     for b, pg in enumerate(pages):
-        if len(pg) > width:
-            raise ValueError(f"pad_decode_inputs: request {b} has {len(pg)} pages > width {width}")
-        bt[b, : len(pg)] = torch.tensor(pg, dtype=torch.int32)
+        n = len(pg)
+        if n > width:
+            raise ValueError(f"pad_decode_inputs: request {b} has {n} pages > width {width}")
+        flat[b * width: b * width + n] = pg
     return PaddedInputs(
         ids=torch.tensor(list(ids) + [0] * pad, dtype=torch.int64),
         positions=torch.tensor(list(positions) + [0] * pad, dtype=torch.int64),
-        block_tables=bt,
+        block_tables=torch.tensor(flat, dtype=torch.int32).view(P, width),
         cu_seqlens_q=torch.arange(P + 1, dtype=torch.int32),
         seq_lens_kv=torch.tensor(list(lens) + [0] * pad, dtype=torch.int32),
         slot_mapping=torch.tensor(list(slots) + [-1] * pad, dtype=torch.int64),
@@ -114,7 +116,7 @@ class _Bucket:
 
     def load(self, host: PaddedInputs):
         # cu_seqlens_q is the same for every step of a bucket; copied anyway (cheap, keeps it exact).
-        self.ring.copy_packed(self.flat, host.arrays(), self.offsets)
+        self.ring.copy_packed(self.flat, host.arrays(), self.offsets, reuse_views=True)
 
 
 class DecodeGraphs:

@@ -33,6 +33,7 @@ class PinnedRing:
         self._bufs: list[torch.Tensor | None] = [None] * slots
         self._events = [None] * slots
         self._next = 0
+        self._views: dict = {}  # (slot, buffer address, layout) -> typed views into that slot's buffer
         self.waits = 0  # copies that had to wait for their slot (the host was slots-1 copies ahead)
 
     def _slot(self, nbytes: int) -> tuple[int, torch.Tensor]:
@@ -54,13 +55,23 @@ class PinnedRing:
             ev = self._events[i] = torch.cuda.Event()
         ev.record()
 
-    def copy_packed(self, dst: torch.Tensor, arrays: list[torch.Tensor], offsets: list[int]) -> None:
+    def copy_packed(self, dst: torch.Tensor, arrays: list[torch.Tensor], offsets: list[int],
+                    reuse_views: bool = False) -> None:
         """One non-blocking copy of CPU ``arrays`` into the flat uint8 device buffer ``dst`` at
-        byte ``offsets`` (see :func:`pack_layout`)."""
+        byte ``offsets`` (see :func:`pack_layout`). ``reuse_views``: the layout recurs (a decode
+        bucket's, a handful per rollout): keep the typed views of each slot instead of slicing
+        them anew every step (host time only; the bytes copied are the same)."""
         i, buf = self._slot(dst.numel())
-        for a, off in zip(arrays, offsets):
-            n = a.numel() * a.element_size()
-            buf[off:off + n].view(a.dtype).view(a.shape).copy_(a)
+        views = None
+        if reuse_views:
+            key = (i, buf.data_ptr(), tuple(offsets), tuple((a.dtype, tuple(a.shape)) for a in arrays))
+            views = self._views.get(key)
+            if views is None:
+                views = self._views[key] = unpack(buf, arrays, offsets)
+        if views is None:
+            views = unpack(buf, arrays, offsets)
+        for v, a in zip(views, arrays):
+            v.copy_(a)
         dst.copy_(buf[:dst.numel()], non_blocking=True)
         self._record(i)
 

@@ -44,14 +44,18 @@ def test_gpu_ring_never_overwrites_a_queued_copy():
 
 
 @pytest.mark.gpu
-def test_gpu_copy_packed_into_static_buffer():
+@pytest.mark.parametrize("reuse_views", [False, True])
+def test_gpu_copy_packed_into_static_buffer(reuse_views):
+    """Every step's bytes arrive, also when the ring keeps each slot's typed views (more steps
+    than slots, so each slot's cached views are reused with new contents)."""
     ring = PinnedRing("cuda", slots=3)
     arrays = _arrays()
     offsets, total = pack_layout(arrays)
     flat = torch.empty(total, dtype=torch.uint8, device="cuda")
     views = unpack(flat, arrays, offsets)
-    for step in range(4):
+    for step in range(7):
         shifted = [a + step for a in arrays]
-        ring.copy_packed(flat, shifted, offsets)
+        ring.copy_packed(flat, shifted, offsets, reuse_views=reuse_views)
         for v, a in zip(views, shifted):
             assert torch.equal(v.cpu(), a)
+    assert len(ring._views) == (3 if reuse_views else 0)

@@ -18,7 +18,7 @@ import torch
 from rlk.errors import UnsupportedConfigError
 from rlk.kernels.linear_logp import config as _cfg
 from rlk.kernels.linear_logp import launch as _launch
-from rlk.kernels.linear_logp.fused import linear_logp_fused_loss
+from rlk.kernels.linear_logp.fused import linear_logp_fused_loss, scale_by_
 from rlk.kernels.linear_logp.launch import SegmentStats, merge_segment_stats, segment_stats
 from rlk.ops._dispatch import direct
 
@@ -180,15 +180,14 @@ class _LinearLogpLoss(torch.autograd.Function):
 
 
 def _times(grad: Optional[torch.Tensor], grad_out: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    """grad * grad_out: ``grad`` itself when grad_out == 1 (one host read of grad_out, as Liger-Kernel
-    does; under CUDA-graph capture the product is always formed, which gives the same bytes for
-    1.0), else fp32 product rounded once to bf16 (RNE)."""
+    """grad * grad_out, formed in place in ``grad`` (a buffer only this Function owns) by one
+    launch that reads grad_out on the device (``fused.scale_by_``): no host read, so the host does
+    not wait for the forward, and the same code runs under CUDA-graph capture. grad_out == 1 leaves
+    grad's bytes untouched (bitwise the unfused gradients); other grad_out: fp32 product rounded
+    once to grad's dtype (RNE), the bytes of ``(grad.float() * grad_out.float()).to(grad.dtype)``."""
     if grad is None or grad_out is None:
         return None
-    capturing = grad_out.is_cuda and torch.cuda.is_current_stream_capturing()
-    if not capturing and bool(grad_out == 1.0):
-        return grad
-    return (grad.float() * grad_out.float()).to(grad.dtype)
+    return scale_by_(grad, grad_out)
 
 
 def linear_logp_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
@@ -208,11 +207,12 @@ def linear_logp_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.
     ``linear_logp`` + backward) and held until ``loss.backward()``; ``logp`` is detached.
 
     Backward: grad_out * d_hidden / d_weight, bitwise the unfused path's gradients when grad_out
-    == 1.0 (the usual ``loss.backward()``; one host read of grad_out decides); other grad_out: fp32
-    product rounded once to bf16. Single shard only (vocab_start 0, weight holds every real
-    column), no entropy; vocab-parallel or entropy losses use :func:`linear_logp`. Not traceable by
-    torch.compile (Python loss inside). Args otherwise as :func:`linear_logp`; ``rows_per_chunk``
-    overrides the table's row chunk (tests).
+    == 1.0 (the usual ``loss.backward()``); other grad_out: fp32 product rounded once to bf16. The
+    product is formed in place by a kernel that reads grad_out on the device (no host read, also
+    under CUDA-graph capture; with grad_out == 1 it touches no element). Single shard only
+    (vocab_start 0, weight holds every real column), no entropy; vocab-parallel or entropy losses
+    use :func:`linear_logp`. Not traceable by torch.compile (Python loss inside). Args otherwise as
+    :func:`linear_logp`; ``rows_per_chunk`` overrides the table's row chunk (tests).
 
     Determinism: logp.v2 — logp bytes equal ``linear_logp``'s; gradients equal the unfused path's
     for the same per-token dlogp (tested bitwise; on GPU by fused_test's GPU cases); bitwise run

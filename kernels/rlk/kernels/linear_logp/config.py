@@ -73,6 +73,17 @@ FUSED_EVIDENCE = ("fused_test (interpreter): fused d_hidden/d_weight byte-identi
                   "2 and 3 row chunks (the d_weight fp32 chain continues across chunks cut at multiples of "
                   "BLOCK_K); GPU: fused_test::test_gpu_fused_equals_unfused (H200 run by the lead)")
 
+# grad_out scaling of the fused loss's gradients (``kernel.scale_kernel``, ``fused.scale_by_``):
+# elementwise, one fp32 multiply and one RNE rounding per element, so its tile is no bit field and
+# it is not in the tables (whose bit hash would change with it). BLOCK * ITERS elements per program;
+# when grad_out == 1 each program only reads the scalar, so few large programs keep that launch short.
+SCALE_FIELDS = {"BLOCK": 4096, "ITERS": 8, "num_warps": 8, "num_stages": 1}
+SCALE_FIELDS_CPU = {"BLOCK": 512, "ITERS": 2, "num_warps": 4, "num_stages": 1}  # several programs in tests
+
+
+def scale_fields(arch: str) -> dict:
+    return SCALE_FIELDS_CPU if arch == "cpu-interpreter" else SCALE_FIELDS
+
 
 def bit_table(t: dict) -> dict:
     """A launch table without its schedule fields (what the contract's bit hash covers); an entry
@@ -209,7 +220,7 @@ CONTRACT = contracts.register(contracts.Contract(
                           for k in SCHEDULE_FIELDS},
     targets=("sm_90", "cpu-interpreter"),
     kernels=("linear_logp.fwd_stats", "linear_logp.merge", "linear_logp.bwd_grad", "linear_logp.gemm",
-             "linear_logp.grad_from_logits"),
+             "linear_logp.grad_from_logits", "linear_logp.scale"),
 ))
 
 
@@ -264,6 +275,8 @@ def _register_kernels() -> None:
           "V_local": "i32", "vocab_start": "i32", "vocab_real": "i32", "stride_xt": "i32", "stride_gt": "i32",
           "inv_temp": "fp32"},
          {"INTERPRET": False, **grad_from_logits_fields(t)}),
+        ("scale", K.scale_kernel, {"x_ptr": "*bf16", "s_ptr": ptr, "n": "i32"},
+         {"OUT_BF16": True, "INTERPRET": False, **SCALE_FIELDS}),
     ]
     # The forward's one-warpgroup decode tile (fwd_entry) is compiled and fingerprinted too.
     decode = [_launch_fields(fwd_entry(t, 1))] if t["fwd"].get("DECODE_T_MAX") else []
@@ -291,7 +304,7 @@ def _register(name, fn, sig, cfgs) -> None:
         configs.append(cfg)
     registry.register_kernel(registry.KernelEntry(
         name=f"linear_logp.{name}", contract_id=CONTRACT_ID, fn=fn, signature=sig,
-        configs=tuple(configs), expects_mma=name not in ("merge", "grad_from_logits")))
+        configs=tuple(configs), expects_mma=name not in ("merge", "grad_from_logits", "scale")))
 
 
 _register_kernels()

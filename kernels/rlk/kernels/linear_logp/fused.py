@@ -17,6 +17,9 @@ bwd_grad's formula through the same ``_grad_store``), then the two backward GEMM
 * d_weight: G_chunk^T @ hidden_chunk accumulated in fp32 across row chunks (ACC_IN), K = tokens
   ascending; chunks start at multiples of the GEMM's BLOCK_K, so the chain is the unfused one
   pass over all T; one RNE rounding at the end.
+
+:func:`scale_by_` applies the backward's grad_out to those gradients in place, reading it on the
+device (``scale_kernel``; no host read).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from rlk.errors import UnsupportedConfigError
 from rlk.kernels.common import interpret_flag, launch_options
 from rlk.kernels.linear_logp import config as cfgmod
 from rlk.kernels.linear_logp import kernel as K
-from rlk.kernels.linear_logp.launch import (GradGemms, _inv_temp, _vec, check_inputs,
+from rlk.kernels.linear_logp.launch import (GradGemms, _check_device, _inv_temp, _vec, check_inputs,
                                             linear_logp_fwd)
 
 CONTRACT_ID = cfgmod.CONTRACT_ID
@@ -161,3 +164,46 @@ def linear_logp_fused_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: 
     if need_d_weight and n_chunks > 1:
         dw.copy_(dw_acc)  # one RNE rounding (torch's fp32 -> bf16 cast, as linear_logp_bwd's d_hidden)
     return logp, lse, dh, dw
+
+
+def scale_by_(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x *= scale in place, with ``scale`` a one-element float tensor read on the device; returns x.
+
+    The backward of :func:`rlk.ops.linear_logp.linear_logp_loss` uses it to apply grad_out to the
+    gradients formed in the forward without a host read of grad_out (which would block the host
+    until the whole forward has run), so it also runs under CUDA-graph capture. One launch of
+    ``scale_kernel`` over x's elements (flat grid): when scale == 1.0 (the usual
+    ``loss.backward()``) every program returns after reading it and x keeps its bytes; otherwise
+    each element becomes fp32(x) * fp32(scale) rounded once to x's dtype (RNE), the bytes of
+    ``(x.float() * scale.float()).to(x.dtype)`` (a NaN stays NaN; its payload bits may differ).
+
+    x: contiguous bf16 or fp32 tensor that nothing else reads (it is overwritten). scale: a 0-dim
+    (or one-element) tensor of any float dtype on x's device; it is converted with
+    ``reshape(1).float()`` (a device op, no host read; a bf16 or fp64 scale rounds as
+    ``scale.float()`` does).
+
+    Determinism: elementwise, one fp32 multiply and at most one rounding per element; the block
+    and grid never change a byte; bitwise run to run.
+    """
+    if not isinstance(x, torch.Tensor) or x.dtype not in (torch.bfloat16, torch.float32):
+        raise UnsupportedConfigError(f"{CONTRACT_ID}: scale_by_ needs a bf16 or fp32 tensor, got "
+                                     f"{getattr(x, 'dtype', type(x).__name__)}")
+    if not x.is_contiguous():
+        raise UnsupportedConfigError(f"{CONTRACT_ID}: scale_by_ scales a contiguous buffer in place (flat "
+                                     f"grid); got shape {tuple(x.shape)} with strides {x.stride()}")
+    if not isinstance(scale, torch.Tensor) or not scale.is_floating_point() or scale.numel() != 1:
+        raise UnsupportedConfigError(f"{CONTRACT_ID}: scale_by_ needs a one-element float tensor as scale, got "
+                                     f"{getattr(scale, 'dtype', type(scale).__name__)} of shape "
+                                     f"{tuple(getattr(scale, 'shape', ()))}")
+    if scale.device != x.device:
+        raise UnsupportedConfigError(f"{CONTRACT_ID}: scale on {scale.device}, tensor on {x.device}")
+    _check_device(x)
+    n = x.numel()
+    if n == 0:
+        return x
+    s = scale.reshape(1).float()
+    sc = cfgmod.scale_fields(cfgmod.arch_of(x.device))
+    K.scale_kernel[(triton.cdiv(n, sc["BLOCK"] * sc["ITERS"]),)](
+        x, s, n, BLOCK=sc["BLOCK"], ITERS=sc["ITERS"], OUT_BF16=x.dtype == torch.bfloat16,
+        INTERPRET=interpret_flag(), num_warps=sc["num_warps"], num_stages=sc["num_stages"], **launch_options())
+    return x

@@ -2,7 +2,8 @@
 
 CPU (interpreter): logp/lse and d_hidden/d_weight byte-identical to the unfused path
 (``linear_logp_fwd`` + ``linear_logp_bwd`` fed the same dlogp) for 1, 2 and 3 row chunks; the
-autograd op against ``linear_logp`` + backward; accuracy vs fp64; bad inputs. The interpreter
+autograd op against ``linear_logp`` + backward; its backward's grad_out (``fused.scale_by_``: in
+place, no host read, untouched bytes for grad_out 1); accuracy vs fp64; bad inputs. The interpreter
 recomputes logits with the forward's tile, so it cannot show that the GPU forward tile (128x256)
 and bwd_grad's (128x128) give the same logits: the ``gpu`` cases do (H200).
 """
@@ -164,6 +165,118 @@ def test_autograd_hands_over_the_gradient_buffers(monkeypatch):
         loss.backward()
 
 
+def _spied_loss(monkeypatch, seed, scale_outputs=()):
+    """linear_logp_loss whose fused pass records its gradient buffers' addresses and a copy of
+    their bytes as the forward left them (the copy is a separate tensor: no extra owner)."""
+    from rlk.kernels.linear_logp import fused as fused_mod
+    from rlk.ops import linear_logp as op_mod
+
+    made = []
+    real = fused_mod.linear_logp_fused_loss
+
+    def spy(*a, **k):
+        out = real(*a, **k)
+        made.append(((out[2].data_ptr(), out[3].data_ptr()), (out[2].clone(), out[3].clone())))
+        return out
+
+    monkeypatch.setattr(op_mod, "linear_logp_fused_loss", spy)
+    h, w, tg = make(T, H, V, VR, seed=seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    loss_fn = _ppo_like(torch.randn(T, generator=g), torch.randn(T, generator=g) * 0.1 - 5)
+
+    def run():
+        hr, wr = h.clone().requires_grad_(True), w.clone().requires_grad_(True)
+        loss, _ = linear_logp_loss(hr, wr, tg, loss_fn, 0, VR, TEMP, segmentation=CPU_SEG, rows_per_chunk=64)
+        return hr, wr, loss
+    return run, made
+
+
+def test_backward_grad_out_one_leaves_the_buffers_untouched(monkeypatch):
+    """grad_out == 1 (``loss.backward()``): .grad is the very buffer the forward wrote, with the
+    bytes it had after the forward (the scale kernel reads grad_out and writes nothing)."""
+    run, made = _spied_loss(monkeypatch, seed=31)
+    hr, wr, loss = run()
+    loss.backward()
+    (ph, pw), (ch, cw) = made[0]
+    assert (hr.grad.data_ptr(), wr.grad.data_ptr()) == (ph, pw)
+    assert_bitwise_equal(hr.grad, ch, "d_hidden, grad_out 1")
+    assert_bitwise_equal(wr.grad, cw, "d_weight, grad_out 1")
+
+
+@pytest.mark.parametrize("scale", [0.37, 3.0])
+def test_backward_grad_out_scales_in_place(monkeypatch, scale):
+    """grad_out != 1: .grad = (g.float() * fp32(grad_out)).to(bf16) bitwise (g: the grad_out-1
+    gradient), formed in place in the buffer the forward wrote (still adopted without a copy)."""
+    run, made = _spied_loss(monkeypatch, seed=33)
+    hr, wr, loss = run()
+    (loss * scale).backward()
+    (ph, pw), (ch, cw) = made[0]
+    assert (hr.grad.data_ptr(), wr.grad.data_ptr()) == (ph, pw)
+    s32 = torch.tensor(scale, dtype=torch.float32)
+    assert_bitwise_equal(hr.grad, (ch.float() * s32).to(torch.bfloat16), f"d_hidden, grad_out {scale}")
+    assert_bitwise_equal(wr.grad, (cw.float() * s32).to(torch.bfloat16), f"d_weight, grad_out {scale}")
+
+
+HOST_READS = ("__bool__", "item", "__float__", "__int__", "tolist")
+
+
+@pytest.mark.parametrize("scale", [None, 0.37])
+def test_backward_reads_no_tensor_on_the_host(monkeypatch, scale):
+    """backward never reads a tensor's value on the host (on GPU that would block the host until
+    the forward has run): with Tensor.__bool__ / item / __float__ / __int__ / tolist refusing,
+    loss.backward() and (loss * 0.37).backward() still give the expected gradients."""
+    run, made = _spied_loss(monkeypatch, seed=35)
+    hr, wr, loss = run()
+    out = loss if scale is None else loss * scale
+
+    def refuse(*a, **k):
+        raise AssertionError("host read of a tensor value during linear_logp_loss's backward")
+
+    with monkeypatch.context() as m:
+        for name in HOST_READS:
+            m.setattr(torch.Tensor, name, refuse)
+        out.backward()
+    (_, _), (ch, cw) = made[0]
+    s32 = torch.tensor(1.0 if scale is None else scale, dtype=torch.float32)
+    assert_bitwise_equal(hr.grad, (ch.float() * s32).to(torch.bfloat16), "d_hidden")
+    assert_bitwise_equal(wr.grad, (cw.float() * s32).to(torch.bfloat16), "d_weight")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_scale_kernel_bytes(dtype):
+    """fused.scale_by_ on its own: every program count and tail (the CPU tile is 512 x 2
+    elements), scalars of several dtypes and layouts (a 0-dim view with a storage offset, bf16,
+    fp64), values that overflow or underflow: bytes of (x.float() * scale.float()).to(dtype)."""
+    g = torch.Generator().manual_seed(37)
+    scales = [torch.tensor(0.37), torch.tensor(1.0), torch.full((4,), -3.0)[2],
+              torch.tensor(0.37, dtype=torch.bfloat16), torch.tensor(0.37, dtype=torch.float64),
+              torch.tensor(1e30), torch.tensor(1e-30), torch.tensor(-0.0)]
+    for n in (1, 1023, 1024, 1025, 3000):
+        x = torch.randn(n, generator=g) * 10
+        x[0] = 3e38 if n > 1 else x[0]
+        x = x.to(dtype)
+        for s in scales:
+            ref = (x.float() * s.float()).to(dtype)
+            y = x.clone()
+            assert fused.scale_by_(y, s) is y
+            assert_bitwise_equal(y, ref, f"n {n}, scale {s.item()} {s.dtype}")
+    y = torch.randn(8, 4, generator=g).to(dtype).t().contiguous()  # 2-D contiguous: flat is fine
+    ref = (y.float() * 2.5).to(dtype)
+    assert_bitwise_equal(fused.scale_by_(y, torch.tensor(2.5)), ref, "2-D")
+    empty = torch.empty((0, 4), dtype=dtype)
+    assert fused.scale_by_(empty, torch.tensor(2.0)) is empty
+
+
+def test_scale_kernel_bad_inputs():
+    x = torch.zeros(8, 4, dtype=torch.bfloat16)
+    s = torch.tensor(2.0)
+    _bad(lambda: fused.scale_by_(x.t(), s), "contiguous")
+    _bad(lambda: fused.scale_by_(x.half(), s), "bf16 or fp32")
+    _bad(lambda: fused.scale_by_(x, torch.tensor(2)), "one-element float")
+    _bad(lambda: fused.scale_by_(x, torch.ones(2)), "one-element float")
+    _bad(lambda: fused.scale_by_(x, 2.0), "one-element float")
+
+
 def test_accuracy_vs_fp64(case):
     """(d) logp/lse vs the fp64 reference; gradients within the bf16 gradient tolerance."""
     h, w, tg, dl, _ = case
@@ -242,3 +355,55 @@ def test_gpu_autograd_op_equals_unfused_autograd():
     loss.backward()
     assert_bitwise_equal(h2.grad, h1.grad, "d_hidden, autograd (GPU)")
     assert_bitwise_equal(w2.grad, w1.grad, "d_weight, autograd (GPU)")
+
+
+@pytest.mark.gpu
+def test_gpu_scale_no_sync_and_graph_capture():
+    """GPU: scale_by_ gives torch's bytes (bf16, fp32; scale 1, 0.37, 3), synchronizes nothing
+    (torch's sync debug mode 'error'), and records into a CUDA graph whose replays follow the
+    device scalar; linear_logp_loss's backward runs with no sync either."""
+    g = torch.Generator(device="cuda").manual_seed(41)
+    for dtype in (torch.bfloat16, torch.float32):
+        x = (torch.randn(3001, 4099, device="cuda", generator=g) * 10).to(dtype)
+        for v in (1.0, 0.37, 3.0):
+            s = torch.tensor(v, device="cuda")
+            y = x.clone()
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                fused.scale_by_(y, s)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+            assert_bitwise_equal(y, (x.float() * s).to(dtype), f"{dtype}, scale {v}")
+    x = torch.randn(1000, 4096, device="cuda", generator=g).to(torch.bfloat16)
+    s = torch.ones((), device="cuda")
+    buf = x.clone()
+    fused.scale_by_(buf, s)  # compiled outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fused.scale_by_(buf, s)
+    for v in (1.0, 0.37):
+        buf.copy_(x)
+        s.fill_(v)
+        graph.replay()
+        assert_bitwise_equal(buf, (x.float() * s).to(torch.bfloat16), f"graph replay, scale {v}")
+
+    h, w, tg = make(256, 4096, 37984, 37984, device="cuda", seed=42)
+    hr, wr = h.clone().requires_grad_(True), w.clone().requires_grad_(True)
+    ref_h = ref_w = None
+    for scale in (None, 0.37):
+        hr.grad = wr.grad = None
+        loss, _ = linear_logp_loss(hr, wr, tg, lambda lp, lo, hi: -lp, 0, 37984)
+        out = loss if scale is None else loss * scale
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            out.backward()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        if scale is None:
+            ref_h, ref_w = hr.grad.clone(), wr.grad.clone()
+        else:
+            s32 = torch.tensor(scale, dtype=torch.float32, device="cuda")
+            assert_bitwise_equal(hr.grad, (ref_h.float() * s32).to(torch.bfloat16), "d_hidden, grad_out 0.37")
+            assert_bitwise_equal(wr.grad, (ref_w.float() * s32).to(torch.bfloat16), "d_weight, grad_out 0.37")

@@ -321,3 +321,29 @@ def gemm_kernel(c_ptr, a_ptr, b_ptr, a_desc, b_desc, M, N, K,
         tl.store(c_ptrs, round_bf16(acc, INTERPRET), mask=cmask)
     else:
         tl.store(c_ptrs, acc, mask=cmask)
+
+
+@triton.jit
+def scale_kernel(x_ptr, s_ptr, n, BLOCK: tl.constexpr, ITERS: tl.constexpr, OUT_BF16: tl.constexpr,
+                 INTERPRET: tl.constexpr):
+    """x[i] = round(fp32(x[i]) * s) in place over a contiguous buffer of n elements (bf16 when
+    OUT_BF16, else fp32), s = the fp32 scalar at s_ptr, read on the device (no host sync).
+
+    Every program loads s first; when s == 1.0 it touches no element (the bytes stay exactly what
+    they were, also under the interpreter, which writes back what it read). Otherwise each element
+    gets one fp32 multiply and, for bf16, one RNE rounding (``round_bf16``): the bytes of torch's
+    ``(x.float() * s).to(x.dtype)`` (NaN payloads aside). Elementwise, no reduction: BLOCK, ITERS
+    and the grid never change a byte. Grid: (cdiv(n, BLOCK * ITERS),); program p covers elements
+    [p * BLOCK * ITERS, (p + 1) * BLOCK * ITERS).
+    """
+    s = tl.load(s_ptr)
+    if s != 1.0:
+        base = tl.program_id(0).to(tl.int64) * (BLOCK * ITERS)
+        for i in range(ITERS):
+            offs = base + i * BLOCK + tl.arange(0, BLOCK)
+            mask = offs < n
+            y = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32) * s
+            if OUT_BF16:
+                tl.store(x_ptr + offs, round_bf16(y, INTERPRET), mask=mask)
+            else:
+                tl.store(x_ptr + offs, y, mask=mask)

@@ -21,8 +21,9 @@ def main(argv=None) -> int:
     e.add_argument("--rollout-graphs", choices=("auto", "on", "off"), default="auto",
                    help="decode steps as CUDA graphs per batch bucket, same policy for both arms "
                         "(auto: on for CUDA, the engines' decode mode)")
-    e.add_argument("--step-logp", action="store_true",
-                   help="rollout: forced-token logp inside the padded decode steps / graphs (both arms)")
+    e.add_argument("--step-logp", action=argparse.BooleanOptionalAction, default=True,
+                   help="rollout: forced-token logp inside the padded decode steps / graphs (both arms; "
+                        "default on, --no-step-logp for one eager LM-head launch per step)")
     e.add_argument("--profile", action="store_true", help="also run a separate profiled pass (attribution)")
     a = sub.add_parser("arm", help="internal: one arm in this process")
     a.add_argument("--route", choices=("native", "strict"), required=True)

@@ -152,7 +152,7 @@ def run_e2e(args) -> int:
                         prompt_range=tuple(args.prompt_range), response_range=tuple(args.response_range),
                         max_batch=args.max_batch, device=args.device,
                         rollout_graphs={"auto": None, "on": True, "off": False}[getattr(args, "rollout_graphs", "auto")],
-                        step_logp=bool(getattr(args, "step_logp", False)),
+                        step_logp=bool(getattr(args, "step_logp", True)),
                         ).to_dict()
     os.makedirs(args.out, exist_ok=True)
     arms = []

@@ -1,6 +1,6 @@
 """Where the host time of one e2e phase goes: cProfile of the phase on the L5 workload.
 
-    python -m rlk.bench.host_profile --out DIR [--phase rollout] [--routes native strict] [--reps 2] [--step-logp]
+    python -m rlk.bench.host_profile --out DIR [--phase rollout] [--routes native strict] [--reps 2] [--no-step-logp]
 
 For each route: build the L5-size workload (``rlk.bench.checks.L5_ARGS``), run one warm-up step
 of the phase, then profile ``--reps`` runs of it under cProfile. Writes ``DIR/host_<route>_<phase>.txt``
@@ -53,7 +53,8 @@ def main(argv=None) -> int:
     ap.add_argument("--routes", nargs="+", default=["native", "strict"])
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--top", type=int, default=40)
-    ap.add_argument("--step-logp", action="store_true", help="RolloutConfig.step_logp on (forced-token logp in the graphs)")
+    ap.add_argument("--step-logp", action=argparse.BooleanOptionalAction, default=True,
+                    help="RolloutConfig.step_logp (forced-token logp in the graphs; default on)")
     a = ap.parse_args(argv)
     os.makedirs(a.out, exist_ok=True)
     for route in a.routes:

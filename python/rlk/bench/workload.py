@@ -31,7 +31,7 @@ class WorkloadSpec:
     # Decode steps as CUDA graphs per batch bucket (None: on for CUDA). The same for both arms.
     rollout_graphs: bool | None = None
     # Forced-token logp inside the padded decode steps (RolloutConfig.step_logp). The same for both arms.
-    step_logp: bool = False
+    step_logp: bool = True
 
     def to_dict(self):
         return dataclasses.asdict(self)

@@ -123,7 +123,8 @@ def test_padded_decode_strict_bitwise_equal_to_unpadded():
     # padded to 4 (and steps of 1 and 2 run at exact bucket sizes).
     m = harness.build_model(harness.ModelSpec(), "strict")
     reqs = harness.make_requests(5, (3, 12), (3, 8), 256, seed=3, arrival_spread=2)
-    rc = rollout.RolloutConfig(max_batch=3, jitter=0.0, cuda_graphs=False, pad_decode=False)
+    # step_logp off: padding alone (the eager LM head on the real rows); step_logp has its own test.
+    rc = rollout.RolloutConfig(max_batch=3, jitter=0.0, cuda_graphs=False, pad_decode=False, step_logp=False)
     a = rollout.run_rollout(m, reqs, rc)
     assert a.bucket_steps == a.padded_steps == a.graph_replays == 0
     calls = _count_kv_allocs(m)
@@ -142,7 +143,7 @@ def test_step_logp_forced_replay_bitwise_equal():
     eager per-step LM head on the real rows (logp.v2 rows do not depend on the row count)."""
     m = harness.build_model(harness.ModelSpec(), "strict")
     reqs = harness.make_requests(5, (3, 12), (3, 8), 256, seed=3, arrival_spread=2)
-    rc = rollout.RolloutConfig(max_batch=3, jitter=0.0, cuda_graphs=False, pad_decode=True)
+    rc = rollout.RolloutConfig(max_batch=3, jitter=0.0, cuda_graphs=False, pad_decode=True, step_logp=False)
     a = rollout.run_rollout(m, reqs, rc)
     calls = []
     real_logp = m.logp
@@ -161,11 +162,13 @@ def test_step_logp_forced_replay_bitwise_equal():
     # One-token prefill chunks: a padded step may hold a row whose prompt is unfinished (it does
     # not sample) before one that finishes its prompt; such steps keep the eager path.
     r1 = [rollout.Request(prompt=list(range(1, 1 + p)), max_new_tokens=3) for p in (3, 6, 4)]
-    rc1 = rollout.RolloutConfig(max_batch=3, chunk_size=1, jitter=0.0, cuda_graphs=False, pad_decode=True)
+    rc1 = rollout.RolloutConfig(max_batch=3, chunk_size=1, jitter=0.0, cuda_graphs=False, pad_decode=True,
+                                step_logp=False)
     ref = rollout.run_rollout(m, r1, rc1)
     d = rollout.run_rollout(m, r1, dataclasses.replace(rc1, step_logp=True), forced=ref.responses)
     for x, y in zip(d.logp, ref.logp):
         assert torch.equal(x, y), (x, y)
+    assert rollout.RolloutConfig().step_logp, "step_logp is on by default (H200 host profile, 2026-12-01)"
 
 
 def test_padded_decode_native_finite_and_close(recorded):
@@ -253,7 +256,7 @@ def test_gpu_cuda_graphs_equal_eager(config, layers):
     m = harness.build_model(spec, "strict")
     vocab = m.cfg.vocab_size
     reqs = harness.make_requests(11, (3, 70), (4, 40), vocab, seed=5, arrival_spread=4)
-    eager = rollout.RolloutConfig(max_batch=11, chunk_size=32, cuda_graphs=False, pad_decode=False)
+    eager = rollout.RolloutConfig(max_batch=11, chunk_size=32, cuda_graphs=False, pad_decode=False, step_logp=False)
     a = rollout.run_rollout(m, reqs, eager)
     calls = _count_kv_allocs(m)
     g = rollout.run_rollout(m, reqs, dataclasses.replace(eager, cuda_graphs=True, pad_decode=True),

@@ -157,15 +157,26 @@ def fwd_stats_kernel(m_ptr, s_ptr, e_ptr, tg_ptr, logits_ptr,
 @triton.jit
 def merge_kernel(logp_ptr, lse_ptr, ent_ptr, m_ptr, s_ptr, e_ptr, tg_ptr, S, R, T,
                  WITH_ENTROPY: tl.constexpr, BLOCK: tl.constexpr, INTERPRET: tl.constexpr,
-                 S_I: tl.constexpr, R_I: tl.constexpr):
+                 S_I: tl.constexpr, R_I: tl.constexpr, UNROLL: tl.constexpr):
     """Folds per-segment statistics [S, T] (segments in ascending global order) into
-    lse, logp (and entropy) [T]; tg is [R, T] (one row per shard, -inf where not owned)."""
+    lse, logp (and entropy) [T]; tg is [R, T] (one row per shard, -inf where not owned).
+
+    The segment loops advance UNROLL segments per trip (``tl.static_range``), so the loads of
+    those segments are independent and issued together instead of one memory latency per
+    segment; each row still sees segments 0..S-1 one at a time, in ascending order, with the
+    same operations. Segments past S (the last trip) load m = -inf, s = e = 0: a max with -inf
+    and an added exact +0.0 (ssum, esum >= +0) leave every byte as it was, so UNROLL is no bit
+    field (it is a module constant, ``config.MERGE_UNROLL``).
+    """
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     rmask = rows < T
+    n_seg = S_I if INTERPRET else S
     big_m = tl.full((BLOCK,), float("-inf"), tl.float32)
     # Reduction order: max over segments (exact, order-free).
-    for k in range(0, S_I if INTERPRET else S):
-        big_m = tl.maximum(big_m, tl.load(m_ptr + k * T + rows, mask=rmask, other=float("-inf")))
+    for k0 in range(0, S_I if INTERPRET else S, UNROLL):
+        for u in tl.static_range(UNROLL):
+            k = k0 + u
+            big_m = tl.maximum(big_m, tl.load(m_ptr + k * T + rows, mask=rmask & (k < n_seg), other=float("-inf")))
     tgt = tl.full((BLOCK,), float("-inf"), tl.float32)
     for r in range(0, R_I if INTERPRET else R):
         tgt = tl.maximum(tgt, tl.load(tg_ptr + r * T + rows, mask=rmask, other=float("-inf")))
@@ -173,12 +184,15 @@ def merge_kernel(logp_ptr, lse_ptr, ent_ptr, m_ptr, s_ptr, e_ptr, tg_ptr, S, R, 
     esum = tl.zeros((BLOCK,), tl.float32)
     # Reduction order: segments 0..S-1 ascending, ssum += s_k * exp(m_k - M) (a term whose
     # m_k is -inf, an all-padding segment, is exactly 0); esum likewise with e_k.
-    for k in range(0, S_I if INTERPRET else S):
-        mk = tl.load(m_ptr + k * T + rows, mask=rmask, other=float("-inf"))
-        scale = tl.where(mk == float("-inf"), 0.0, tl.exp(mk - big_m))
-        ssum = ssum + tl.load(s_ptr + k * T + rows, mask=rmask, other=0.0) * scale
-        if WITH_ENTROPY:
-            esum = esum + tl.load(e_ptr + k * T + rows, mask=rmask, other=0.0) * scale
+    for k0 in range(0, S_I if INTERPRET else S, UNROLL):
+        for u in tl.static_range(UNROLL):
+            k = k0 + u
+            kmask = rmask & (k < n_seg)
+            mk = tl.load(m_ptr + k * T + rows, mask=kmask, other=float("-inf"))
+            scale = tl.where(mk == float("-inf"), 0.0, tl.exp(mk - big_m))
+            ssum = ssum + tl.load(s_ptr + k * T + rows, mask=kmask, other=0.0) * scale
+            if WITH_ENTROPY:
+                esum = esum + tl.load(e_ptr + k * T + rows, mask=kmask, other=0.0) * scale
     ssum = tl.where(rmask, ssum, 1.0)  # rows past T: keep log() quiet; never stored
     lse = big_m + tl.log(ssum)
     tl.store(lse_ptr + rows, lse, mask=rmask)

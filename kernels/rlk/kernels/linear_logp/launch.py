@@ -215,7 +215,7 @@ def merge_segment_stats(stats: Sequence[SegmentStats]):
     K.merge_kernel[(triton.cdiv(T, cfg["BLOCK"]),)](
         logp, lse, ent if with_e else logp, m, s, e if with_e else m, tg, m.shape[0], tg.shape[0], T,
         WITH_ENTROPY=with_e, BLOCK=cfg["BLOCK"], INTERPRET=interpret_flag(), S_I=_bound(m.shape[0]),
-        R_I=_bound(tg.shape[0]), num_warps=cfg["num_warps"],
+        R_I=_bound(tg.shape[0]), UNROLL=cfgmod.merge_unroll(cfgmod.arch_of(dev)), num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"], **launch_options())
     return logp, lse, ent
 

@@ -37,6 +37,26 @@ def test_shard_count_invariance(seg, counts):
         assert_bitwise_equal(ent, ref.entropy, f"entropy, {n} shards, seg {seg}")
 
 
+@pytest.mark.parametrize("unroll", [2, 3, 7, 32])
+def test_merge_unroll_is_bit_neutral(monkeypatch, unroll):
+    """merge_kernel walks UNROLL segments per trip; per row the same operations in the same order
+    and exact no-op padding segments on the last trip: every unroll gives the bytes of unroll=1
+    (no padding), with S = 16 segments (a partial last trip for 3, 7 and 32). Every logit is
+    negative, so a padding segment that entered the max as anything but -inf would show."""
+    from rlk.kernels.linear_logp import config as cfgmod
+
+    h, w, tg = make(9, 64, 512, 500, seed=6)
+    h, w = h.abs(), -w.abs()
+    stats = [segment_stats(h, w, tg, 0, 500, 0.8, True, segmentation=(64, 32))[0]]
+    assert stats[0].m.shape[0] == 16 and bool((stats[0].m < 0).all())
+    monkeypatch.setattr(cfgmod, "MERGE_UNROLL_CPU", 1)
+    ref = merge_segment_stats(stats)
+    monkeypatch.setattr(cfgmod, "MERGE_UNROLL_CPU", unroll)
+    got = merge_segment_stats(stats)
+    for name, a, b in zip(("logp", "lse", "entropy"), got, ref):
+        assert_bitwise_equal(a, b, f"{name}, unroll {unroll}")
+
+
 def test_shard_with_only_padding_columns():
     # vocab_real 300 of 512: shards 3 (384..447 part padding) and 4.. fully padding at 8 shards.
     h, w, tg = make(3, 64, 512, 300, seed=5)

@@ -155,6 +155,29 @@ def test_gpu_shard_count_invariance_qwen3():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("unroll", [7, 8])
+def test_gpu_merge_unroll_is_bit_neutral(monkeypatch, unroll):
+    """GPU bits of merge_kernel: unroll 7 and the sm_90 default 8 give unroll 1's bytes (with
+    entropy) for Qwen3's vocabulary at TP1 and TP4 (600 segments: a partial last trip for 7) and
+    for a 37984-column vocabulary (150 segments: a partial last trip for 8)."""
+    from rlk.kernels.linear_logp import config as cfgmod
+
+    h, w, tg = make(300, 4096, 151936, 151669, device="cuda", seed=12)
+    vl = 151936 // 4
+    cases = {"TP1": [segment_stats(h, w, tg, 0, 151669, 0.7, True)[0]],
+             "TP4": [segment_stats(h, w[r * vl:(r + 1) * vl], tg, r * vl, 151669, 0.7, True)[0] for r in range(4)],
+             "V37984": [segment_stats(h, w[:vl], tg % vl, 0, vl, 0.7, True)[0]]}
+    assert sum(st.m.shape[0] for st in cases["TP1"]) == 600 and cases["V37984"][0].m.shape[0] == 150
+    for name, stats in cases.items():
+        monkeypatch.setattr(cfgmod, "MERGE_UNROLL", 1)
+        ref = merge_segment_stats(stats)
+        monkeypatch.setattr(cfgmod, "MERGE_UNROLL", unroll)
+        got = merge_segment_stats(stats)
+        for out, a, b in zip(("logp", "lse", "entropy"), got, ref):
+            assert_bitwise_equal(a, b, f"{out}, unroll {unroll}, {name}")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("V,vocab_real", [(37984, 37984), (151936, 151669)])
 def test_gpu_rows_logits_run_to_run(V, vocab_real):
     h, w, tg = make(1000, 4096, V, vocab_real, device="cuda", seed=11)

@@ -62,8 +62,9 @@ class RolloutConfig:
     decode_buckets: tuple = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # padded decode batch sizes
     pad_decode: bool | None = None  # pad decode steps to a bucket (None: same as cuda_graphs)
     # Forced replays: bucket steps compute their rows' logp inside the step (the CUDA graph)
-    # instead of an eager LM-head launch per step (H200 host profile of the L5 rollout: strict
-    # host time 0.293 -> 0.149 s; docs/results/host_profile_h200_2026-12-01/). Same bytes.
+    # instead of an eager LM-head launch per step. Same bytes. H200, L5 size: the strict rollout's
+    # Python work halves under cProfile; in wall time the native rollout gains (84 -> 77 ms), the
+    # strict one stays at 63 ms (docs/results/e2e_runs_2026-12-01/run11-12_step_logp_ablation.md).
     step_logp: bool = True
 
     def to_dict(self):

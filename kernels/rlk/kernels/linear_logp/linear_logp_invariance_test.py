@@ -43,18 +43,22 @@ def test_merge_unroll_is_bit_neutral(monkeypatch, unroll):
     and exact no-op padding segments on the last trip: every unroll gives the bytes of unroll=1
     (no padding), with S = 16 segments (a partial last trip for 3, 7 and 32). Every logit is
     negative, so a padding segment that entered the max as anything but -inf would show."""
-    from rlk.kernels.linear_logp import config as cfgmod
-
     h, w, tg = make(9, 64, 512, 500, seed=6)
     h, w = h.abs(), -w.abs()
     stats = [segment_stats(h, w, tg, 0, 500, 0.8, True, segmentation=(64, 32))[0]]
     assert stats[0].m.shape[0] == 16 and bool((stats[0].m < 0).all())
-    monkeypatch.setattr(cfgmod, "MERGE_UNROLL_CPU", 1)
+    _assert_unroll_neutral(monkeypatch, "MERGE_UNROLL_CPU", stats, unroll, "S=16")
+
+
+def _assert_unroll_neutral(monkeypatch, attr, stats, unroll, label):
+    """merge_segment_stats(stats) with config.<attr> = unroll gives the bytes of unroll 1."""
+    from rlk.kernels.linear_logp import config as cfgmod
+
+    monkeypatch.setattr(cfgmod, attr, 1)
     ref = merge_segment_stats(stats)
-    monkeypatch.setattr(cfgmod, "MERGE_UNROLL_CPU", unroll)
-    got = merge_segment_stats(stats)
-    for name, a, b in zip(("logp", "lse", "entropy"), got, ref):
-        assert_bitwise_equal(a, b, f"{name}, unroll {unroll}")
+    monkeypatch.setattr(cfgmod, attr, unroll)
+    for out, a, b in zip(("logp", "lse", "entropy"), merge_segment_stats(stats), ref):
+        assert_bitwise_equal(a, b, f"{out}, unroll {unroll}, {label}")
 
 
 def test_shard_with_only_padding_columns():
@@ -160,8 +164,6 @@ def test_gpu_merge_unroll_is_bit_neutral(monkeypatch, unroll):
     """GPU bits of merge_kernel: unroll 7 and the sm_90 default 8 give unroll 1's bytes (with
     entropy) for Qwen3's vocabulary at TP1 and TP4 (600 segments: a partial last trip for 7) and
     for a 37984-column vocabulary (150 segments: a partial last trip for 8)."""
-    from rlk.kernels.linear_logp import config as cfgmod
-
     h, w, tg = make(300, 4096, 151936, 151669, device="cuda", seed=12)
     vl = 151936 // 4
     cases = {"TP1": [segment_stats(h, w, tg, 0, 151669, 0.7, True)[0]],
@@ -169,12 +171,7 @@ def test_gpu_merge_unroll_is_bit_neutral(monkeypatch, unroll):
              "V37984": [segment_stats(h, w[:vl], tg % vl, 0, vl, 0.7, True)[0]]}
     assert sum(st.m.shape[0] for st in cases["TP1"]) == 600 and cases["V37984"][0].m.shape[0] == 150
     for name, stats in cases.items():
-        monkeypatch.setattr(cfgmod, "MERGE_UNROLL", 1)
-        ref = merge_segment_stats(stats)
-        monkeypatch.setattr(cfgmod, "MERGE_UNROLL", unroll)
-        got = merge_segment_stats(stats)
-        for out, a, b in zip(("logp", "lse", "entropy"), got, ref):
-            assert_bitwise_equal(a, b, f"{out}, unroll {unroll}, {name}")
+        _assert_unroll_neutral(monkeypatch, "MERGE_UNROLL", stats, unroll, name)
 
 
 @pytest.mark.gpu

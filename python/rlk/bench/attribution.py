@@ -17,7 +17,8 @@ import sys
 import time
 
 CATEGORIES = (
-    ("logp", r"logp|log_softmax|logsumexp|softmax|cross_entropy|lse|fwd_stats|(?<!attn_)merge_kernel|bwd_grad"),
+    ("logp", r"logp|log_softmax|logsumexp|softmax|cross_entropy|lse|fwd_stats|(?<!attn_)merge_kernel|bwd_grad|"
+             r"grad_from_logits|(?<!_)scale_kernel"),
     ("gemm", r"gemm|matmul|_mm_|sm90_xmma|nvjet|cutlass|cublas|splitk|_linear"),
     ("attention", r"attn|attention|flash|fmha|sdpa|_paged|prefill|decode|bwd_dkdv|bwd_dq|bwd_delta"),
     ("norm", r"rms|norm|fold_partials"),

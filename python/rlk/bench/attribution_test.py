@@ -15,6 +15,7 @@ from rlk.bench.attribution import categorize
     ("bwd_dq_kernel", "attention"), ("bwd_delta_kernel", "attention"), ("write_kv_kernel", "copy"),
     ("rmsnorm_fwd_kernel", "norm"), ("fold_partials_kernel", "norm"), ("gemm_segment_kernel", "gemm"),
     ("gemm_tiled_kernel", "gemm"), ("gemm_kernel", "gemm"), ("embedding_fwd_kernel", "embedding"),
+    ("grad_from_logits_kernel", "logp"), ("scale_kernel", "logp"),
 ])
 def test_kernel_names_map_to_categories(name, cat):
     assert categorize(name) == cat

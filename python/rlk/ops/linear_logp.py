@@ -187,6 +187,10 @@ def _times(grad: Optional[torch.Tensor], grad_out: Optional[torch.Tensor]) -> Op
     once to grad's dtype (RNE), the bytes of ``(grad.float() * grad_out.float()).to(grad.dtype)``."""
     if grad is None or grad_out is None:
         return None
+    if grad_out.requires_grad and torch.is_grad_enabled():
+        # create_graph with a differentiable grad_out: the product must carry its grad_fn (same
+        # bytes as the kernel; still no host read).
+        return (grad.float() * grad_out.float()).to(grad.dtype)
     return scale_by_(grad, grad_out)
 
 

@@ -39,7 +39,7 @@ def cmd_record(a) -> int:
     reqs = harness.make_requests(a.sequences, tuple(a.prompt_range), tuple(a.response_range), cfg.vocab_size,
                                  seed=a.data_seed, arrival_spread=a.arrival_spread)
     rc = rollout.RolloutConfig(block_size=a.block_size, max_batch=a.max_batch, chunk_size=a.chunk_size,
-                               page_seed=a.page_seed, sample_seed=a.sample_seed)
+                               page_seed=a.page_seed, sample_seed=a.sample_seed, step_logp=a.step_logp)
     fx, res = harness.record(spec, reqs, rc, route=a.route, progress=_say)
     st, js = fixture.save(fx, a.out)
     _say(f"recorded {len(reqs)} sequences, {sum(fx.response_lens)} response tokens, {res.steps} steps "
@@ -106,6 +106,9 @@ def main(argv=None) -> int:
     r.add_argument("--chunk-size", type=int, default=16)
     r.add_argument("--page-seed", type=int, default=1)
     r.add_argument("--sample-seed", type=int, default=2)
+    r.add_argument("--step-logp", action=argparse.BooleanOptionalAction, default=True,
+                   help="RolloutConfig.step_logp, saved in the fixture: forced replays of it (check) compute "
+                        "the logp inside the padded decode steps (default) or with the eager LM head")
     r.add_argument("--out", required=True)
     c = sub.add_parser("check")
     c.add_argument("--fixture", required=True)

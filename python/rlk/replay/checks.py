@@ -5,7 +5,8 @@
   tokens equal to the recorded rollout logp, and "graph vs eager": the frozen-token rollout with
   decode steps padded to batch buckets and replayed as CUDA graphs (on CPU, where there are no
   graphs: the padded buckets run eagerly, and the detail says so) equal to the recorded
-  (unpadded, eager) rollout logp.
+  (unpadded, eager) rollout logp, once with the forced-token logp inside the steps
+  (``RolloutConfig.step_logp``, the default) and once with the eager LM head after each step.
 * L2 ``replay.shape_invariance``: the trainer with another packing order and micro-batching,
   and the rollout with other batch caps, chunk sizes, page layouts and no jitter, all bitwise
   equal to the recorded logp.
@@ -142,26 +143,33 @@ def replay_repeat(ctx) -> CheckResult:
     metrics["rollout_repeat"] = _eq_lists(rep.logp, fx.rollout_logp)
     if metrics["rollout_repeat"]["mismatch_count"]:
         failures.append("rollout replay differs from the recorded rollout")
-    # Graph vs eager: decode steps padded to buckets, as CUDA graphs where there is a GPU.
+    # Graph vs eager: decode steps padded to buckets, as CUDA graphs where there is a GPU; with
+    # the forced-token logp inside the steps (step_logp, the default) and with the eager LM head.
     on_gpu = model.device.type == "cuda"
-    rc_g = dataclasses.replace(rollout.RolloutConfig(**fx.meta["rollout"]), cuda_graphs=on_gpu, pad_decode=True)
-    gr = rollout.run_rollout(model, harness.requests_of(fx), rc_g, forced=fx.responses)
-    m = _eq_lists(gr.logp, fx.rollout_logp)
-    m.update(cuda_graphs=on_gpu, graph_captures=gr.graph_captures, graph_replays=gr.graph_replays,
-             bucket_steps=gr.bucket_steps, padded_steps=gr.padded_steps, over_bucket_steps=gr.over_bucket_steps,
-             steps=gr.steps)
-    metrics["graph_vs_eager"] = m
-    if on_gpu:
-        how = f"CUDA graphs exercised: {gr.graph_captures} captures, {gr.graph_replays} replays, " \
-              f"{gr.padded_steps} padded steps"
-        if gr.graph_replays == 0:
-            failures.append("graph vs eager: no decode step ran as a CUDA graph")
-    else:
-        how = f"CUDA graphs not exercised (no GPU); padded buckets eager: {gr.padded_steps} padded steps"
-    if gr.padded_steps == 0:
-        failures.append("graph vs eager: no decode step was padded (the comparison shows nothing)")
-    if m["mismatch_count"] or m["compared_elements"] == 0:
-        failures.append(f"graph vs eager: {m['mismatch_count']} of {m['compared_elements']} logp differ ({how})")
+    base = dataclasses.replace(rollout.RolloutConfig(**fx.meta["rollout"]), cuda_graphs=on_gpu, pad_decode=True)
+    hows = []
+    for key, step_logp in (("graph_vs_eager", True), ("graph_vs_eager_eager_logp", False)):
+        gr = rollout.run_rollout(model, harness.requests_of(fx), dataclasses.replace(base, step_logp=step_logp),
+                                 forced=fx.responses)
+        m = _eq_lists(gr.logp, fx.rollout_logp)
+        m.update(cuda_graphs=on_gpu, step_logp=step_logp, graph_captures=gr.graph_captures,
+                 graph_replays=gr.graph_replays, bucket_steps=gr.bucket_steps, padded_steps=gr.padded_steps,
+                 over_bucket_steps=gr.over_bucket_steps, steps=gr.steps)
+        metrics[key] = m
+        label = f"graph vs eager (step_logp {'on' if step_logp else 'off'})"
+        if on_gpu:
+            how = f"CUDA graphs exercised: {gr.graph_captures} captures, {gr.graph_replays} replays, " \
+                  f"{gr.padded_steps} padded steps"
+            if gr.graph_replays == 0:
+                failures.append(f"{label}: no decode step ran as a CUDA graph")
+        else:
+            how = f"CUDA graphs not exercised (no GPU); padded buckets eager: {gr.padded_steps} padded steps"
+        if gr.padded_steps == 0:
+            failures.append(f"{label}: no decode step was padded (the comparison shows nothing)")
+        if m["mismatch_count"] or m["compared_elements"] == 0:
+            failures.append(f"{label}: {m['mismatch_count']} of {m['compared_elements']} logp differ ({how})")
+        hows.append(f"step_logp {'on' if step_logp else 'off'}: {how}")
+    how = "; ".join(hows)
     _save(ctx, "replay_l1.json", metrics)
     n = sum(m["compared_elements"] for m in metrics.values() if isinstance(m, dict) and "compared_elements" in m)
     return CheckResult(not failures, "; ".join(failures) or f"bitwise equal over {n} logp elements and "

@@ -47,6 +47,8 @@ class PinnedRing:
         buf = self._bufs[i]
         if buf is None or buf.numel() < nbytes:
             buf = self._bufs[i] = torch.empty(max(nbytes, 4096), dtype=torch.uint8, pin_memory=True)
+            # The slot's old buffer is gone: drop the views cached on it (they would keep it pinned).
+            self._views = {k: v for k, v in self._views.items() if k[0] != i}
         return i, buf
 
     def _record(self, i: int) -> None:

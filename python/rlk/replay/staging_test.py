@@ -30,13 +30,22 @@ def test_ring_needs_a_slot():
 
 
 @pytest.mark.gpu
-def test_gpu_ring_never_overwrites_a_queued_copy():
+@pytest.mark.parametrize("reuse_views", [False, True])
+def test_gpu_ring_never_overwrites_a_queued_copy(reuse_views):
     """The GPU is held busy while the host issues more copies than the ring has slots; every
-    destination must still receive its own source (a reused slot must wait for its copy)."""
+    destination must still receive its own source (a reused slot must wait for its copy), also
+    when the slots' typed views are cached (copy_packed(reuse_views=True), the decode buckets' path)."""
     ring = PinnedRing("cuda", slots=2)
     srcs = [torch.full((1000,), i, dtype=torch.int64) for i in range(6)]
     torch.cuda._sleep(200_000_000)  # ~0.1 s of device time queued ahead of the copies
-    outs = [ring.to_device(s)[0] for s in srcs]
+    if reuse_views:
+        offsets, total = pack_layout(srcs[:1])
+        outs = [torch.empty(total, dtype=torch.uint8, device="cuda") for _ in srcs]
+        for o, s in zip(outs, srcs):
+            ring.copy_packed(o, [s], offsets, reuse_views=True)
+        outs = [unpack(o, srcs[:1], offsets)[0] for o in outs]
+    else:
+        outs = [ring.to_device(s)[0] for s in srcs]
     torch.cuda.synchronize()
     for i, (o, s) in enumerate(zip(outs, srcs)):
         assert torch.equal(o.cpu(), s), f"copy {i} corrupted"

@@ -293,13 +293,20 @@ def _register_kernels() -> None:
     decode = [_launch_fields(fwd_entry(t, 1))] if t["fwd"].get("DECODE_T_MAX") else []
     for name, fn, sig, cfg in regs:
         extra = [{**cfg, **d} for d in decode] if name == "fwd_stats" else []
+        if name == "merge":
+            # Triton specializes an int argument equal to 1 as a constexpr: a one-row merge (a
+            # rollout step of one sampling row) compiles that variant, so L0 compiles it too.
+            extra = [{**cfg, "T": 1}]
         _register(name, fn, sig, [cfg, *extra])
 
 
-def _register(name, fn, sig, cfgs) -> None:
-    configs = []
+def _register(name, fn, sig0, cfgs) -> None:
+    """The entry's signature is the first config's; a later config's extra constexprs (e.g. the
+    one-row merge's T=1) become constexpr for that config only (the compile harness marks every
+    constexpr of a config as such)."""
+    configs, entry_sig = [], None
     for cfg in cfgs:
-        sig, cfg = dict(sig), dict(cfg)
+        sig, cfg = dict(sig0), dict(cfg)
         # GPU values of the interpreter-only constexprs (kernel.py: loop bounds).
         for k in ("INTERPRET", "H_I", "S_I", "R_I", "K_I"):
             if k in fn.arg_names:
@@ -313,8 +320,9 @@ def _register(name, fn, sig, cfgs) -> None:
         if missing:
             raise RuntimeError(f"linear_logp.{name}: signature lacks {missing}")
         configs.append(cfg)
+        entry_sig = entry_sig or sig
     registry.register_kernel(registry.KernelEntry(
-        name=f"linear_logp.{name}", contract_id=CONTRACT_ID, fn=fn, signature=sig,
+        name=f"linear_logp.{name}", contract_id=CONTRACT_ID, fn=fn, signature=entry_sig,
         configs=tuple(configs), expects_mma=name not in ("merge", "grad_from_logits", "scale")))
 
 

@@ -170,16 +170,17 @@ def merge_kernel(logp_ptr, lse_ptr, ent_ptr, m_ptr, s_ptr, e_ptr, tg_ptr, S, R, 
     """
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     rmask = rows < T
+    T64 = tl.cast(T, tl.int64)  # segment offsets k * T in int64: S * T may pass 2**31 (600 segments x 3.6M rows)
     n_seg = S_I if INTERPRET else S
     big_m = tl.full((BLOCK,), float("-inf"), tl.float32)
     # Reduction order: max over segments (exact, order-free).
     for k0 in range(0, S_I if INTERPRET else S, UNROLL):
         for u in tl.static_range(UNROLL):
             k = k0 + u
-            big_m = tl.maximum(big_m, tl.load(m_ptr + k * T + rows, mask=rmask & (k < n_seg), other=float("-inf")))
+            big_m = tl.maximum(big_m, tl.load(m_ptr + k * T64 + rows, mask=rmask & (k < n_seg), other=float("-inf")))
     tgt = tl.full((BLOCK,), float("-inf"), tl.float32)
     for r in range(0, R_I if INTERPRET else R):
-        tgt = tl.maximum(tgt, tl.load(tg_ptr + r * T + rows, mask=rmask, other=float("-inf")))
+        tgt = tl.maximum(tgt, tl.load(tg_ptr + r * T64 + rows, mask=rmask, other=float("-inf")))
     ssum = tl.zeros((BLOCK,), tl.float32)
     esum = tl.zeros((BLOCK,), tl.float32)
     # Reduction order: segments 0..S-1 ascending, ssum += s_k * exp(m_k - M) (a term whose
@@ -188,11 +189,11 @@ def merge_kernel(logp_ptr, lse_ptr, ent_ptr, m_ptr, s_ptr, e_ptr, tg_ptr, S, R, 
         for u in tl.static_range(UNROLL):
             k = k0 + u
             kmask = rmask & (k < n_seg)
-            mk = tl.load(m_ptr + k * T + rows, mask=kmask, other=float("-inf"))
+            mk = tl.load(m_ptr + k * T64 + rows, mask=kmask, other=float("-inf"))
             scale = tl.where(mk == float("-inf"), 0.0, tl.exp(mk - big_m))
-            ssum = ssum + tl.load(s_ptr + k * T + rows, mask=kmask, other=0.0) * scale
+            ssum = ssum + tl.load(s_ptr + k * T64 + rows, mask=kmask, other=0.0) * scale
             if WITH_ENTROPY:
-                esum = esum + tl.load(e_ptr + k * T + rows, mask=kmask, other=0.0) * scale
+                esum = esum + tl.load(e_ptr + k * T64 + rows, mask=kmask, other=0.0) * scale
     ssum = tl.where(rmask, ssum, 1.0)  # rows past T: keep log() quiet; never stored
     lse = big_m + tl.log(ssum)
     tl.store(lse_ptr + rows, lse, mask=rmask)

@@ -253,7 +253,7 @@ def _run_rollout(model, requests: list[Request], rc: RolloutConfig, forced: list
             bucket = next((p for p in buckets if p >= len(sched)), None)
             counts["over_bucket_steps" if bucket is None else "bucket_steps"] += 1
         pr = {} if probes else None
-        step_lp = None
+        step_lp = tg = None
         if bucket is not None:
             # Padded step of one-token rows; rows >= len(sched) are padding and never read below.
             # When every row samples (decodes, or a prompt's last token; a one-token prefill
@@ -293,7 +293,7 @@ def _run_rollout(model, requests: list[Request], rc: RolloutConfig, forced: list
             # Every row samples (checked above): rows 0..B-1 in order; a copy: the graph's output
             # is overwritten by the next replay.
             assert len(samplers) == len(sched)
-            host_toks = [s.forced[len(s.generated)] for _, s in samplers]
+            host_toks = tg  # the forced tokens the step scored, rows in order
             lp = step_lp[: len(samplers)].clone()
         elif samplers:
             row_ids = [cu[b + 1] - 1 for b, _ in samplers]

@@ -75,9 +75,7 @@ def main(argv=None) -> int:
     rows = []
     print(f"{'shape':<12}{'K':>6}{'N':>7}{'M':>6}{'strict us':>11}{'cuBLAS us':>11}{'ratio':>7}{'TB/s':>7}{'TFLOP/s':>9}  sched")
     for name in names:
-        K, N = QWEN3_8B_GEMMS[name]
-        g = torch.Generator(device="cuda").manual_seed(0)
-        w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16, generator=g)
+        K, N, g, w = _shape_weight(name, seed=0)
         xa = torch.randn(max(m_list), K, device="cuda", dtype=torch.bfloat16, generator=g)
         for M in m_list:
             x = xa[:M]
@@ -105,6 +103,14 @@ def main(argv=None) -> int:
     return 0
 
 
+def _shape_weight(name: str, seed: int):
+    """(K, N, generator, weight [N, K] bf16 on CUDA) of a Qwen3-8B GEMM shape; the generator
+    continues after the weight (the callers draw their activations from it)."""
+    K, N = QWEN3_8B_GEMMS[name]
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return K, N, g, torch.randn(N, K, device="cuda", dtype=torch.bfloat16, generator=g)
+
+
 BWD_M = (1700, 8192)
 BWD_SHAPES = ("qkv", "o", "gate_up", "down")
 # Bit-neutral load/tile variants timed beside the table's plan (same_bytes checks them all):
@@ -120,9 +126,7 @@ def backward(args) -> int:
     rows = []
     print(f"{'shape':<10}{'pass':>5}{'K':>7}{'N':>7}{'M':>6}{'strict us':>11}{'ptr us':>10}{'cuBLAS us':>11}{'ratio':>7}  same")
     for name in names:
-        K, N = QWEN3_8B_GEMMS[name]
-        g = torch.Generator(device="cuda").manual_seed(1)
-        w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16, generator=g)
+        K, N, g, w = _shape_weight(name, seed=1)
         for M in BWD_M:
             x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16, generator=g)
             dy = torch.randn(M, N, device="cuda", dtype=torch.bfloat16, generator=g)

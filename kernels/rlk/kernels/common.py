@@ -86,14 +86,20 @@ def device_value_checks_enabled() -> bool:
     return not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
 
 
+def host_validated_active() -> bool:
+    """True inside :func:`host_validated` (the caller vouches for every id, position and length)."""
+    return not getattr(_CHECKS, "on", True)
+
+
 @contextlib.contextmanager
 def host_validated():
     """Skip the launchers' device-reading value checks for the enclosed launches.
 
     Only for callers that built or validated every id, position, slot and length on the host
     (the replay harness, engine adapters): then the checks would only add one host sync per
-    launch. Arithmetic is unchanged; out-of-range values would give NaN rows or wrong gathers, so
-    the caller owns that validation. Nests; restores the previous state on exit.
+    launch. Arithmetic is unchanged; out-of-range values would give NaN rows, wrong gathers or (the
+    embedding forward's ``torch.index_select``) a device-side assert, so the caller owns that
+    validation. Nests; restores the previous state on exit.
     """
     prev = getattr(_CHECKS, "on", True)
     _CHECKS.on = False

@@ -1,6 +1,8 @@
 """Launch-table variants of ``logp`` on the H200: time and bytes of each against the current table.
 
     python -m rlk.kernels.linear_logp.linear_logp_variants --out variants.json [--T 1024 8192] [--graph]
+    python -m rlk.kernels.linear_logp.linear_logp_variants --out merge.json --merge 8 16 32 --T 8 1024 \
+        --V 37984 151936 --fwd --bwd
 
 For every forward variant (block sizes, warps, stages, TMA, program grouping) and every backward
 variant, on the same inputs: median time (``triton.testing.do_bench``) and whether logp/lse
@@ -79,6 +81,102 @@ def _bwd_parts(fn):
     return out
 
 
+def _host_vs_device(h, w, tg, dlogp, calls: int = 20) -> dict:
+    """One fwd+bwd of ``linear_logp_loss`` (as linear_logp_bench's fused row, under host_validated):
+    ``eager_us`` (do_bench median), ``host_us`` (median host time to issue one call, no sync: the
+    device queue does not fill at these sizes), ``device_us`` (kernel time per call, profiler).
+    eager ~ device: device-bound; eager ~ host > device: the host sets the pace."""
+    import statistics
+    import time
+
+    import triton.testing
+
+    from rlk.kernels.common import host_validated
+    from rlk.ops.linear_logp import linear_logp_loss
+
+    hg, wg = h.clone().requires_grad_(True), w.clone().requires_grad_(True)
+
+    def fb():
+        with host_validated():
+            linear_logp_loss(hg, wg, tg, lambda lp, lo, hi: lp * dlogp[lo:hi])[0].backward()
+        hg.grad = wg.grad = None
+
+    for _ in range(3):
+        fb()
+    torch.cuda.synchronize()
+    host = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        fb()
+        host.append((time.perf_counter() - t0) * 1e6)
+        torch.cuda.synchronize()
+    eager = float(triton.testing.do_bench(fb, warmup=5, rep=100, return_mode="median")) * 1e3
+    parts = _bwd_parts(fb)
+    return {"eager_us": eager, "host_us": statistics.median(host), "host_us_all": [round(x, 1) for x in host],
+            "device_us": round(sum(parts.values()), 1), "kernels_us": parts, "host_profile": _pstats(fb)}
+
+
+def _pstats(fn, calls: int = 50, top: int = 40) -> dict:
+    """cProfile of ``calls`` calls of ``fn`` (a sync after each): the top functions by own time and
+    by cumulative time, as text lines (where the host time of one call goes)."""
+    import cProfile
+    import io
+    import pstats
+
+    pr = cProfile.Profile()
+    for _ in range(calls):
+        pr.enable()
+        fn()
+        pr.disable()
+        torch.cuda.synchronize()
+    out = {}
+    for key in ("tottime", "cumulative"):
+        buf = io.StringIO()
+        pstats.Stats(pr, stream=buf).sort_stats(key).print_stats(top)
+        out[key] = [ln for ln in buf.getvalue().splitlines() if ln.strip()][-(top + 1):]
+    return out
+
+
+def run_merge(T_list, V, H, unrolls, log=print):
+    """merge_kernel alone (device time, CUDA-graph replay) for each ``config.MERGE_UNROLL`` in
+    ``unrolls`` on the statistics of one forward; logp/lse bytes compared with the first unroll's.
+    UNROLL is no bit field (merge_kernel's docstring): every row must come out identical."""
+    from rlk.kernels.linear_logp import config as cfg
+    from rlk.kernels.linear_logp import launch
+    from rlk.testing.timing import cuda_graph_us
+
+    rows = []
+    keep = cfg.MERGE_UNROLL
+    for T in T_list:
+        g = torch.Generator(device="cuda").manual_seed(T)
+        h = (torch.randn((T, H), device="cuda", generator=g) * 0.5).to(torch.bfloat16)
+        w = (torch.randn((V, H), device="cuda", generator=g) * 0.02).to(torch.bfloat16)
+        tg = torch.randint(0, V, (T,), device="cuda", generator=g)
+        st, _ = launch.segment_stats(h, w, tg, validate_targets=False)
+        base = None
+        for u in unrolls:
+            cfg.MERGE_UNROLL = int(u)
+            try:
+                fn = lambda: launch.merge_segment_stats([st])  # noqa: E731
+                out = fn()
+                torch.cuda.synchronize()
+                us = cuda_graph_us(fn, calls=10, rep_ms=60)
+            except Exception as e:  # noqa: BLE001 - a variant that does not compile is reported
+                rows.append({"pass": "merge", "T": T, "V": V, "unroll": u, "error": repr(e)[:300]})
+                log(f"merge T={T} V={V} unroll={u}: ERROR {e!r}"[:300])
+                continue
+            finally:
+                cfg.MERGE_UNROLL = keep
+            if base is None:
+                base = out
+            r = {"pass": "merge", "T": T, "V": V, "segments": int(st.m.shape[0]), "unroll": int(u),
+                 "graph_us": us, "same_logp": _same(out[0], base[0]), "same_lse": _same(out[1], base[1])}
+            rows.append(r)
+            log(f"merge T={T:6d} V={V} S={r['segments']} unroll={u:3d} {us:9.2f} us "
+                f"same={r['same_logp'] and r['same_lse']}")
+    return rows
+
+
 def run(T_list, V, H, fwd_names, bwd_names, log=print):
     from rlk.kernels.linear_logp import config as cfg
     from rlk.kernels.linear_logp import launch
@@ -116,8 +214,12 @@ def run(T_list, V, H, fwd_names, bwd_names, log=print):
                  "same_logp": _same(out[0], base[0]), "same_lse": _same(out[1], base[1])}
             rows.append(r)
             log(f"fwd T={T:6d} {name:28s} {us:10.1f} us {r['tflops']:6.1f} TF/s same={r['same_logp'] and r['same_lse']}")
-        if T > 8192 // 2 and bwd_names and "parts" not in bwd_names:
+        if not bwd_names:
+            continue
+        if T > 8192 // 2 and "parts" not in bwd_names:
             bwd_names = list(bwd_names) + ["parts"]
+        if base is None:  # no forward variant asked: the table's forward gives lse
+            base = launch.linear_logp_fwd(h, w, tg, validate_targets=False)
         lse = base[1]
         dlogp = torch.randn((T,), device="cuda", generator=g)
         bbase = None
@@ -126,6 +228,10 @@ def run(T_list, V, H, fwd_names, bwd_names, log=print):
                 rows.append({"pass": "bwd_parts", "T": T, "V": V, "kernels_us": _bwd_parts(
                     lambda: launch.linear_logp_bwd(h, w, tg, lse, dlogp))})
                 log(f"bwd parts T={T}: {rows[-1]['kernels_us']}")
+                continue
+            if name == "fused_host":  # fwd+bwd through linear_logp_loss: host issue vs device time
+                rows.append({"pass": "fused_host", "T": T, "V": V, **_host_vs_device(h, w, tg, dlogp)})
+                log(f"fused host T={T}: {rows[-1]}")
                 continue
             if name == "fused_parts":  # the fused logp + loss path (forward included), per kernel
                 from rlk.kernels.linear_logp.fused import linear_logp_fused_loss
@@ -164,18 +270,26 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--T", type=int, nargs="+", default=[8, 64, 1024, 8192])
-    ap.add_argument("--V", type=int, default=37984)
+    ap.add_argument("--V", type=int, nargs="+", default=[37984])
     ap.add_argument("--H", type=int, default=4096)
     ap.add_argument("--fwd", nargs="*", default=list(FWD_VARIANTS))
     ap.add_argument("--bwd", nargs="*", default=list(BWD_VARIANTS),
                     help=f"backward variants ({', '.join(BWD_VARIANTS)}), or 'parts' / 'fused_parts': per-kernel "
-                         "device times of the unfused backward / the fused logp + loss path")
+                         "device times of the unfused backward / the fused logp + loss path, or "
+                         "'fused_host': host issue time vs device time of linear_logp_loss fwd+bwd")
     ap.add_argument("--graph", action="store_true", help="time CUDA-graph replays (device time)")
+    ap.add_argument("--merge", type=int, nargs="*", default=[],
+                    help="merge_kernel alone for these MERGE_UNROLL values (CUDA-graph device time, bytes "
+                         "compared with the first)")
     a = ap.parse_args(argv)
     _GRAPH["on"] = a.graph
     if not torch.cuda.is_available():
         raise SystemExit("linear_logp_variants needs a GPU")
-    rows = run(a.T, a.V, a.H, a.fwd, a.bwd)
+    rows = []
+    for V in a.V:
+        if a.merge:
+            rows += run_merge(a.T, V, a.H, a.merge)
+        rows += run(a.T, V, a.H, a.fwd, a.bwd)
     try:
         from rlk import provenance
 

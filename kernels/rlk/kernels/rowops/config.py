@@ -154,9 +154,12 @@ EMBEDDING = contracts.register(contracts.Contract(
         "bad_id": "host raises; in-kernel (when the host may not sync) the row is NaN",
     },
     schedule_fields={"BLOCK_H": "min(1024, next_pow2(H))", "BLOCK_T": "TILE_ELEMS // BLOCK_H",
-                     "num_warps": [4]},
+                     "num_warps": [4],
+                     "forward_route": "torch.index_select when the ids are known in range (host check, "
+                                      "or the caller's host_validated()); else embedding_fwd_kernel"},
     bit_neutral_evidence={"BLOCK_H": "copy / per-column sums", "BLOCK_T": "copy",
-                          "num_warps": "no cross-lane reduction"},
+                          "num_warps": "no cross-lane reduction",
+                          "forward_route": "both routes copy the rows; rowops_test compares them bitwise"},
     targets=("sm_90", "gfx942", "cpu-interpreter"),
     kernels=("rowops.embedding_fwd", "rowops.embedding_bwd"),
 ))

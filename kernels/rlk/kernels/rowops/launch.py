@@ -279,6 +279,8 @@ def swiglu_backward(dy: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:
 
 # --------------------------------------------------------------------------------- Embedding
 def _ids_checks(ids, V):
+    """(contiguous ids, whether their values are known to lie in [0, V)): checked here on the
+    host (one device read) when allowed, or vouched for by the caller's ``host_validated()``."""
     check_tensor("ids", ids, dtype=(torch.int64, torch.int32), dim=1)
     ids = ids.contiguous()
     if ids.numel() and _may_sync(ids):
@@ -286,15 +288,28 @@ def _ids_checks(ids, V):
         if lo < 0 or hi >= V:
             bad = ids[(ids < 0) | (ids >= V)][:4].tolist()
             raise UnsupportedConfigError(f"embedding: ids out of range [0, {V}): e.g. {bad} (span [{lo}, {hi}])")
-    return ids
+        return ids, True
+    return ids, common.host_validated_active()
 
 
 def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """weight[ids]: ids [T] int64, weight [V, H] -> [T, H] (exact copy). Contract embedding.v1."""
+    """weight[ids]: ids [T] int64, weight [V, H] -> [T, H] (exact copy). Contract embedding.v1.
+
+    Two routes, the same bytes (a copy has one result): when the ids are known to be in range
+    (checked here, or the caller is inside ``host_validated()``) the copy is
+    ``torch.index_select``: ATen's launch costs a fraction of a Triton launch's host time, which is
+    all an eager embedding costs (docs/results/rowops_h200.json); otherwise (value checks off by
+    ``set_value_checks(False)``, or a CUDA graph captured outside ``host_validated()``) the
+    ``embedding_fwd_kernel``, which writes a NaN row for an out-of-range id. Inside
+    ``host_validated()`` an out-of-range id is the caller's bug and fails as index_select does
+    (a device-side assert on GPU, an IndexError on CPU).
+    """
     check_tensor("weight", weight, dtype=(torch.bfloat16, torch.float32, torch.float16), dim=2)
     _check_same_device(ids=ids, weight=weight)
     V, H = weight.shape
-    ids = _ids_checks(ids, V)
+    ids, in_range = _ids_checks(ids, V)
+    if in_range:
+        return torch.index_select(weight, 0, ids)
     y = torch.empty((ids.shape[0], H), dtype=weight.dtype, device=weight.device)
     if ids.shape[0] and H:
         cfg = C.entry(arch_for(weight.device), "embedding")
@@ -311,7 +326,7 @@ def embedding_backward(dy: torch.Tensor, ids: torch.Tensor, num_embeddings: int)
     """dW [V, H] (dy's dtype): per id, the sum of its tokens' dy rows in ascending token order."""
     check_tensor("dy", dy, dtype=(torch.bfloat16, torch.float32, torch.float16), dim=2)
     _check_same_device(ids=ids, dy=dy)
-    ids = _ids_checks(ids, num_embeddings)
+    ids, _ = _ids_checks(ids, num_embeddings)
     if dy.shape[0] != ids.shape[0]:
         raise UnsupportedConfigError(f"dy: {dy.shape[0]} rows for {ids.shape[0]} ids")
     dy = dy.contiguous()

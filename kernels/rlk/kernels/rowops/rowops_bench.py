@@ -221,16 +221,26 @@ def main(argv=None):
         print(f"wrote {a.out} ({len(rows)} rows)")
         return
     rows = run(QUICK_ROWS if a.quick else ROWS, a.quick)
-    # Without the host range checks (one device sync each) for ids / positions: the decode-graph
-    # path, where the kernels' NaN poison is the only check.
+    # The ops with host range checks (one device sync each, ids / positions), as the trainer, the
+    # replay harness and the rollout call them: inside host_validated() (ids and positions built or
+    # checked on the host once per batch). The embedding is then the index_select copy route.
+    from rlk.kernels.common import host_validated
+
+    with host_validated():
+        for r in run(QUICK_ROWS if a.quick else ROWS, a.quick, only=("rope_q", "embedding")):
+            r["op"] += "_validated"
+            rows.append(r)
+    # Value checks off without that promise: the embedding's kernel route (NaN row per bad id).
     L.set_value_checks(False)
     try:
-        for r in run(QUICK_ROWS if a.quick else ROWS, a.quick, only=("rope_q", "embedding")):
+        for r in run(QUICK_ROWS if a.quick else ROWS, a.quick, only=("embedding",)):
             r["op"] += "_nocheck"
             rows.append(r)
     finally:
         L.set_value_checks(True)
-    meta = {"value_checks": "on (default) unless op ends in _nocheck", "native": "min(eager, compiled)",
+    meta = {"value_checks": "on (default) unless op ends in _validated (inside host_validated(): the "
+                            "production route) or _nocheck (set_value_checks(False): the embedding's kernel)",
+            "native": "min(eager, compiled)",
             "add_rms_norm native": "unfused eager add then HF rms_norm (or its compiled fusion)"}
     with open(a.out, "w") as f:
         json.dump({"provenance": provenance(), "meta": meta, "rows": rows}, f, indent=1)

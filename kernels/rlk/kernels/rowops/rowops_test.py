@@ -203,6 +203,49 @@ def test_embedding_forward_backward():
     assert L.embedding(ids[:0], w).shape == (0, H)
 
 
+def test_embedding_routes_same_bytes_and_bad_ids(monkeypatch):
+    """The copy route (ids known in range: torch.index_select) and the kernel route (value checks
+    off: embedding_fwd_kernel) give the same bytes; the kernel route writes NaN rows for bad ids
+    (never a crash, never a silent fix); the checked route raises before anything runs."""
+    from rlk.kernels.common import host_validated
+
+    V, H = 40, 72
+    w = _data((V, H), 27)
+    ids = torch.tensor([5, 0, 39, 5, 17, 2, 39, 11, 30], device=DEV)
+    launched = []
+    real = L.K.embedding_fwd_kernel
+    monkeypatch.setattr(L.K, "embedding_fwd_kernel", _Spy(real, launched))
+    checked = L.embedding(ids, w)
+    with host_validated():
+        vouched = L.embedding(ids.to(torch.int32), w)
+    assert launched == [], "ids known in range: the copy route launches no Triton kernel"
+    L.set_value_checks(False)
+    try:
+        kernel = L.embedding(ids, w)
+        assert len(launched) == 1, "value checks off: the kernel route"
+        bad = torch.tensor([3, -1, V, 7], device=DEV)
+        poisoned = L.embedding(bad, w)
+    finally:
+        L.set_value_checks(True)
+    for got, what in ((checked, "checked copy"), (vouched, "host_validated copy"), (kernel, "kernel")):
+        assert_bitwise_equal(got, w[ids], what)
+    assert_bitwise_equal(poisoned[[0, 3]], w[[3, 7]], "good rows of a batch with bad ids")
+    assert bool(torch.isnan(poisoned[[1, 2]].float()).all()), "bad ids give NaN rows on the kernel route"
+    with pytest.raises(UnsupportedConfigError, match="out of range"):
+        L.embedding(bad, w)
+
+
+class _Spy:
+    """Wraps a Triton kernel: records each ``kernel[grid](...)`` launch, then launches it."""
+
+    def __init__(self, kernel, log):
+        self.kernel, self.log = kernel, log
+
+    def __getitem__(self, grid):
+        self.log.append(grid)
+        return self.kernel[grid]
+
+
 @pytest.mark.parametrize(
     "call, match",
     [

@@ -4,6 +4,14 @@
 ``calls`` calls (warm-up on a side stream first, as the PyTorch CUDA-graphs recipe says; captured
 inside :func:`rlk.kernels.common.host_validated`, so launchers read nothing back). This is the
 time a graph-captured engine step pays: no host launch cost.
+
+``back_to_back_us(fn)``: time per call of ``calls`` consecutive eager calls (one event pair around
+the loop, nothing between the calls): max(host launch path, device time) per call, the rate an
+eager engine sustains. ``triton.testing.do_bench`` (the default ``measure`` of
+:func:`interleaved_us`) zeroes a 256 MB buffer before every timed call to flush L2; that memset
+keeps the device busy (~60 us on the H200) while the host issues the timed call, so up to that
+much of a call's host launch time is hidden from its do_bench time. For launch-bound ops the
+back-to-back time is the honest eager figure.
 """
 
 from __future__ import annotations
@@ -26,6 +34,29 @@ def cuda_graph_us(fn, calls: int = 10, rep_ms: int = 100) -> float:
         for _ in range(calls):
             fn()
     return float(triton.testing.do_bench(g.replay, warmup=5, rep=rep_ms, return_mode="median")) * 1e3 / calls
+
+
+def back_to_back_us(fn, calls: int = 100, sync=None, timer=None) -> float:
+    """Time per call (us) of ``calls`` consecutive calls of ``fn`` after one warm-up call, with no
+    cache flush or sync between them. ``sync`` / ``timer`` default to CUDA (synchronize, an event
+    pair); tests pass host stand-ins."""
+    if sync is None or timer is None:
+        import torch
+
+        sync = torch.cuda.synchronize
+
+        def timer():
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            return lambda: (end.record(), end.synchronize(), start.elapsed_time(end) * 1e3)[-1]
+    if calls < 1:
+        raise ValueError(f"back_to_back_us: calls must be >= 1, got {calls}")
+    fn()
+    sync()
+    stop = timer()
+    for _ in range(calls):
+        fn()
+    return stop() / calls
 
 
 def interleaved_us(fns: dict, rounds: int = 5, measure=None) -> dict:

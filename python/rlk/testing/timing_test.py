@@ -1,6 +1,8 @@
 """interleaved_us: rounds alternate between the functions; medians, spread and errors reported."""
 
-from rlk.testing.timing import interleaved_us
+import pytest
+
+from rlk.testing.timing import back_to_back_us, interleaved_us
 
 
 def test_rounds_alternate_and_report_medians():
@@ -23,3 +25,19 @@ def test_a_failing_fn_is_reported_and_the_others_go_on():
     out = interleaved_us({"bad": bad, "ok": lambda: 0}, rounds=2, measure=lambda fn: (fn(), 1.5)[1])
     assert "no kernel" in out["bad"]["error"]
     assert out["ok"]["us"] == 1.5
+
+
+def test_back_to_back_times_the_loop_once_and_divides():
+    """One warm-up call and a sync before the timer starts; the timer spans exactly ``calls``
+    calls with nothing between them (no sync, no flush)."""
+    log = []
+
+    def timer():
+        log.append("start")
+        return lambda: (log.append("stop"), 500.0)[1]
+
+    us = back_to_back_us(lambda: log.append("call"), calls=4, sync=lambda: log.append("sync"), timer=timer)
+    assert log == ["call", "sync", "start", "call", "call", "call", "call", "stop"]
+    assert us == 125.0
+    with pytest.raises(ValueError, match="calls"):
+        back_to_back_us(lambda: None, calls=0, sync=lambda: None, timer=timer)

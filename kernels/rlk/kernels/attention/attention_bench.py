@@ -11,7 +11,9 @@ Cases (Qwen3-8B TP4 shard: 8 q heads / 2 kv heads of 128):
 Rows: case, shape fields, strict_us, native_us, ratio (= strict / native), timing (which mode
 strict_us/native_us are: ``graph`` for decode, which engines run as CUDA graphs, ``eager`` for
 prefill and backward), and both modes' times (``*_eager_us``, ``*_graph_us``). Medians of
-``triton.testing.do_bench`` (graph: replay of 10 calls / 10). Not run in CI.
+``triton.testing.do_bench`` (graph: replay of 10 calls / 10). Prefill and decode rows also carry
+``*_b2b_us``: 50 back-to-back eager calls / 50, the host launch path in full (do_bench's L2 flush
+before each timed call hides up to ~60 us of it: rlk.testing.timing). Not run in CI.
 """
 
 from __future__ import annotations
@@ -46,9 +48,19 @@ def _graph_bench(fn):
     return cuda_graph_us(fn)
 
 
+def _b2b(fn):
+    """Back-to-back eager time per call (rlk.testing.timing.back_to_back_us): the host launch path
+    in full, which do_bench's L2 flush before each timed call partly hides (up to ~60 us)."""
+    from rlk.testing.timing import back_to_back_us
+
+    return back_to_back_us(fn, calls=50)
+
+
 def _both(strict_fn, native_fn, primary):
-    """Eager and graph timings of both arms; strict_us/native_us are the ``primary`` mode's."""
+    """Eager, back-to-back eager and graph timings of both arms; strict_us/native_us are the
+    ``primary`` mode's (eager or graph)."""
     r = {"strict_eager_us": _bench(strict_fn), "native_eager_us": _bench(native_fn),
+         "strict_b2b_us": _b2b(strict_fn), "native_b2b_us": _b2b(native_fn),
          "strict_graph_us": _graph_bench(strict_fn), "native_graph_us": _graph_bench(native_fn)}
     r["strict_us"], r["native_us"], r["timing"] = r[f"strict_{primary}_us"], r[f"native_{primary}_us"], primary
     return r

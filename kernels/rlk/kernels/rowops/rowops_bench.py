@@ -8,7 +8,10 @@ and torch.compile(dynamic=True) of the same function; a compile failure is recor
 Times: medians over 5 alternating rounds (strict, eager, compiled, strict, ...) of short
 ``triton.testing.do_bench`` medians (ms -> us), same tensors, same process; the rounds are kept.
 JSON rows: op, rows, strict_us, native_us, ratio (= strict / native), eager_us, compiled_us; rows
-<= 256 also strict_graph_us, native_graph_us (eager native form), graph_ratio (device time only).
+<= 256 also strict_graph_us, native_graph_us (eager native form), graph_ratio (device time only),
+and strict_b2b_us, native_b2b_us, b2b_ratio (back-to-back eager calls: the host launch path in
+full; do_bench's L2 flush before each timed call hides up to ~60 us of it, see
+rlk.testing.timing).
 Needs a GPU; never run in CI.
 """
 
@@ -70,7 +73,8 @@ def _hf_swiglu_bwd(gu, dy):
 
 
 ROUNDS = 5
-GRAPH_ROWS_MAX = 256  # rows up to this also get CUDA-graph device times (decode sizes)
+GRAPH_ROWS_MAX = 256  # rows up to this also get CUDA-graph and back-to-back times (decode sizes)
+B2B_CALLS = 50
 
 
 def _compiled(fn):
@@ -141,10 +145,25 @@ def run(rows, quick: bool, only=None):
                    "strict_rounds": t["strict"]["rounds"], "eager_rounds": t["eager"]["rounds"]}
             if T <= GRAPH_ROWS_MAX:
                 row.update(_graph_columns(strict, eager))
+                row.update(_b2b_columns(strict, eager))
             out.append(row)
             print(f"{op:14s} {T:6d}  strict {s_us:9.2f} us  eager {e_us:9.2f}  compiled "
                   f"{'   n/a' if c_us is None else f'{c_us:9.2f}'}  ratio {row['ratio']:.3f}", flush=True)
     return out
+
+
+def _b2b_columns(strict, eager) -> dict:
+    """Back-to-back eager time per call (rlk.testing.timing.back_to_back_us: max(host launch path,
+    device) per call, no L2 flush before each call), strict and the eager native form in alternating
+    rounds. The do_bench times above hide up to ~60 us of host launch time behind do_bench's L2
+    flush; these do not. Columns only: ``ratio`` stays the do_bench one (comparable with earlier runs)."""
+    from rlk.testing.timing import back_to_back_us
+
+    t = interleaved_us({"strict": strict, "native": eager}, rounds=ROUNDS,
+                       measure=lambda fn: back_to_back_us(fn, calls=B2B_CALLS))
+    s, n = t["strict"].get("us"), t["native"].get("us")
+    return {"strict_b2b_us": None if s is None else round(s, 2), "native_b2b_us": None if n is None else round(n, 2),
+            "b2b_ratio": None if not (s and n) else round(s / n, 3)}
 
 
 def _graph_columns(strict, eager) -> dict:

@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 from rlk.determinism import FP_FUSION, interpreter_active
+from rlk.errors import UnsupportedConfigError
 
 
 def dot_dtype_for(device: torch.device):
@@ -57,20 +58,21 @@ def round_bf16(x, INTERPRET: tl.constexpr):
 
 
 def check_tensor(name: str, t: torch.Tensor, *, dtype=None, dim=None, device=None, contiguous_last=True):
-    """Raises ``UnsupportedConfigError`` with a clear message before any launch."""
-    from rlk.errors import UnsupportedConfigError
+    """Raises ``UnsupportedConfigError`` with a clear message before any launch.
 
+    On every launch's host path (several calls per launch): each property is read once."""
     if not isinstance(t, torch.Tensor):
         raise UnsupportedConfigError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     if dtype is not None:
         allowed = dtype if isinstance(dtype, (tuple, list)) else (dtype,)
         if t.dtype not in allowed:
             raise UnsupportedConfigError(f"{name}: dtype {t.dtype} not supported (allowed: {list(allowed)})")
-    if dim is not None and t.dim() != dim:
+    nd = t.dim()
+    if dim is not None and nd != dim:
         raise UnsupportedConfigError(f"{name}: expected {dim} dims, got shape {tuple(t.shape)}")
     if device is not None and t.device != device:
         raise UnsupportedConfigError(f"{name}: on {t.device}, expected {device}")
-    if contiguous_last and t.dim() > 0 and t.numel() > 0 and t.stride(-1) != 1:
+    if contiguous_last and nd > 0 and t.stride(-1) != 1 and t.numel() > 0:
         raise UnsupportedConfigError(f"{name}: last dimension must be contiguous (stride {t.stride()})")
 
 

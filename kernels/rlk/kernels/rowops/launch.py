@@ -278,10 +278,14 @@ def swiglu_backward(dy: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------------- Embedding
+_EMB_DTYPES = (torch.bfloat16, torch.float32, torch.float16)
+_ID_DTYPES = (torch.int64, torch.int32)
+
+
 def _ids_checks(ids, V):
     """(contiguous ids, whether their values are known to lie in [0, V)): checked here on the
     host (one device read) when allowed, or vouched for by the caller's ``host_validated()``."""
-    check_tensor("ids", ids, dtype=(torch.int64, torch.int32), dim=1)
+    check_tensor("ids", ids, dtype=_ID_DTYPES, dim=1)
     ids = ids.contiguous()
     if ids.numel() and _may_sync(ids):
         lo, hi = _span(ids)
@@ -304,7 +308,13 @@ def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     ``host_validated()`` an out-of-range id is the caller's bug and fails as index_select does
     (a device-side assert on GPU, an IndexError on CPU).
     """
-    check_tensor("weight", weight, dtype=(torch.bfloat16, torch.float32, torch.float16), dim=2)
+    if (common.host_validated_active() and isinstance(weight, torch.Tensor) and isinstance(ids, torch.Tensor)
+            and weight.dtype in _EMB_DTYPES and ids.dtype in _ID_DTYPES and weight.dim() == 2 and ids.dim() == 1
+            and weight.stride(1) == 1 and ids.stride(0) == 1 and ids.device == weight.device):
+        # The production route in short: what the checks below would accept, read once (an eager
+        # embedding's cost is this host path). Anything else takes them and their errors.
+        return torch.index_select(weight, 0, ids)
+    check_tensor("weight", weight, dtype=_EMB_DTYPES, dim=2)
     _check_same_device(ids=ids, weight=weight)
     V, H = weight.shape
     ids, in_range = _ids_checks(ids, V)

@@ -233,6 +233,15 @@ def test_embedding_routes_same_bytes_and_bad_ids(monkeypatch):
     assert bool(torch.isnan(poisoned[[1, 2]].float()).all()), "bad ids give NaN rows on the kernel route"
     with pytest.raises(UnsupportedConfigError, match="out of range"):
         L.embedding(bad, w)
+    # The host_validated short path accepts nothing the full checks reject.
+    with host_validated():
+        for call, match in ((lambda: L.embedding(torch.arange(8, device=DEV)[::2], w), "contiguous"),
+                            (lambda: L.embedding(ids.float(), w), "ids"),
+                            (lambda: L.embedding(ids, w.t()), "contiguous"),
+                            (lambda: L.embedding(ids[None], w), "dims"),
+                            (lambda: L.embedding(ids, w.to(torch.int32)), "weight")):
+            with pytest.raises(UnsupportedConfigError, match=match):
+                call()
 
 
 class _Spy:

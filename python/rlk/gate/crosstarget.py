@@ -65,6 +65,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -404,7 +405,9 @@ def _worker(req: dict) -> dict:
 
     launch_opts = launch_options()
     entries = [e for e in registry.all_kernels() if not req.get("kernels") or e.name in req["kernels"]]
+    shard, n_shards = req.get("shard", (0, 1))
     records, scan, folders = [], [], {}
+    job = 0
     for e in entries:
         try:
             contract = contracts.get(e.contract_id)
@@ -412,44 +415,95 @@ def _worker(req: dict) -> dict:
             contract = None
         for cfg in e.configs:
             for t in req["targets"]:
-                records.append(_check_one(e, contract, cfg, t, launch_opts))
+                if job % n_shards == shard:  # this worker's share of the (kernel, config, target) list
+                    records.append({"job": job, **_check_one(e, contract, cfg, t, launch_opts)})
+                job += 1
         fn = getattr(e.fn, "fn", e.fn)
         folder = os.path.dirname(os.path.abspath(sys.modules[fn.__module__].__file__))
         folders.setdefault(folder, set()).add(fn.__name__)
-        if not e.configs:
+        if not e.configs and shard == 0:
             scan.append(f"{e.name}: registered with no configs (nothing to compile)")
-    for folder, names in sorted(folders.items()):
-        scan += scan_launch_sites(folder, names)
+    if shard == 0:  # the source scan once, not once per worker
+        for folder, names in sorted(folders.items()):
+            scan += scan_launch_sites(folder, names)
     return {
         "triton_version": triton.__version__, "normalization": NORMALIZATION,
         "import_errors": import_errors, "launch_problems": scan, "records": records,
     }
 
 
+def compile_jobs(jobs: int | None = None) -> int:
+    """Worker processes for :func:`compile_all`: ``jobs``, else ``$RLK_CROSSTARGET_JOBS``, else the
+    CPUs this process may use, at most 8 (each worker imports torch and Triton: ~0.5 GB)."""
+    if jobs is None:
+        env = os.environ.get("RLK_CROSSTARGET_JOBS")
+        if env:
+            try:
+                jobs = int(env)
+            except ValueError:
+                raise ValueError(f"RLK_CROSSTARGET_JOBS must be an integer, got {env!r}") from None
+        else:
+            cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+            jobs = min(8, cpus)
+    if jobs < 1:
+        raise ValueError(f"cross-target compile needs >= 1 worker, got {jobs}")
+    return jobs
+
+
 def compile_all(modules: Iterable[str] | None = None, kernels: Iterable[str] | None = None,
                 extra_paths: Iterable[str] = (), targets: Iterable[str] = tuple(TARGETS),
-                timeout: float = 1800.0) -> dict:
+                timeout: float = 1800.0, jobs: int | None = None) -> dict:
     """Compiles every registered kernel (after importing ``modules``, default the contract
-    modules) in one clean subprocess; returns ``{"triton_version", "import_errors",
-    "launch_problems", "records"}`` (one record per kernel, config and target)."""
+    modules) in clean subprocesses; returns ``{"triton_version", "import_errors",
+    "launch_problems", "records"}`` (one record per kernel, config and target, in registry order).
+
+    ``jobs`` workers (:func:`compile_jobs`) each compile every jobs-th (kernel, config, target) of
+    the registry's list; each compile is independent (its own Triton compile in a clean process),
+    so the records do not depend on the worker count, only the wall time does."""
     if modules is None:
         from rlk.contracts import CONTRACT_MODULES
 
         modules = CONTRACT_MODULES
-    req = {"modules": list(modules), "kernels": list(kernels or []), "extra_paths": list(extra_paths),
-           "targets": list(targets)}
+    n = compile_jobs(jobs)
+    base = {"modules": list(modules), "kernels": list(kernels or []), "extra_paths": list(extra_paths),
+            "targets": list(targets)}
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "TRITON_DEFAULT_FP_FUSION")}
     if "TRITON_CACHE_DIR" not in env and env.get("TEST_TMPDIR"):  # Bazel sandbox: HOME may be read-only
         env["TRITON_CACHE_DIR"] = os.path.join(env["TEST_TMPDIR"], "triton_cache")
     env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    deadline = time.monotonic() + timeout
     with tempfile.TemporaryDirectory() as d:
-        rq, rs = os.path.join(d, "req.json"), os.path.join(d, "res.json")
-        Path(rq).write_text(json.dumps(req))
-        proc = subprocess.run([sys.executable, "-m", "rlk.gate.crosstarget", "--worker", rq, rs], env=env,
-                              capture_output=True, text=True, timeout=timeout)
-        if proc.returncode != 0 or not os.path.exists(rs):
-            raise RuntimeError(f"cross-target compile worker failed (rc={proc.returncode}):\n{proc.stderr[-3000:]}")
-        return json.loads(Path(rs).read_text())
+        procs = []
+        results, failures = [], []
+        try:
+            for i in range(n):
+                rq, rs, re_ = (os.path.join(d, f"{k}{i}.json") for k in ("req", "res", "err"))
+                Path(rq).write_text(json.dumps({**base, "shard": [i, n]}))
+                with open(re_, "w") as err:  # a file, not a pipe: no worker blocks on a full pipe
+                    procs.append((subprocess.Popen([sys.executable, "-m", "rlk.gate.crosstarget", "--worker", rq, rs],
+                                                   env=env, stdout=subprocess.DEVNULL, stderr=err), rs, re_))
+            for i, (proc, rs, re_) in enumerate(procs):
+                proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+                if proc.returncode != 0 or not os.path.exists(rs):
+                    failures.append(f"worker {i}/{n} (rc={proc.returncode}):\n{Path(re_).read_text()[-3000:]}")
+                else:
+                    results.append(json.loads(Path(rs).read_text()))
+        finally:
+            for proc, _, _ in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        if failures:
+            raise RuntimeError("cross-target compile worker failed: " + "\n".join(failures))
+    records = sorted((r for res in results for r in res["records"]), key=lambda r: r["job"])
+    for r in records:
+        del r["job"]
+    import_errors = []
+    for res in results:  # every worker imports the same modules: report each error once
+        import_errors += [e for e in res["import_errors"] if e not in import_errors]
+    return {"triton_version": results[0]["triton_version"], "normalization": results[0]["normalization"],
+            "import_errors": import_errors, "launch_problems": [p for res in results for p in res["launch_problems"]],
+            "records": records}
 
 
 def problems(result: Mapping[str, Any]) -> list[str]:

@@ -271,3 +271,36 @@ def test_l0_checks_registered_for_every_profile():
     for prof in PROFILES:
         names = {c.name for c in checks_for(prof) if c.level == "L0"}
         assert {"contracts.registered", "crosstarget.compile", "crosstarget.golden"} <= names, (prof, names)
+
+
+def test_worker_count_changes_nothing_but_time(planted, tmp_path):
+    """compile_all shards the (kernel, config, target) list over worker processes: one worker gives
+    the same records, in the same order, and the same source-scan findings as several."""
+    d = tmp_path / "one"
+    d.mkdir()
+    (d / "ct_plant_kernels.py").write_text(PLANT)
+    one = ct.compile_all(modules=["ct_plant_kernels"], extra_paths=[str(d)], timeout=600, jobs=1)
+    several = ct.compile_jobs() if ct.compile_jobs() > 1 else 3
+    many = planted if ct.compile_jobs() > 1 else ct.compile_all(
+        modules=["ct_plant_kernels"], extra_paths=[str(d)], timeout=600, jobs=several)
+    key = [(r["kernel"], r["target"], r["config_id"]) for r in one["records"]]
+    assert key == [(r["kernel"], r["target"], r["config_id"]) for r in many["records"]]
+    assert [r["fingerprint"] for r in one["records"]] == [r["fingerprint"] for r in many["records"]]
+    assert [r["problems"] for r in one["records"]] == [r["problems"] for r in many["records"]]
+    def strip_dir(ps):  # the two runs planted the module in different folders
+        return [q.split("/", 1)[1] for q in ps]
+
+    assert one["launch_problems"] and strip_dir(one["launch_problems"]) == strip_dir(many["launch_problems"])
+
+
+def test_compile_jobs_from_env(monkeypatch):
+    monkeypatch.setenv("RLK_CROSSTARGET_JOBS", "3")
+    assert ct.compile_jobs() == 3
+    assert ct.compile_jobs(5) == 5
+    monkeypatch.setenv("RLK_CROSSTARGET_JOBS", "x")
+    with pytest.raises(ValueError, match="RLK_CROSSTARGET_JOBS"):
+        ct.compile_jobs()
+    monkeypatch.delenv("RLK_CROSSTARGET_JOBS")
+    assert 1 <= ct.compile_jobs() <= 8
+    with pytest.raises(ValueError, match=">= 1"):
+        ct.compile_jobs(0)

@@ -427,7 +427,7 @@ def _worker(req: dict) -> dict:
         for folder, names in sorted(folders.items()):
             scan += scan_launch_sites(folder, names)
     return {
-        "triton_version": triton.__version__, "normalization": NORMALIZATION,
+        "triton_version": triton.__version__, "normalization": NORMALIZATION, "jobs": job,
         "import_errors": import_errors, "launch_problems": scan, "records": records,
     }
 
@@ -482,12 +482,21 @@ def compile_all(modules: Iterable[str] | None = None, kernels: Iterable[str] | N
                 with open(re_, "w") as err:  # a file, not a pipe: no worker blocks on a full pipe
                     procs.append((subprocess.Popen([sys.executable, "-m", "rlk.gate.crosstarget", "--worker", rq, rs],
                                                    env=env, stdout=subprocess.DEVNULL, stderr=err), rs, re_))
-            for i, (proc, rs, re_) in enumerate(procs):
-                proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-                if proc.returncode != 0 or not os.path.exists(rs):
-                    failures.append(f"worker {i}/{n} (rc={proc.returncode}):\n{Path(re_).read_text()[-3000:]}")
-                else:
-                    results.append(json.loads(Path(rs).read_text()))
+            pending = dict(enumerate(procs))
+            while pending and not failures:  # the first failure stops the rest (finally below)
+                for i, (proc, rs, re_) in list(pending.items()):
+                    if proc.poll() is None:
+                        continue
+                    del pending[i]
+                    if proc.returncode != 0 or not os.path.exists(rs):
+                        failures.append(f"worker {i}/{n} (rc={proc.returncode}):\n{Path(re_).read_text()[-3000:]}")
+                    else:
+                        results.append(json.loads(Path(rs).read_text()))
+                if pending and not failures:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"cross-target compile: {len(pending)} of {n} workers still running "
+                                           f"after {timeout:.0f} s (workers {sorted(pending)} killed)")
+                    time.sleep(0.2)
         finally:
             for proc, _, _ in procs:
                 if proc.poll() is None:
@@ -496,6 +505,10 @@ def compile_all(modules: Iterable[str] | None = None, kernels: Iterable[str] | N
         if failures:
             raise RuntimeError("cross-target compile worker failed: " + "\n".join(failures))
     records = sorted((r for res in results for r in res["records"]), key=lambda r: r["job"])
+    total = results[0]["jobs"]
+    if [r["job"] for r in records] != list(range(total)):  # every (kernel, config, target) exactly once
+        raise RuntimeError(f"cross-target compile: workers returned jobs {[r['job'] for r in records]}, "
+                           f"expected 0..{total - 1}")
     for r in records:
         del r["job"]
     import_errors = []

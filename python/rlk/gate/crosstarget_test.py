@@ -280,9 +280,9 @@ def test_worker_count_changes_nothing_but_time(planted, tmp_path):
     d.mkdir()
     (d / "ct_plant_kernels.py").write_text(PLANT)
     one = ct.compile_all(modules=["ct_plant_kernels"], extra_paths=[str(d)], timeout=600, jobs=1)
-    several = ct.compile_jobs() if ct.compile_jobs() > 1 else 3
+    # ``planted`` ran with the default worker count; on a one-CPU machine that is 1 too: use 3.
     many = planted if ct.compile_jobs() > 1 else ct.compile_all(
-        modules=["ct_plant_kernels"], extra_paths=[str(d)], timeout=600, jobs=several)
+        modules=["ct_plant_kernels"], extra_paths=[str(d)], timeout=600, jobs=3)
     key = [(r["kernel"], r["target"], r["config_id"]) for r in one["records"]]
     assert key == [(r["kernel"], r["target"], r["config_id"]) for r in many["records"]]
     assert [r["fingerprint"] for r in one["records"]] == [r["fingerprint"] for r in many["records"]]
@@ -304,3 +304,29 @@ def test_compile_jobs_from_env(monkeypatch):
     assert 1 <= ct.compile_jobs() <= 8
     with pytest.raises(ValueError, match=">= 1"):
         ct.compile_jobs(0)
+
+
+def test_a_dying_worker_stops_the_others_and_fails(tmp_path):
+    """Worker 0 dies while importing; worker 1 would sleep for ten minutes: compile_all raises
+    with worker 0's exit status at once and kills worker 1 (no orphans, no wait for the deadline)."""
+    import time
+
+    (tmp_path / "ct_die.py").write_text(
+        "import os, sys, time\n"
+        "if sys.argv[-2].endswith('req0.json'):\n"
+        "    os._exit(3)\n"
+        "time.sleep(600)\n")
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"worker 0/2 \(rc=3\)"):
+        ct.compile_all(modules=["ct_die"], extra_paths=[str(tmp_path)], timeout=600, jobs=2)
+    assert time.monotonic() - t0 < 120
+
+
+def test_workers_past_the_deadline_are_killed(tmp_path):
+    import time
+
+    (tmp_path / "ct_sleep.py").write_text("import time\ntime.sleep(600)\n")
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="still running after 5 s"):
+        ct.compile_all(modules=["ct_sleep"], extra_paths=[str(tmp_path)], timeout=5, jobs=2)
+    assert time.monotonic() - t0 < 60

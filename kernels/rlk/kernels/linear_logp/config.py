@@ -87,7 +87,8 @@ SCALE_FIELDS_CPU = {"BLOCK": 512, "ITERS": 2, "num_warps": 4, "num_stages": 1}  
 # 16 (was 8): CUDA-graph device time of the merge alone on the H200, unroll 8 -> 16, bytes equal
 # at every point (docs/results/linear_logp_variants_merge_unroll_h200.json): V=151936 (600
 # segments) T=8 76 -> 60 us, T=1024 103 -> 95, T=8192 112 -> 105; V=37984 (150) T=8 20.7 -> 17.8,
-# T=1024 27.4 -> 26.0, T=8192 28.6 -> 27.1. 32 and 64 were slower at decode sizes.
+# T=1024 27.4 -> 26.0, T=8192 28.6 -> 27.1. 32 and 64 were slower at decode sizes. gfx942 uses
+# the same constant (bit-neutral by construction; its speed there is unmeasured).
 MERGE_UNROLL = 16
 MERGE_UNROLL_CPU = 3
 

@@ -161,7 +161,7 @@ def test_gpu_shard_count_invariance_qwen3():
 @pytest.mark.gpu
 @pytest.mark.parametrize("unroll", [7, 8, 16])
 def test_gpu_merge_unroll_is_bit_neutral(monkeypatch, unroll):
-    """GPU bits of merge_kernel: unroll 7, 8 and the sm_90 default 16 give unroll 1's bytes (with
+    """GPU bits of merge_kernel: unroll 7, 8 and the default 16 give unroll 1's bytes (with
     entropy) for Qwen3's vocabulary at TP1 and TP4 (600 segments: a partial last trip for 7 and
     16) and for a 37984-column vocabulary (150 segments: a partial last trip for all three)."""
     h, w, tg = make(300, 4096, 151936, 151669, device="cuda", seed=12)

@@ -155,11 +155,14 @@ EMBEDDING = contracts.register(contracts.Contract(
     },
     schedule_fields={"BLOCK_H": "min(1024, next_pow2(H))", "BLOCK_T": "TILE_ELEMS // BLOCK_H",
                      "num_warps": [4],
-                     "forward_route": "torch.index_select when the ids are known in range (host check, "
-                                      "or the caller's host_validated()); else embedding_fwd_kernel"},
+                     "forward_route": ["torch.index_select (ids known in range: host check or the caller's "
+                                       "host_validated())", "embedding_fwd_kernel (otherwise)"]},
     bit_neutral_evidence={"BLOCK_H": "copy / per-column sums", "BLOCK_T": "copy",
                           "num_warps": "no cross-lane reduction",
-                          "forward_route": "both routes copy the rows; rowops_test compares them bitwise"},
+                          "forward_route": "both routes copy every non-NaN element's bytes (a NaN may change "
+                                           "payload through the kernel's fp32 pass); rowops_test compares "
+                                           "them bitwise (interpreter; GPU case test_gpu_embedding_routes_"
+                                           "and_graph_capture)"},
     targets=("sm_90", "gfx942", "cpu-interpreter"),
     kernels=("rowops.embedding_fwd", "rowops.embedding_bwd"),
 ))

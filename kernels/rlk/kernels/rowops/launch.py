@@ -297,29 +297,50 @@ def _ids_checks(ids, V):
 
 
 def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """weight[ids]: ids [T] int64, weight [V, H] -> [T, H] (exact copy). Contract embedding.v1.
+    """weight[ids]: ids [T] int64 (int32 accepted), weight [V, H] -> [T, H] (exact copy).
+    Contract embedding.v1.
 
-    Two routes, the same bytes (a copy has one result): when the ids are known to be in range
-    (checked here, or the caller is inside ``host_validated()``) the copy is
-    ``torch.index_select``: ATen's launch costs a fraction of a Triton launch's host time, which is
-    all an eager embedding costs (docs/results/rowops_h200.json); otherwise (value checks off by
-    ``set_value_checks(False)``, or a CUDA graph captured outside ``host_validated()``) the
-    ``embedding_fwd_kernel``, which writes a NaN row for an out-of-range id. Inside
-    ``host_validated()`` an out-of-range id is the caller's bug and fails as index_select does
-    (a device-side assert on GPU, an IndexError on CPU).
+    Two routes. When the ids are known to be in range (checked here with one device read, or the
+    caller is inside ``host_validated()``) the copy is ``torch.index_select``: ATen's launch costs
+    a fraction of a Triton launch's host time, which is all an eager embedding costs
+    (docs/results/h200_2026-12-01_session5/README.md). Otherwise (value checks off by
+    ``set_value_checks(False)``, or a CUDA graph captured outside ``host_validated()``) it is
+    :func:`embedding_kernel`, which writes a NaN row for an out-of-range id. Both copy every
+    non-NaN element's bytes; a NaN element may leave the kernel with another NaN payload (it passes
+    through fp32). Inside ``host_validated()`` an out-of-range id is the caller's bug and fails as
+    index_select does (a device-side assert on GPU, an IndexError on CPU).
     """
     if (common.host_validated_active() and isinstance(weight, torch.Tensor) and isinstance(ids, torch.Tensor)
             and weight.dtype in _EMB_DTYPES and ids.dtype in _ID_DTYPES and weight.dim() == 2 and ids.dim() == 1
             and weight.stride(1) == 1 and ids.stride(0) == 1 and ids.device == weight.device):
         # The production route in short: what the checks below would accept, read once (an eager
-        # embedding's cost is this host path). Anything else takes them and their errors.
+        # embedding's cost is this host path; rowops_test checks it rejects what they reject).
+        arch_for(weight.device)  # unsupported devices raise here too
         return torch.index_select(weight, 0, ids)
+    ids, V, H, in_range = _embedding_checks(ids, weight)
+    if in_range:
+        arch_for(weight.device)
+        return torch.index_select(weight, 0, ids)
+    return _embedding_launch(ids, weight, V, H)
+
+
+def embedding_kernel(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """:func:`embedding` through ``embedding_fwd_kernel`` whatever the ids' status (same checks;
+    a NaN row per out-of-range id when value checks are off). For benchmarks and tests of the
+    kernel route; callers use :func:`embedding`."""
+    ids, V, H, _ = _embedding_checks(ids, weight)
+    return _embedding_launch(ids, weight, V, H)
+
+
+def _embedding_checks(ids, weight):
     check_tensor("weight", weight, dtype=_EMB_DTYPES, dim=2)
     _check_same_device(ids=ids, weight=weight)
     V, H = weight.shape
     ids, in_range = _ids_checks(ids, V)
-    if in_range:
-        return torch.index_select(weight, 0, ids)
+    return ids, V, H, in_range
+
+
+def _embedding_launch(ids, weight, V, H):
     y = torch.empty((ids.shape[0], H), dtype=weight.dtype, device=weight.device)
     if ids.shape[0] and H:
         cfg = C.entry(arch_for(weight.device), "embedding")

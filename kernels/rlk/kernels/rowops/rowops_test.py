@@ -227,7 +227,8 @@ def test_embedding_routes_same_bytes_and_bad_ids(monkeypatch):
         poisoned = L.embedding(bad, w)
     finally:
         L.set_value_checks(True)
-    for got, what in ((checked, "checked copy"), (vouched, "host_validated copy"), (kernel, "kernel")):
+    for got, what in ((checked, "checked copy"), (vouched, "host_validated copy"), (kernel, "kernel"),
+                      (L.embedding_kernel(ids, w), "embedding_kernel, checks on")):
         assert_bitwise_equal(got, w[ids], what)
     assert_bitwise_equal(poisoned[[0, 3]], w[[3, 7]], "good rows of a batch with bad ids")
     assert bool(torch.isnan(poisoned[[1, 2]].float()).all()), "bad ids give NaN rows on the kernel route"
@@ -313,6 +314,46 @@ def test_gpu_accuracy_qwen3_8b():
     assert_bitwise_equal(L.embedding(ids, emb), emb[ids], "embedding")
     dwe = L.embedding_backward(dy, ids, 151936)
     assert_bitwise_equal(L.embedding_backward(dy, ids, 151936), dwe, "dW run to run")
+
+
+@pytest.mark.gpu
+def test_gpu_embedding_routes_and_graph_capture(monkeypatch):
+    """On the GPU: the copy route and the kernel route give the bytes of ``w[ids]``; a CUDA graph
+    captured inside host_validated() holds the index_select copy, one captured outside it the
+    kernel (no host read during capture), which writes NaN rows for ids that turn bad later."""
+    import contextlib
+
+    from rlk.kernels.common import host_validated
+
+    V, H, T = 151936, 4096, 257
+    w = torch.randn((V, H), device="cuda").to(torch.bfloat16)
+    ids = torch.randint(0, V, (T,), device="cuda")
+    assert_bitwise_equal(L.embedding(ids, w), w[ids], "checked copy")
+    assert_bitwise_equal(L.embedding_kernel(ids, w), w[ids], "kernel")
+    for vouched in (True, False):
+        ctx = host_validated if vouched else contextlib.nullcontext
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side), ctx():
+            L.embedding_kernel(ids, w)  # compiled before capture
+            L.embedding(ids, w)
+        torch.cuda.current_stream().wait_stream(side)
+        g = torch.cuda.CUDAGraph()
+        launched = []
+        with monkeypatch.context() as mp:
+            mp.setattr(L.K, "embedding_fwd_kernel", _Spy(L.K.embedding_fwd_kernel, launched))
+            with ctx(), torch.cuda.graph(g):
+                y = L.embedding(ids, w)
+        assert len(launched) == (0 if vouched else 1), f"route captured, vouched={vouched}"
+        new = torch.randint(0, V, (T,), device="cuda")
+        ids.copy_(new)
+        g.replay()
+        assert_bitwise_equal(y, w[new], f"graph replay, vouched={vouched}")
+        if not vouched:
+            ids[3] = V + 5
+            g.replay()
+            assert bool(torch.isnan(y[3].float()).all()), "kernel route in the graph: NaN row for a bad id"
+            assert_bitwise_equal(y[4:], w[new[4:]], "other rows")
 
 
 def test_nn_modules_and_torch_library_ops():

@@ -98,8 +98,11 @@ def test_host_validated_skips_device_value_checks_and_nests():
         with host_validated():
             assert not device_value_checks_enabled()
         assert not device_value_checks_enabled()
-        out = rowops.embedding(bad, w)  # caller's responsibility: no check, no sync
-        assert out.shape == (2, 16)
+        out = rowops.embedding_kernel(bad, w)  # caller's responsibility: no check, no sync
+        assert out.shape == (2, 16) and bool(torch.isnan(out[1].float()).all())
+        # The embedding's own route there is the index_select copy: a bad id fails as it does.
+        with pytest.raises(IndexError):
+            rowops.embedding(bad, w)
     assert device_value_checks_enabled()
     with pytest.raises(UnsupportedConfigError):
         rowops.embedding(bad, w)

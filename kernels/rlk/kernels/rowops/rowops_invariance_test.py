@@ -83,6 +83,7 @@ def _norm_cases(dev, T, H, D, nh, F, V, sizes):
     emb = _rand((V, H), 12, dev)
     ids = torch.randint(0, V, (T,), generator=torch.Generator().manual_seed(13)).to(dev)
     check_rows(lambda i: L.embedding(i, emb), [ids], sizes, "embedding")
+    check_rows(lambda i: L.embedding_kernel(i, emb), [ids], sizes, "embedding kernel route")
 
 
 @pytest.mark.parametrize("H,D,nh", [(64, 16, 4), (80, 32, 2)])

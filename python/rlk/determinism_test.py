@@ -26,3 +26,20 @@ def test_rendezvous_defaults_keep_a_launchers_values(monkeypatch):
     monkeypatch.delenv("MASTER_PORT")
     assert int(determinism.single_process_rendezvous_defaults()["MASTER_PORT"]) > 0
     assert determinism.single_process_rendezvous_defaults() == {}
+
+
+def test_interpret_flag_is_read_once_and_cdiv_matches_triton(monkeypatch):
+    """kernels.common.interpret_flag keeps the first answer (Triton fixed interpreter vs compiler
+    when the kernels were decorated; the environment is not read again per launch); the host
+    cdiv equals triton.cdiv."""
+    import triton
+
+    from rlk.kernels import common
+
+    first = common.interpret_flag()
+    monkeypatch.setenv("TRITON_INTERPRET", "0" if first else "1")
+    assert common.interpret_flag() is first
+    assert common.launch_options() == ({} if first else {"enable_fp_fusion": common.FP_FUSION})
+    for a in (0, 1, 63, 64, 65, 151936, 2**40 + 3):
+        for b in (1, 7, 64, 256):
+            assert common.cdiv(a, b) == triton.cdiv(a, b)

@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from rlk.errors import UnsupportedConfigError
-from rlk.kernels.common import interpret_flag, launch_options, round_bf16
+from rlk.kernels.common import cdiv, interpret_flag, launch_options, round_bf16
 
 FOLD_BLOCK = 1024
 FOLD_WARPS = 4
@@ -80,7 +80,7 @@ def fold_pointers(ptrs: torch.Tensor, numel: int, in_dtype: torch.dtype, out: to
         raise UnsupportedConfigError(f"fold_pointers: out must be contiguous with {numel} elements")
     if numel == 0:
         return out
-    fold_pointers_kernel[(triton.cdiv(numel, FOLD_BLOCK),)](
+    fold_pointers_kernel[(cdiv(numel, FOLD_BLOCK),)](
         out, ptrs, numel, int(elem_offset), WORLD=ptrs.numel(), IN_DTYPE=_DTYPES[in_dtype],
         OUT_BF16=out.dtype == torch.bfloat16, VOLATILE=bool(volatile), BLOCK=FOLD_BLOCK,
         INTERPRET=interpret_flag(), num_warps=FOLD_WARPS, **launch_options())

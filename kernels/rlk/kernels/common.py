@@ -26,17 +26,32 @@ from rlk.errors import UnsupportedConfigError
 
 def dot_dtype_for(device: torch.device):
     """The ``tl.dot`` operand dtype for bf16 inputs on ``device`` (a launcher constexpr)."""
-    return tl.float32 if interpreter_active() or device.type == "cpu" else tl.bfloat16
+    return tl.float32 if interpret_flag() or device.type == "cpu" else tl.bfloat16
 
 
 def launch_options() -> dict:
     """Options every strict launch passes explicitly (never toolchain defaults)."""
     # The interpreter does not accept compiler options; fusion is moot there (numpy arithmetic).
-    return {} if interpreter_active() else {"enable_fp_fusion": FP_FUSION}
+    return {} if interpret_flag() else {"enable_fp_fusion": FP_FUSION}
+
+
+_INTERPRET: list[bool] = []
 
 
 def interpret_flag() -> bool:
-    return interpreter_active()
+    """Whether the kernels run under Triton's interpreter: ``TRITON_INTERPRET`` read once, at the
+    first launch, and kept (every launch asks several times; an environment read costs ~1.5 us of
+    host time). Triton fixed the same choice when each kernel's ``@triton.jit`` ran, at import,
+    and rlk.determinism requires the variable to be set before any kernel module is imported."""
+    if not _INTERPRET:
+        _INTERPRET.append(interpreter_active())
+    return _INTERPRET[0]
+
+
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for the host side of launches (grids, tile counts), a >= 0, b > 0.
+    ``triton.cdiv`` is a Triton constexpr function: ~4 us per host call, this ~0.15."""
+    return (a + b - 1) // b
 
 
 @triton.jit

@@ -12,7 +12,7 @@ from rlk import contracts
 from rlk.determinism import FP_FUSION
 from rlk.errors import UnsupportedConfigError
 from rlk.kernels import registry
-from rlk.kernels.common import TableOverrides, device_capability
+from rlk.kernels.common import TableOverrides, device_capability, interpret_flag
 from rlk.kernels.attention import kernel, kernel_bwd
 
 KV_CHUNK = 64
@@ -142,9 +142,7 @@ def _table(arch: str) -> dict:
 def arch_of(device) -> str:
     import torch
 
-    from rlk.determinism import interpreter_active
-
-    if interpreter_active() or device.type == "cpu":
+    if interpret_flag() or device.type == "cpu":
         return "cpu-interpreter"
     if torch.version.hip:
         return "gfx942"

@@ -19,7 +19,8 @@ from rlk.errors import UnsupportedConfigError
 from rlk.kernels.attention import config
 from rlk.kernels.attention.kernel import attn_fwd_kernel, attn_merge_kernel, write_kv_kernel
 from rlk.kernels.attention.kernel_bwd import bwd_delta_kernel, bwd_dkdv_kernel, bwd_dq_kernel, bwd_fold_kernel
-from rlk.kernels.common import check_tensor, device_value_checks_enabled, dot_dtype_for, interpret_flag, launch_options
+from rlk.kernels.common import (cdiv, check_tensor, device_value_checks_enabled, dot_dtype_for, interpret_flag,
+                                launch_options)
 
 
 def _dot(device):
@@ -121,7 +122,7 @@ def prefill(q, k, v, cu_seqlens, max_seqlen, scale, *, contract="attn.v2", valid
     # (GP is bit-neutral; a GP that does not divide g would leave heads without a program:
     # g // GP == 0 at Qwen3-1.7B's 16/8 heads gave an empty grid and unwritten output).
     gp = math.gcd(int(s.get("GP", 1)), g)
-    grid = (triton.cdiv(max_seqlen, s["BLOCK_M"] // gp), hk * (g // gp), nb)
+    grid = (cdiv(max_seqlen, s["BLOCK_M"] // gp), hk * (g // gp), nb)
     _fwd(out, lse, q, k, v, cu_seqlens, cu_seqlens, cu_seqlens, scale, c, grid, g, gp, s,
          paged=False, split=1, page=16)
     return out, lse
@@ -205,8 +206,8 @@ def paged(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens_kv, scale, *
     s = config.schedule("paged_decode" if decode else "paged_chunk", q.device)
     if g > s["BLOCK_M"]:
         raise UnsupportedConfigError(f"attention: GQA group {g} larger than the tile ({s['BLOCK_M']} rows)")
-    tiles = triton.cdiv(max_seqlen_q, s["BLOCK_M"] // g)
-    n_seg = triton.cdiv(capacity, c.bit_fields["segment"])
+    tiles = cdiv(max_seqlen_q, s["BLOCK_M"] // g)
+    n_seg = cdiv(capacity, c.bit_fields["segment"])
     ws = None
     if decode and n_seg > 1:
         # Split-KV: one program per segment; partials folded in order by the merge kernel.
@@ -279,7 +280,7 @@ def backward(do, q, k, v, out, lse, cu_seqlens, max_seqlen, scale):
     dq.zero_()  # tokens outside every sequence keep 0 (dK/dV: the fold writes every row)
     delta = torch.empty_like(lse)
     s = config.schedule("bwd_delta", q.device)
-    bwd_delta_kernel[(triton.cdiv(q.shape[0], s["BLOCK_M"]), hq)](
+    bwd_delta_kernel[(cdiv(q.shape[0], s["BLOCK_M"]), hq)](
         delta, out, do, q.shape[0], out.stride(0), out.stride(1), do.stride(0), do.stride(1),
         delta.stride(0), delta.stride(1), BLOCK_M=s["BLOCK_M"], HEAD_DIM=d, **_opts(s))
     g = hq // hk
@@ -292,15 +293,15 @@ def backward(do, q, k, v, out, lse, cu_seqlens, max_seqlen, scale):
     ws_dk = torch.zeros((g, k.shape[0], hk, d), dtype=torch.float32, device=q.device)
     ws_dv = torch.zeros_like(ws_dk)
     wst = (ws_dk.stride(0), ws_dk.stride(1), ws_dk.stride(2))
-    bwd_dkdv_kernel[(triton.cdiv(max_seqlen, s["BLOCK_N"]), hq, nb)](
+    bwd_dkdv_kernel[(cdiv(max_seqlen, s["BLOCK_N"]), hq, nb)](
         ws_dk, ws_dv, q, k, v, do, lse, delta, cu_seqlens, qs, *strides, *wst,
         G=g, BLOCK_M=s["BLOCK_M"], BLOCK_N=s["BLOCK_N"], **common, **_opts(s))
     sf = config.schedule("bwd_fold", q.device)
-    bwd_fold_kernel[(triton.cdiv(k.shape[0], sf["BLOCK_T"]), hk)](
+    bwd_fold_kernel[(cdiv(k.shape[0], sf["BLOCK_T"]), hk)](
         dk, dv, ws_dk, ws_dv, k.shape[0], float(scale), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
         *wst, G=g, BLOCK_T=sf["BLOCK_T"], HEAD_DIM=d, INTERPRET=interpret_flag(), **_opts(sf))
     s = config.schedule("bwd_dq", q.device)
-    bwd_dq_kernel[(triton.cdiv(max_seqlen, s["BLOCK_M"]), hq, nb)](
+    bwd_dq_kernel[(cdiv(max_seqlen, s["BLOCK_M"]), hq, nb)](
         dq, q, k, v, do, lse, delta, cu_seqlens, qs, float(scale), *strides,
         dq.stride(0), dq.stride(1),
         G=g, BLOCK_M=s["BLOCK_M"], BLOCK_N=s["BLOCK_N"], **common, **_opts(s))

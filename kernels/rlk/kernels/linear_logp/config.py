@@ -17,7 +17,7 @@ from rlk import contracts
 from rlk.determinism import FP_FUSION
 from rlk.errors import UnsupportedConfigError
 from rlk.kernels import registry
-from rlk.kernels.common import TableOverrides, device_capability
+from rlk.kernels.common import TableOverrides, device_capability, interpret_flag
 from rlk.kernels.linear_logp import kernel as K
 
 CONTRACT_ID = "logp.v2"
@@ -167,9 +167,7 @@ def table(arch: str) -> dict:
 
 
 def arch_of(device: torch.device) -> str:
-    from rlk.determinism import interpreter_active
-
-    if device.type == "cpu" or interpreter_active():
+    if device.type == "cpu" or interpret_flag():
         return "cpu-interpreter"
     if torch.version.hip:
         return "gfx942"

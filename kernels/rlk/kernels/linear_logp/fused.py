@@ -28,10 +28,9 @@ import math
 from typing import Callable, Optional
 
 import torch
-import triton
 
 from rlk.errors import UnsupportedConfigError
-from rlk.kernels.common import interpret_flag, launch_options
+from rlk.kernels.common import cdiv, interpret_flag, launch_options
 from rlk.kernels.linear_logp import config as cfgmod
 from rlk.kernels.linear_logp import kernel as K
 from rlk.kernels.linear_logp.launch import (GradGemms, _check_device, _inv_temp, _vec, check_inputs,
@@ -138,7 +137,7 @@ def linear_logp_fused_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: 
          if need_grads else None)
     gemms = GradGemms(hidden, weight, tab)
     gc = cfgmod.grad_from_logits_fields(tab)
-    cd = triton.cdiv
+    cd = cdiv
     # Reduction order (d_weight): row chunks ascending, the fp32 chain continuing across them.
     for c, lo in enumerate(range(0, T, rows)):
         hi = min(lo + rows, T)
@@ -203,7 +202,7 @@ def scale_by_(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
         return x
     s = scale.reshape(1).float()
     sc = cfgmod.scale_fields(cfgmod.arch_of(x.device))
-    K.scale_kernel[(triton.cdiv(n, sc["BLOCK"] * sc["ITERS"]),)](
+    K.scale_kernel[(cdiv(n, sc["BLOCK"] * sc["ITERS"]),)](
         x, s, n, BLOCK=sc["BLOCK"], ITERS=sc["ITERS"], OUT_BF16=x.dtype == torch.bfloat16,
         INTERPRET=interpret_flag(), num_warps=sc["num_warps"], num_stages=sc["num_stages"], **launch_options())
     return x

@@ -16,7 +16,8 @@ import triton
 import triton.language as tl
 
 from rlk.errors import UnsupportedConfigError
-from rlk.kernels.common import check_tensor, device_value_checks_enabled, dot_dtype_for, interpret_flag, launch_options
+from rlk.kernels.common import (cdiv, check_tensor, device_value_checks_enabled, dot_dtype_for, interpret_flag,
+                                launch_options)
 from rlk.kernels.linear_logp import config as cfgmod
 from rlk.kernels.linear_logp import kernel as K
 
@@ -134,7 +135,7 @@ def _desc(t: torch.Tensor, block):
 
 
 def num_segments(V_local: int, align: int, seg_v: int) -> int:
-    return triton.cdiv(V_local, align) * triton.cdiv(align, seg_v)
+    return cdiv(V_local, align) * cdiv(align, seg_v)
 
 
 def segment_stats(hidden, weight, targets, vocab_start: int = 0, vocab_real: Optional[int] = None,
@@ -169,7 +170,7 @@ def segment_stats(hidden, weight, targets, vocab_start: int = 0, vocab_real: Opt
         raise UnsupportedConfigError(f"{CONTRACT_ID}: H={H} is not a multiple of the k-step {cfg['BLOCK_K']}")
     use_tma = bool(cfg.get("TMA", 0)) and _tma_ok(hidden) and _tma_ok(weight)
     hd, wd = (_desc(hidden, (bt, cfg["BLOCK_K"])), _desc(weight, (bv, cfg["BLOCK_K"]))) if use_tma else (None, None)
-    grid = (triton.cdiv(T, bt) * S,)
+    grid = (cdiv(T, bt) * S,)
     K.fwd_stats_kernel[grid](
         m, s, e if e is not None else m, tg, logits if logits is not None else m,
         hidden, weight, targets, hd, wd, T, V_local, H, int(vocab_start), vocab_real, S,
@@ -212,7 +213,7 @@ def merge_segment_stats(stats: Sequence[SegmentStats]):
     logp = torch.empty((T,), dtype=torch.float32, device=dev)
     lse = torch.empty_like(logp)
     ent = torch.empty_like(logp) if with_e else None
-    K.merge_kernel[(triton.cdiv(T, cfg["BLOCK"]),)](
+    K.merge_kernel[(cdiv(T, cfg["BLOCK"]),)](
         logp, lse, ent if with_e else logp, m, s, e if with_e else m, tg, m.shape[0], tg.shape[0], T,
         WITH_ENTROPY=with_e, BLOCK=cfg["BLOCK"], INTERPRET=interpret_flag(), S_I=_bound(m.shape[0]),
         R_I=_bound(tg.shape[0]), UNROLL=cfgmod.merge_unroll(cfgmod.arch_of(dev)), num_warps=cfg["num_warps"],
@@ -304,7 +305,7 @@ def linear_logp_bwd(hidden, weight, targets, lse, dlogp, vocab_start: int = 0,
     gemms = GradGemms(hidden, weight, tab)
     dw = torch.empty_like(weight)
     dh_acc = torch.empty((T, H), dtype=torch.float32, device=dev)
-    cd = triton.cdiv
+    cd = cdiv
     # Reduction order (d_hidden): vocab chunks ascending; the fp32 chain continues across chunks.
     for c, col0 in enumerate(range(0, V_local, VC)):
         nc = min(VC, V_local - col0)
@@ -362,7 +363,7 @@ class GradGemms:
 
     def _launch(self, out, a, b, descs, M, Kdim, strides, ACC_IN, OUT_BF16, A_KM) -> None:
         H = out.shape[1]
-        grid = (triton.cdiv(M, self.mc["BLOCK_M"]) * triton.cdiv(H, self.mc["BLOCK_N"]),)
+        grid = (cdiv(M, self.mc["BLOCK_M"]) * cdiv(H, self.mc["BLOCK_N"]),)
         K.gemm_kernel[grid](out, a, b, *descs, M, H, Kdim, *strides, out.stride(0), 1,
                             ACC_IN=ACC_IN, OUT_BF16=OUT_BF16, A_KM=A_KM, B_KN=True, K_I=_bound(Kdim),
                             **self.kw, **launch_options())

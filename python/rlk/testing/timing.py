@@ -40,13 +40,11 @@ def back_to_back_us(fn, calls: int = 100, sync=None, timer=None) -> float:
     """Time per call (us) of ``calls`` consecutive calls of ``fn`` after one warm-up call, with no
     cache flush or sync between them. ``sync`` / ``timer`` default to CUDA (synchronize, an event
     pair); tests pass host stand-ins."""
-    if sync is None:
-        import torch
+    import torch
 
+    if sync is None:
         sync = torch.cuda.synchronize
     if timer is None:
-        import torch
-
         def timer():
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()

@@ -22,7 +22,7 @@ from rlk import contracts
 from rlk.determinism import FP_FUSION
 from rlk.errors import UnsupportedConfigError
 from rlk.kernels import registry
-from rlk.kernels.common import device_capability
+from rlk.kernels.common import cdiv, device_capability  # noqa: F401 - cdiv: launch.py, tests
 from rlk.kernels.gemm import kernel, kernel_tiled
 
 CONTRACT_ID = "gemm.bf16.v1"
@@ -46,10 +46,6 @@ DECODE_BLOCK_M = (16, 32, 64)  # auto decode BLOCK_M: the smallest that covers M
 _HERE = os.path.dirname(os.path.abspath(__file__))
 TABLE_FILES = {"sm_90": "sm90.json", "gfx942": "gfx942.json"}
 TABLE_ENV = "RLK_GEMM_TABLE"  # path of an sm_90 table replacing configs/sm90.json (tuner output)
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def split_rule(K: int, N: int) -> int:

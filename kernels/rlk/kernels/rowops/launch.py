@@ -314,13 +314,16 @@ def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
             and weight.stride(1) == 1 and ids.stride(0) == 1 and ids.device == weight.device):
         # The production route in short: what the checks below would accept, read once (an eager
         # embedding's cost is this host path; rowops_test checks it rejects what they reject).
-        arch_for(weight.device)  # unsupported devices raise here too
-        return torch.index_select(weight, 0, ids)
+        return _embedding_copy(ids, weight)
     ids, V, H, in_range = _embedding_checks(ids, weight)
     if in_range:
-        arch_for(weight.device)
-        return torch.index_select(weight, 0, ids)
+        return _embedding_copy(ids, weight)
     return _embedding_launch(ids, weight, V, H)
+
+
+def _embedding_copy(ids, weight):
+    arch_for(weight.device)  # an unsupported device raises on this route too
+    return torch.index_select(weight, 0, ids)
 
 
 def embedding_kernel(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

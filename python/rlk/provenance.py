@@ -136,6 +136,12 @@ def toolchain() -> dict[str, Any]:
             out[mod] = getattr(m, "__version__", None)
         except Exception:
             pass
+    try:  # how strict launches are issued (rlk.kernels.launcher); no arithmetic depends on it
+        from rlk.kernels import launcher
+
+        out["launch_cache"] = launcher.enabled()
+    except Exception as e:  # noqa: BLE001 - a record is still written
+        out["launch_cache"] = f"unknown: {type(e).__name__}"
     return out
 
 

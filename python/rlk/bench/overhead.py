@@ -11,8 +11,12 @@ For each case (decode/small-row shapes of the Qwen3-8B TP4 shard), on the same i
 * ``host_us``: CPU time per call of 100 back-to-back calls without synchronization (the Python
   launch path; valid while the device keeps up, which it does at these sizes), median over
   alternating rounds;
+* ``b2b_us``: back-to-back time per call (``rlk.testing.timing.back_to_back_us``: 100 calls
+  between two events; max(host launch path, device) per call), median over alternating rounds;
 * for strict cases, both the public op (``rlk.ops``, through ``torch.library``) and the bare
-  launcher, so the dispatcher's share is visible; the native counterpart beside them.
+  launcher, so the dispatcher's share is visible; the native counterpart beside them; and the
+  bare launcher with the launch cache off (``launch_nocache``: every launch through Triton's
+  ``kernel[grid]``, rlk.kernels.launcher), the A/B of that cache in the same process.
 
 With ``--profile-top N`` a cProfile of 200 calls of each strict op is summarized (top N
 functions by own time) into the JSON. Not run in CI (GPU only); not a performance claim by
@@ -51,6 +55,27 @@ def _host_us(fn, n=100):
         t1 = time.perf_counter()
         torch.cuda.synchronize()
     return (t1 - t0) / n * 1e6
+
+
+def _b2b_us(fn):
+    from rlk.kernels.common import host_validated
+    from rlk.testing.timing import back_to_back_us
+
+    with host_validated():
+        return back_to_back_us(fn, calls=100)
+
+
+def _nocache(fn):
+    """fn with rlk's launch cache off for its duration (entries kept: no refill afterwards)."""
+    from rlk.kernels import launcher
+
+    def run():
+        prev = launcher.set_enabled(False)
+        try:
+            return fn()
+        finally:
+            launcher.set_enabled(prev)
+    return run
 
 
 def _profile(fn, top, n=200):
@@ -101,6 +126,9 @@ def cases():
     cos, sin = orow.rope_table(8192, D, 1e6, dev)
     out.append(("rope_q B=8", {"op": lambda: orow.apply_rope(q, pos, cos, sin),
                                "launch": lambda: R.apply_rope(q, pos, cos, sin)}))
+    gu = rn(B, 2 * 3072)
+    out.append(("swiglu B=8", {"op": lambda: orow.swiglu(gu), "launch": lambda: R.swiglu(gu),
+                               "native": lambda: F.silu(gu[:, :3072]) * gu[:, 3072:]}))
     ids = torch.randint(0, 151936, (B,), device=dev, generator=gen)
     emb = rn(151936, H)
     out.append(("embedding B=8", {"op": lambda: orow.embedding(ids, emb), "launch": lambda: R.embedding(ids, emb),
@@ -131,6 +159,9 @@ def cases():
         "op": lambda: ologp.linear_logp(x, wl, tg),
         "launch": lambda: LP.linear_logp_fwd(x, wl, tg, validate_targets=False),
         "native": lambda: torch.log_softmax(F.linear(x, wl).float(), -1).gather(1, tg[:, None])}))
+    for _, fns in out:
+        if "launch" in fns:
+            fns["launch_nocache"] = _nocache(fns["launch"])
     return out
 
 
@@ -143,27 +174,30 @@ def main(argv=None):
     if not torch.cuda.is_available():
         raise SystemExit("rlk.bench.overhead needs a GPU")
     rows, profiles = [], {}
-    print(f"{'case':26} {'variant':7} {'eager_us':>9} {'graph_us':>9} {'host_us':>9}")
+    print(f"{'case':26} {'variant':14} {'eager_us':>9} {'graph_us':>9} {'host_us':>9} {'b2b_us':>9}")
     for name, fns in cases():
         # Eager and host times in alternating rounds (the device host is noisy: see
         # rlk.testing.timing.interleaved_us); graph times are device times, measured once.
         eager = interleaved_us(fns, rounds=a.rounds)
         host = interleaved_us(fns, rounds=a.rounds, measure=_host_us)
+        b2b = interleaved_us(fns, rounds=a.rounds, measure=_b2b_us)
         for variant, fn in fns.items():
             r = {"case": name, "variant": variant}
-            e, h = eager[variant], host[variant]
-            if "error" in e or "error" in h:
-                r["error"] = e.get("error") or h.get("error")
+            e, h, b = eager[variant], host[variant], b2b[variant]
+            if "error" in e or "error" in h or "error" in b:
+                r["error"] = e.get("error") or h.get("error") or b.get("error")
             else:
-                r.update(eager_us=e["us"], host_us=h["us"], eager_rounds=e["rounds"], host_rounds=h["rounds"])
+                r.update(eager_us=e["us"], host_us=h["us"], b2b_us=b["us"], eager_rounds=e["rounds"],
+                         host_rounds=h["rounds"], b2b_rounds=b["rounds"])
                 try:
                     r["graph_us"] = _graph_us(fn)
                 except Exception as ex:  # noqa: BLE001 - reported, the probe goes on
                     r["error"] = repr(ex)[:300]
             rows.append(r)
-            print(f"{name:26} {variant:7} {r.get('eager_us', float('nan')):9.1f} {r.get('graph_us', float('nan')):9.1f} "
-                  f"{r.get('host_us', float('nan')):9.1f} {r.get('error', '')}", flush=True)
-            if a.profile_top and variant in ("op", "launch") and "error" not in r:
+            print(f"{name:26} {variant:14} {r.get('eager_us', float('nan')):9.1f} {r.get('graph_us', float('nan')):9.1f} "
+                  f"{r.get('host_us', float('nan')):9.1f} {r.get('b2b_us', float('nan')):9.1f} {r.get('error', '')}",
+                  flush=True)
+            if a.profile_top and variant in ("op", "launch", "launch_nocache") and "error" not in r:
                 profiles[f"{name} [{variant}]"] = _profile(fn, a.profile_top)
     try:
         from rlk import provenance

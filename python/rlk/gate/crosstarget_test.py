@@ -254,6 +254,14 @@ def explicit(x):
 def unpinned(x):
     common = dict(num_warps=4)
     k1[(2,)](x, **common)
+
+
+def through_launcher(x):
+    launch(k1, (1,), x, num_warps=4, **launch_options())
+
+
+def through_launcher_unpinned(x):
+    launch(k1, (1,), x, num_warps=4)
 '''
 
 
@@ -261,7 +269,8 @@ def test_launch_scan_follows_helpers_and_names(tmp_path):
     (tmp_path / "launch.py").write_text(LAUNCHER)
     (tmp_path / "launch_test.py").write_text("k1[(1,)](0)\n")  # tests are not scanned
     probs = ct.scan_launch_sites(tmp_path)
-    assert len(probs) == 1 and "launch.py:33: launch of k1" in probs[0], probs
+    assert len(probs) == 2, probs
+    assert "launch.py:33: launch of k1" in probs[0] and "launch.py:41: launch of k1" in probs[1], probs
 
 
 def test_l0_checks_registered_for_every_profile():

@@ -1,7 +1,7 @@
 """L0 launch-site scan: every launch of a strict kernel pins floating-point fusion.
 
-A static scan of an op folder's sources (no import, no compile): each ``kernel[grid](...)`` of a
-``@triton.jit`` function must pass ``**launch_options()`` or an explicit ``enable_fp_fusion=``,
+A static scan of an op folder's sources (no import, no compile): each ``kernel[grid](...)`` or
+``launch(kernel, grid, ...)`` of a ``@triton.jit`` function must pass ``**launch_options()`` or an explicit ``enable_fp_fusion=``,
 so no launch leaves fusion to the toolchain default. Used by :mod:`rlk.gate.crosstarget`'s
 compile worker (once per run) over the folders of the registered kernels.
 """
@@ -80,8 +80,22 @@ class _PinResolver:
                    for kw in call.keywords)
 
 
+def _launched_kernel(node: ast.AST):
+    """The kernel expression of a launch: ``k[grid](...)`` or ``launch(k, grid, ...)``
+    (:func:`rlk.kernels.launcher.launch`), else None."""
+    if not isinstance(node, ast.Call):
+        return None
+    if isinstance(node.func, ast.Subscript):
+        return node.func.value
+    f = node.func
+    if (f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", None)) == "launch" and len(node.args) >= 2:
+        return node.args[0]
+    return None
+
+
 def scan_launch_sites(folder: str | os.PathLike, kernel_names: Iterable[str] = ()) -> list[str]:
-    """Launches ``k[grid](...)`` of jit kernels in ``folder`` that leave fusion to a default.
+    """Launches ``k[grid](...)`` or ``launch(k, grid, ...)`` of jit kernels in ``folder`` that
+    leave fusion to a default.
 
     A launch pins fusion when it passes ``enable_fp_fusion=`` or a ``**`` argument carrying
     ``launch_options()`` (see :class:`_PinResolver`). Tests and benchmarks are not scanned.
@@ -96,9 +110,9 @@ def scan_launch_sites(folder: str | os.PathLike, kernel_names: Iterable[str] = (
         res = _PinResolver(tree)
         parents = {c: n for n in ast.walk(tree) for c in ast.iter_child_nodes(n)}
         for node in ast.walk(tree):
-            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Subscript)):
+            callee = _launched_kernel(node)
+            if callee is None:
                 continue
-            callee = node.func.value
             name = callee.attr if isinstance(callee, ast.Attribute) else getattr(callee, "id", None)
             if name not in names:
                 continue

@@ -21,6 +21,7 @@ from rlk.kernels.attention.kernel import attn_fwd_kernel, attn_merge_kernel, wri
 from rlk.kernels.attention.kernel_bwd import bwd_delta_kernel, bwd_dkdv_kernel, bwd_dq_kernel, bwd_fold_kernel
 from rlk.kernels.common import (cdiv, check_tensor, device_value_checks_enabled, dot_dtype_for, interpret_flag,
                                 launch_options)
+from rlk.kernels.launcher import launch
 
 
 def _dot(device):
@@ -135,7 +136,7 @@ def _fwd(out, lse, q, k, v, bt, cu_q, kv_len, scale, c, grid, g, gp, s, *, paged
     vb = v.stride(0) if paged else 0
     kt = k.stride(1) if paged else k.stride(0)
     vt = v.stride(1) if paged else v.stride(0)
-    attn_fwd_kernel[grid](
+    launch(attn_fwd_kernel, grid,
         out, lse, ws_m, ws_l, ws_acc, q, k, v, bt, cu_q, kv_len,
         qk_scale_of(scale), split,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
@@ -218,7 +219,7 @@ def paged(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens_kv, scale, *
          (tiles * split, hk, nb_seq), g, g, s, paged=True, split=split, page=page, ws=ws)
     if ws is not None:
         sm = config.schedule("merge", q.device)
-        attn_merge_kernel[(max_seqlen_q, hk, nb_seq)](
+        launch(attn_merge_kernel, (max_seqlen_q, hk, nb_seq),
             out, lse, ws[0], ws[1], ws[2], cu_seqlens_q, seq_lens_kv,
             out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
             ws[0].stride(0), ws[0].stride(1), ws[0].stride(2),
@@ -254,7 +255,7 @@ def write_kv(k, v, k_cache, v_cache, slot_mapping, *, validate=None):
     if k.shape[0] == 0:
         return
     s = config.schedule("write_kv", k.device)
-    write_kv_kernel[(k.shape[0],)](
+    launch(write_kv_kernel, (k.shape[0],),
         k, v, k_cache, v_cache, slot_mapping, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -280,7 +281,7 @@ def backward(do, q, k, v, out, lse, cu_seqlens, max_seqlen, scale):
     dq.zero_()  # tokens outside every sequence keep 0 (dK/dV: the fold writes every row)
     delta = torch.empty_like(lse)
     s = config.schedule("bwd_delta", q.device)
-    bwd_delta_kernel[(cdiv(q.shape[0], s["BLOCK_M"]), hq)](
+    launch(bwd_delta_kernel, (cdiv(q.shape[0], s["BLOCK_M"]), hq),
         delta, out, do, q.shape[0], out.stride(0), out.stride(1), do.stride(0), do.stride(1),
         delta.stride(0), delta.stride(1), BLOCK_M=s["BLOCK_M"], HEAD_DIM=d, **_opts(s))
     g = hq // hk
@@ -293,15 +294,15 @@ def backward(do, q, k, v, out, lse, cu_seqlens, max_seqlen, scale):
     ws_dk = torch.zeros((g, k.shape[0], hk, d), dtype=torch.float32, device=q.device)
     ws_dv = torch.zeros_like(ws_dk)
     wst = (ws_dk.stride(0), ws_dk.stride(1), ws_dk.stride(2))
-    bwd_dkdv_kernel[(cdiv(max_seqlen, s["BLOCK_N"]), hq, nb)](
+    launch(bwd_dkdv_kernel, (cdiv(max_seqlen, s["BLOCK_N"]), hq, nb),
         ws_dk, ws_dv, q, k, v, do, lse, delta, cu_seqlens, qs, *strides, *wst,
         G=g, BLOCK_M=s["BLOCK_M"], BLOCK_N=s["BLOCK_N"], **common, **_opts(s))
     sf = config.schedule("bwd_fold", q.device)
-    bwd_fold_kernel[(cdiv(k.shape[0], sf["BLOCK_T"]), hk)](
+    launch(bwd_fold_kernel, (cdiv(k.shape[0], sf["BLOCK_T"]), hk),
         dk, dv, ws_dk, ws_dv, k.shape[0], float(scale), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
         *wst, G=g, BLOCK_T=sf["BLOCK_T"], HEAD_DIM=d, INTERPRET=interpret_flag(), **_opts(sf))
     s = config.schedule("bwd_dq", q.device)
-    bwd_dq_kernel[(cdiv(max_seqlen, s["BLOCK_M"]), hq, nb)](
+    launch(bwd_dq_kernel, (cdiv(max_seqlen, s["BLOCK_M"]), hq, nb),
         dq, q, k, v, do, lse, delta, cu_seqlens, qs, float(scale), *strides,
         dq.stride(0), dq.stride(1),
         G=g, BLOCK_M=s["BLOCK_M"], BLOCK_N=s["BLOCK_N"], **common, **_opts(s))

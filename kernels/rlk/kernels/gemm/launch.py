@@ -13,6 +13,7 @@ import triton.language as tl
 from rlk.kernels.common import dot_dtype_for, interpret_flag, launch_options
 from rlk.kernels.gemm import config as cfgmod
 from rlk.kernels.gemm import kernel, kernel_tiled
+from rlk.kernels.launcher import launch
 
 def _check(x: torch.Tensor, w: torch.Tensor, out_dtype) -> None:
     for name, t in (("x", x), ("w", w)):
@@ -191,7 +192,7 @@ def gemm(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfl
                 raise UnsupportedConfigError(f"gemm: decode workspace {S}x{M}x{N} too large; use prefill")
             out = y if S == 1 else torch.empty((S, M, N), dtype=torch.float32, device=x.device)
             grid = (cdiv(N, bn), S, cdiv(M, bm))
-            handles.append(kernel.gemm_segment_kernel[grid](
+            handles.append(launch(kernel.gemm_segment_kernel, grid,
                 out, x, w, M, N, K, x.stride(0), x.stride(1), w.stride(0), w.stride(1),
                 y.stride(0), y.stride(1), M * N,
                 SPLIT_K=S, SEG_STEPS=p["seg_steps"], BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
@@ -199,7 +200,7 @@ def gemm(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfl
             if S > 1:
                 f = cfgmod.fold_config(p["arch"])
                 fgrid = (cdiv(N, f["BLOCK_N"]), cdiv(M, f["BLOCK_M"]))
-                handles.append(kernel.gemm_fold_kernel[fgrid](
+                handles.append(launch(kernel.gemm_fold_kernel, fgrid,
                     y, out, M, N, y.stride(0), y.stride(1), M * N,
                     SPLIT_K=S, BLOCK_M=f["BLOCK_M"], BLOCK_N=f["BLOCK_N"], OUT_FP32=flags["OUT_FP32"],
                     INTERPRET=flags["INTERPRET"], num_warps=f["num_warps"], **opts))
@@ -212,7 +213,7 @@ def gemm(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfl
             use_tma = bool(p["TMA"]) and lx is not None and lw is not None
             xd, wd = ((_descriptor(x, lx, bm, bk), _descriptor(w, lw, bn, bk)) if use_tma else (None, None))
             grid = (min(nprog, tiles) if nprog else tiles,)
-            handles.append(kernel_tiled.gemm_tiled_kernel[grid](
+            handles.append(launch(kernel_tiled.gemm_tiled_kernel, grid,
                 y, x, w, xd, wd, M, N, K,
                 x.stride(0), x.stride(1), w.stride(0), w.stride(1), y.stride(0), y.stride(1),
                 SPLIT_K=S, SEG_STEPS=p["seg_steps"], BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=p["GROUP_M"],

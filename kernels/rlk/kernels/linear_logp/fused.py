@@ -33,6 +33,7 @@ from rlk.errors import UnsupportedConfigError
 from rlk.kernels.common import cdiv, interpret_flag, launch_options
 from rlk.kernels.linear_logp import config as cfgmod
 from rlk.kernels.linear_logp import kernel as K
+from rlk.kernels.launcher import launch
 from rlk.kernels.linear_logp.launch import (GradGemms, _check_device, _inv_temp, _vec, check_inputs,
                                             linear_logp_fwd)
 
@@ -151,7 +152,7 @@ def linear_logp_fused_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: 
         if not need_grads:
             continue
         gv = g[:n, :V_local]
-        K.grad_from_logits_kernel[(cd(n, gc["BLOCK_T"]), cd(V_local, gc["BLOCK_V"]))](
+        launch(K.grad_from_logits_kernel, (cd(n, gc["BLOCK_T"]), cd(V_local, gc["BLOCK_V"])),
             gv, x, t_c, ls, dl, n, V_local, 0, vocab_real, x.stride(0), g.stride(0), inv_t,
             BLOCK_T=gc["BLOCK_T"], BLOCK_V=gc["BLOCK_V"], INTERPRET=interpret_flag(),
             num_warps=gc["num_warps"], num_stages=gc["num_stages"], **launch_options())
@@ -202,7 +203,7 @@ def scale_by_(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
         return x
     s = scale.reshape(1).float()
     sc = cfgmod.scale_fields(cfgmod.arch_of(x.device))
-    K.scale_kernel[(cdiv(n, sc["BLOCK"] * sc["ITERS"]),)](
+    launch(K.scale_kernel, (cdiv(n, sc["BLOCK"] * sc["ITERS"]),),
         x, s, n, BLOCK=sc["BLOCK"], ITERS=sc["ITERS"], OUT_BF16=x.dtype == torch.bfloat16,
         INTERPRET=interpret_flag(), num_warps=sc["num_warps"], num_stages=sc["num_stages"], **launch_options())
     return x

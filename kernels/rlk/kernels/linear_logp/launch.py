@@ -20,6 +20,7 @@ from rlk.kernels.common import (cdiv, check_tensor, device_value_checks_enabled,
                                 launch_options)
 from rlk.kernels.linear_logp import config as cfgmod
 from rlk.kernels.linear_logp import kernel as K
+from rlk.kernels.launcher import launch
 
 CONTRACT_ID = cfgmod.CONTRACT_ID
 
@@ -171,7 +172,7 @@ def segment_stats(hidden, weight, targets, vocab_start: int = 0, vocab_real: Opt
     use_tma = bool(cfg.get("TMA", 0)) and _tma_ok(hidden) and _tma_ok(weight)
     hd, wd = (_desc(hidden, (bt, cfg["BLOCK_K"])), _desc(weight, (bv, cfg["BLOCK_K"]))) if use_tma else (None, None)
     grid = (cdiv(T, bt) * S,)
-    K.fwd_stats_kernel[grid](
+    launch(K.fwd_stats_kernel, grid,
         m, s, e if e is not None else m, tg, logits if logits is not None else m,
         hidden, weight, targets, hd, wd, T, V_local, H, int(vocab_start), vocab_real, S,
         hidden.stride(0), weight.stride(0), logits.stride(0) if logits is not None else 0, inv_t,
@@ -213,7 +214,7 @@ def merge_segment_stats(stats: Sequence[SegmentStats]):
     logp = torch.empty((T,), dtype=torch.float32, device=dev)
     lse = torch.empty_like(logp)
     ent = torch.empty_like(logp) if with_e else None
-    K.merge_kernel[(cdiv(T, cfg["BLOCK"]),)](
+    launch(K.merge_kernel, (cdiv(T, cfg["BLOCK"]),),
         logp, lse, ent if with_e else logp, m, s, e if with_e else m, tg, m.shape[0], tg.shape[0], T,
         WITH_ENTROPY=with_e, BLOCK=cfg["BLOCK"], INTERPRET=interpret_flag(), S_I=_bound(m.shape[0]),
         R_I=_bound(tg.shape[0]), UNROLL=cfgmod.merge_unroll(cfgmod.arch_of(dev)), num_warps=cfg["num_warps"],
@@ -309,7 +310,7 @@ def linear_logp_bwd(hidden, weight, targets, lse, dlogp, vocab_start: int = 0,
     # Reduction order (d_hidden): vocab chunks ascending; the fp32 chain continues across chunks.
     for c, col0 in enumerate(range(0, V_local, VC)):
         nc = min(VC, V_local - col0)
-        K.bwd_grad_kernel[(cd(T, gc["BLOCK_T"]), cd(nc, gc["BLOCK_V"]))](
+        launch(K.bwd_grad_kernel, (cd(T, gc["BLOCK_T"]), cd(nc, gc["BLOCK_V"])),
             g, hidden, weight, targets, lse, entropy if entropy is not None else lse, dlogp,
             dlse if dlse is not None else lse, dentropy if dentropy is not None else lse, ghd, gwd,
             T, V_local, H, col0, col0 + nc, int(vocab_start), vocab_real,
@@ -364,6 +365,6 @@ class GradGemms:
     def _launch(self, out, a, b, descs, M, Kdim, strides, ACC_IN, OUT_BF16, A_KM) -> None:
         H = out.shape[1]
         grid = (cdiv(M, self.mc["BLOCK_M"]) * cdiv(H, self.mc["BLOCK_N"]),)
-        K.gemm_kernel[grid](out, a, b, *descs, M, H, Kdim, *strides, out.stride(0), 1,
+        launch(K.gemm_kernel, grid, out, a, b, *descs, M, H, Kdim, *strides, out.stride(0), 1,
                             ACC_IN=ACC_IN, OUT_BF16=OUT_BF16, A_KM=A_KM, B_KN=True, K_I=_bound(Kdim),
                             **self.kw, **launch_options())

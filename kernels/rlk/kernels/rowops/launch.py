@@ -14,6 +14,7 @@ import torch
 from rlk.errors import UnsupportedConfigError
 from rlk.kernels import common
 from rlk.kernels.common import cdiv, check_tensor, interpret_flag, launch_options
+from rlk.kernels.launcher import launch
 from rlk.kernels.rowops import config as C
 from rlk.kernels.rowops import kernel as K
 
@@ -104,7 +105,7 @@ def _norm_fwd(x, weight, eps, residual=None):
     if n_rows == 0:
         return y, res_out
     grid = (cdiv(n_rows, cfg["BLOCK_ROWS"]),)
-    K.rmsnorm_fwd_kernel[grid](
+    launch(K.rmsnorm_fwd_kernel, grid,
         y, res_out, x, r, weight, n_rows, nh, s_t, s_h, s_r, float(H), eps,
         H=H, BLOCK_H=cfg["BLOCK_H"], BLOCK_ROWS=cfg["BLOCK_ROWS"], HAS_RESIDUAL=residual is not None,
         OUT_BF16=x.dtype == torch.bfloat16, INTERPRET=interpret_flag(),
@@ -155,7 +156,7 @@ def rms_norm_backward(dy, x, weight, eps, d_residual=None):
     parts = torch.zeros((n_parts, H), dtype=torch.float32, device=x.device)
     bf16 = x.dtype == torch.bfloat16
     if n_rows > 0:
-        K.rmsnorm_bwd_kernel[(n_parts,)](
+        launch(K.rmsnorm_bwd_kernel, (n_parts,),
             dx, parts, dy, x, weight, d_residual if d_residual is not None else dy,
             n_rows, nh, s_t, s_h, float(H), eps,
             H=H, BLOCK_H=cfg["BLOCK_H"], BLOCK_ROWS=cfg["BLOCK_ROWS"], BWD_TILES=cfg["BWD_TILES"],
@@ -171,7 +172,7 @@ def fold_partials(parts: torch.Tensor, dtype: torch.dtype, arch: str) -> torch.T
     fold = C.table(arch)["fold"]
     block_f = min(fold["BLOCK_F"], C._next_pow2(H))
     out = torch.empty((H,), dtype=dtype, device=parts.device)
-    K.fold_partials_kernel[(cdiv(H, block_f),)](
+    launch(K.fold_partials_kernel, (cdiv(H, block_f),),
         out, parts, n, H=H, BLOCK_F=block_f, FOLD_ROWS=fold["FOLD_ROWS"],
         OUT_BF16=dtype == torch.bfloat16, INTERPRET=interpret_flag(),
         num_warps=fold["num_warps"], **launch_options())
@@ -231,7 +232,7 @@ def apply_rope(x, positions, cos, sin, backward: bool = False):
     bhalf = C._next_pow2(D // 2)
     br = max(1, cfg["TILE_ELEMS"] // bhalf)
     n_rows = T * nh
-    K.rope_kernel[(cdiv(n_rows, br),)](
+    launch(K.rope_kernel, (cdiv(n_rows, br),),
         out, x, positions, cos, sin, n_rows, nh, x.stride(0), x.stride(1), max_pos,
         HALF=D // 2, BLOCK_HALF=bhalf, BLOCK_ROWS=br, BACKWARD=bool(backward),
         OUT_BF16=x.dtype == torch.bfloat16, INTERPRET=interpret_flag(),
@@ -253,7 +254,7 @@ def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
     y = torch.empty((T, F), dtype=gate_up.dtype, device=gate_up.device)
     if T and F:
         cfg = C.table(arch_for(gate_up.device))["swiglu"]
-        K.swiglu_fwd_kernel[(cdiv(T * F, cfg["BLOCK"]),)](
+        launch(K.swiglu_fwd_kernel, (cdiv(T * F, cfg["BLOCK"]),),
             y, gate_up, T * F, F, gate_up.stride(0), BLOCK=cfg["BLOCK"],
             OUT_BF16=gate_up.dtype == torch.bfloat16, INTERPRET=interpret_flag(),
             num_warps=cfg["num_warps"], **launch_options())
@@ -269,7 +270,7 @@ def swiglu_backward(dy: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:
     dgu = torch.empty((T, 2 * F), dtype=gate_up.dtype, device=gate_up.device)
     if T and F:
         cfg = C.table(arch_for(gate_up.device))["swiglu"]
-        K.swiglu_bwd_kernel[(cdiv(T * F, cfg["BLOCK"]),)](
+        launch(K.swiglu_bwd_kernel, (cdiv(T * F, cfg["BLOCK"]),),
             dgu, dy, gate_up, T * F, F, gate_up.stride(0), BLOCK=cfg["BLOCK"],
             OUT_BF16=gate_up.dtype == torch.bfloat16, INTERPRET=interpret_flag(),
             num_warps=cfg["num_warps"], **launch_options())
@@ -349,7 +350,7 @@ def _embedding_launch(ids, weight, V, H):
         bh = min(cfg["BLOCK_H"], C._next_pow2(H))
         bt = max(1, cfg["TILE_ELEMS"] // bh)
         T = ids.shape[0]
-        K.embedding_fwd_kernel[(cdiv(T, bt), cdiv(H, bh))](
+        launch(K.embedding_fwd_kernel, (cdiv(T, bt), cdiv(H, bh)),
             y, ids, weight, T, V, H, weight.stride(0), BLOCK_T=bt, BLOCK_H=bh,
             num_warps=cfg["num_warps"], **launch_options())
     return y
@@ -371,7 +372,7 @@ def embedding_backward(dy: torch.Tensor, ids: torch.Tensor, num_embeddings: int)
     uniq, counts = torch.unique_consecutive(sorted_ids, return_counts=True)
     starts = torch.cumsum(counts, 0) - counts
     bh = min(C.table(arch_for(dy.device))["embedding"]["BLOCK_H"], C._next_pow2(H))
-    K.embedding_bwd_kernel[(uniq.shape[0], cdiv(H, bh))](
+    launch(K.embedding_bwd_kernel, (uniq.shape[0], cdiv(H, bh)),
         dw, dy, order, uniq, starts, counts, H, BLOCK_H=bh,
         OUT_BF16=dy.dtype == torch.bfloat16, INTERPRET=interpret_flag(), num_warps=4, **launch_options())
     return dw

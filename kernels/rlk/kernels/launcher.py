@@ -1,0 +1,142 @@
+"""``launch(kernel, grid, *args, **kwargs)``: a strict kernel's launch, with less host time.
+
+Same meaning as ``kernel[grid](*args, **kwargs)``: same compiled binary, same arguments, same
+stream. What it removes is host time. On the H200 host an eager strict op's time at decode sizes
+is its launch path, not its kernel (docs/results/h200_2026-12-01_session5/README.md): one Triton
+launch took 38-49 us back to back against 25-30 us for two ATen ops. ``JITFunction.run`` (Triton
+3.6) does, on every launch: read the debug and instrumentation knobs, ask torch for the device and
+stream, bind and specialize every argument (``binder``), build its cache key (``str`` of the
+options), look the compiled kernel up, check the kernel's global variables, build launch metadata,
+then call the compiled kernel's launcher.
+
+Here the first launch for a given (kernel, device, specialization, options) goes through
+``kernel[grid]`` unchanged (it compiles, checks, launches and returns the ``CompiledKernel``),
+and the kernel is kept under that key. Later launches with the same key call Triton's own
+``binder`` (the same function ``JITFunction.run`` uses, so the specialization, the alignment
+attributes, the constexpr values and the argument order are Triton's, not a copy of its rules) and
+then the compiled kernel's launcher directly, as ``JITFunction.run`` ends and as PyTorch
+Inductor's Triton launcher does: ``ck.run(gx, gy, gz, stream, ck.function, ck.packed_metadata,
+launch_metadata, enter_hook, exit_hook, *bound_args)``.
+
+Every launch takes ``kernel[grid]`` (Triton's full path) when:
+  * kernels run under Triton's interpreter (CPU), or the cache is off (``RLK_LAUNCH_CACHE=0`` in
+    the environment at import, or :func:`set_enabled`);
+  * Triton is not the version this call form was written against (``TRITON_SERIES``);
+  * a launch hook is installed (``triton.knobs.runtime.launch_enter_hook`` / ``_exit_hook``, as
+    profilers such as Proton do): they then get their metadata as from Triton. (In Triton 3.6
+    both are ``HookChain`` objects, empty unless a tool adds to them; Triton builds launch
+    metadata and calls the empty chains from its C launcher on every launch, a hit passes None);
+  * a global variable the kernel reads has changed since it was cached (Triton then raises).
+Nothing is skipped that changes arithmetic: the binary is the one Triton compiled and L0 pins.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import torch
+import triton
+from triton import knobs
+
+from rlk.kernels.common import interpret_flag
+
+TRITON_SERIES = "3.6."  # the CompiledKernel.run call form below is Triton 3.6's
+MAX_ENTRIES_PER_KERNEL = 256  # distinct specializations kept per kernel (then the cache restarts)
+
+_VERSION_OK = triton.__version__.startswith(TRITON_SERIES)
+_ENABLED = [os.environ.get("RLK_LAUNCH_CACHE", "1") != "0"]
+_CACHE: dict = {}  # id(kernel) -> (kernel, {(device, specialization, options): CompiledKernel})
+_LOCK = threading.Lock()
+STATS = {"hits": 0, "misses": 0, "bypassed": 0}  # counters for tests and benchmarks (not locked)
+
+
+def set_enabled(enabled: bool) -> bool:
+    """Turn the launch cache on or off for this process; returns the previous setting. Entries are
+    kept while it is off (so A/B rounds do not recompile or re-miss; :func:`clear` empties it).
+    For benchmarks and tests; production leaves it on."""
+    prev = _ENABLED[0]
+    _ENABLED[0] = bool(enabled)
+    return prev
+
+
+def enabled() -> bool:
+    """Whether launches may use the cache (it is used only on GPU, never under the interpreter)."""
+    return _ENABLED[0] and _VERSION_OK and not interpret_flag()
+
+
+def clear() -> None:
+    with _LOCK:
+        _CACHE.clear()
+
+
+def describe() -> dict:
+    """For provenance records: how launches were issued."""
+    return {"launch_cache": enabled(), "triton_series": TRITON_SERIES, "triton_version": triton.__version__}
+
+
+def _device() -> int:
+    return torch.cuda.current_device()
+
+
+def _stream(device: int):
+    return torch._C._cuda_getCurrentRawStream(device)
+
+
+_HookChain = getattr(knobs, "HookChain", None)
+
+
+def _hooks_idle() -> bool:
+    """No launch hook would run: each is None or an empty HookChain."""
+    for h in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook):
+        if h is not None and not (type(h) is _HookChain and not h.calls):
+            return False
+    return True
+
+
+def _globals_unchanged(fn) -> bool:
+    for (name, _), (val, gdict) in fn.used_global_vals.items():
+        if gdict.get(name, _MISSING) != val:
+            return False
+    return True
+
+
+_MISSING = object()
+
+
+def launch(fn, grid, *args, **kwargs):
+    """``fn[grid](*args, **kwargs)`` through the launch cache (see the module docstring).
+
+    ``grid`` is a tuple of 1-3 ints (or a callable of the bound arguments, as in Triton). Returns
+    the ``CompiledKernel``, as ``fn[grid](...)`` does.
+    """
+    if not (_ENABLED[0] and _VERSION_OK) or interpret_flag() or not _hooks_idle():
+        STATS["bypassed"] += 1
+        return fn[grid](*args, **kwargs)
+    caches = getattr(fn, "device_caches", None)
+    if caches is None:  # not a JITFunction (a test's wrapper, an autotuner): Triton's own path
+        STATS["bypassed"] += 1
+        return fn[grid](*args, **kwargs)
+    dev = _device()
+    binder = caches[dev][4]
+    bound, spec, options = binder(*args, **kwargs)
+    key = (dev, tuple(spec), tuple(options.items()))
+    # keyed by id(): hash(JITFunction) takes a lock and hashes its source key on every call
+    entry = _CACHE.get(id(fn))
+    ck = entry[1].get(key) if entry is not None else None
+    if ck is None or not _globals_unchanged(fn):
+        ck = fn[grid](*args, **kwargs)  # compiles if needed, checks, launches
+        with _LOCK:
+            entry = _CACHE.setdefault(id(fn), (fn, {}))  # holding fn keeps its id unique
+            if len(entry[1]) >= MAX_ENTRIES_PER_KERNEL:
+                entry[1].clear()
+            entry[1][key] = ck
+        STATS["misses"] += 1
+        return ck
+    if callable(grid):
+        grid = grid(bound)
+    n = len(grid)
+    ck.run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, _stream(dev), ck.function,
+           ck.packed_metadata, None, None, None, *bound.values())
+    STATS["hits"] += 1
+    return ck

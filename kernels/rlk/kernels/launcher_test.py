@@ -1,0 +1,282 @@
+"""rlk.kernels.launcher: the launch cache.
+
+CPU tests drive ``launch`` with a JITFunction whose compile-and-launch (``fn[grid]``) and compiled
+kernel are recorders, and Triton's real binder for an sm_90 target (it needs no GPU): they check
+which launches take Triton's full path, which hit the cache, and the exact call made on a hit.
+GPU tests check that cached launches give the same bytes as Triton's own launch.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia.compiler import CUDABackend
+from triton.runtime.jit import JITFunction, create_function_from_signature
+
+from rlk.kernels import launcher as LA
+
+
+def _kern(out_ptr, x_ptr, n, scale, BLOCK: tl.constexpr, FLAG: tl.constexpr = False):
+    pass
+
+
+class _Compiled:
+    def __init__(self, tag):
+        self.function, self.packed_metadata, self.calls, self.tag = f"fn-{tag}", f"meta-{tag}", [], tag
+
+    def run(self, *args):
+        self.calls.append(args)
+
+
+class _Recorded(JITFunction):
+    """A JITFunction whose ``fn[grid](...)`` (Triton's compile + launch) is recorded, not run."""
+
+    def __init__(self, fn):
+        super().__init__(fn)
+        binder = create_function_from_signature(self.signature, self.params, CUDABackend(GPUTarget("cuda", 90, 32)))
+        self.device_caches = {0: (None, None, None, None, binder), 1: (None, None, None, None, binder)}
+        self.slow = []
+        self.used_global_vals = {}
+
+    def __getitem__(self, grid):
+        def run(*args, **kwargs):
+            ck = _Compiled(len(self.slow))
+            self.slow.append((grid, args, kwargs))
+            return ck
+        return run
+
+
+@pytest.fixture
+def env(monkeypatch):
+    dev = {"index": 0}
+    monkeypatch.setattr(LA, "interpret_flag", lambda: False)
+    monkeypatch.setattr(LA, "_VERSION_OK", True)
+    monkeypatch.setattr(LA, "_device", lambda: dev["index"])
+    monkeypatch.setattr(LA, "_stream", lambda d: 700 + d)
+    monkeypatch.setattr(LA, "_ENABLED", [True])
+    for k in LA.STATS:
+        monkeypatch.setitem(LA.STATS, k, 0)
+    LA.clear()
+    yield dev
+    LA.clear()
+
+
+def _args(n=64, offset=0):
+    x = torch.zeros(256, dtype=torch.bfloat16)[offset:]
+    out = torch.zeros(256, dtype=torch.float32)
+    return out, x, n, 0.5
+
+
+def test_second_launch_calls_the_compiled_kernel_with_tritons_bound_args(env):
+    fn = _Recorded(_kern)
+    out, x, n, s = _args()
+    ck = LA.launch(fn, (3,), out, x, n, s, BLOCK=128, num_warps=4, enable_fp_fusion=False)
+    assert len(fn.slow) == 1 and ck.calls == [] and LA.STATS["misses"] == 1
+    out2, x2, _, _ = _args()
+    assert LA.launch(fn, (5, 2), out2, x2, 80, 0.25, BLOCK=128, num_warps=4, enable_fp_fusion=False) is ck
+    assert len(fn.slow) == 1 and LA.STATS["hits"] == 1
+    (call,) = ck.calls
+    # grid padded to 3, the current stream, the kernel's handle and metadata, no hooks, then every
+    # parameter in signature order: this call's tensors and ints, the constexprs and defaults.
+    assert call[:9] == (5, 2, 1, 700, "fn-0", "meta-0", None, None, None)
+    assert call[9] is out2 and call[10] is x2 and call[11:] == (80, 0.25, 128, False)
+
+
+@pytest.mark.parametrize("change", ["misaligned", "int_is_one", "int_not_16", "constexpr", "option", "device",
+                                    "dtype"])
+def test_a_new_specialization_takes_tritons_path(env, change):
+    fn = _Recorded(_kern)
+    kw = dict(BLOCK=128, num_warps=4)
+    out, x, n, s = _args()
+    LA.launch(fn, (1,), out, x, n, s, **kw)
+    if change == "misaligned":
+        x = _args(offset=1)[1]  # 2 bytes off: Triton drops the 16-byte alignment attribute
+    elif change == "int_is_one":
+        n = 1  # Triton makes an int argument equal to 1 a constant
+    elif change == "int_not_16":
+        n = 65
+    elif change == "constexpr":
+        kw["BLOCK"] = 256
+    elif change == "option":
+        kw["num_warps"] = 8
+    elif change == "device":
+        env["index"] = 1
+    elif change == "dtype":
+        out = out.to(torch.float16)
+    LA.launch(fn, (1,), out, x, n, s, **kw)
+    assert len(fn.slow) == 2 and LA.STATS["hits"] == 0, change
+    LA.launch(fn, (1,), out, x, n, s, **kw)  # and is cached under its own key
+    assert len(fn.slow) == 2 and LA.STATS["hits"] == 1, change
+
+
+def test_same_specialization_other_values_hits_and_passes_the_new_values(env):
+    fn = _Recorded(_kern)
+    out, x, _, _ = _args()
+    ck = LA.launch(fn, (1,), out, x, 64, 0.5, BLOCK=128)
+    LA.launch(fn, (1,), out, x, 4096, 3.0, BLOCK=128)  # both ints are multiples of 16
+    LA.launch(fn, (1,), out, x, 32, 1.0, BLOCK=128, FLAG=False)  # the default, spelled out: same key
+    assert len(fn.slow) == 1 and ck.calls[0][11:13] == (4096, 3.0) and ck.calls[1][11:13] == (32, 1.0)
+    LA.launch(fn, (1,), out, x, 32, 1.0, BLOCK=128, FLAG=True)
+    assert len(fn.slow) == 2
+
+
+@pytest.mark.parametrize("why", ["disabled", "interpreter", "enter_hook", "exit_hook", "enter_chain", "exit_chain",
+                                 "global_changed", "version"])
+def test_bypass_takes_tritons_path_every_time(env, monkeypatch, why):
+    fn = _Recorded(_kern)
+    args = _args()
+    LA.launch(fn, (1,), *args, BLOCK=128)
+    if why == "disabled":
+        assert LA.set_enabled(False) is True
+    elif why == "interpreter":
+        monkeypatch.setattr(LA, "interpret_flag", lambda: True)
+    elif why == "version":
+        monkeypatch.setattr(LA, "_VERSION_OK", False)
+    elif why == "global_changed":
+        g = {"SCALE": 2}
+        fn.used_global_vals = {("SCALE", 0): (1, g)}
+    elif why.endswith("_hook"):  # a plain function in place of Triton's chain
+        from triton import knobs
+
+        monkeypatch.setattr(knobs.runtime, "launch_" + why, lambda *a: None)
+    else:  # a hook added to Triton's chain, as Proton does
+        from triton import knobs
+
+        chain = knobs.HookChain()
+        chain.add(lambda *a: None)
+        monkeypatch.setattr(knobs.runtime, "launch_" + why.replace("chain", "hook"), chain)
+    for _ in range(2):
+        LA.launch(fn, (1,), *args, BLOCK=128)
+    assert len(fn.slow) == 3 and LA.STATS["hits"] == 0, why
+
+
+def test_objects_that_are_not_jit_functions_take_their_own_path(env):
+    """A wrapper with only ``__getitem__`` (tests' spies, Triton's Autotuner) is launched as is."""
+    fn = _Recorded(_kern)
+    log = []
+
+    class Spy:
+        def __getitem__(self, grid):
+            log.append(grid)
+            return fn[grid]
+
+    spy = Spy()
+    for _ in range(2):
+        LA.launch(spy, (2,), *_args(), BLOCK=128)
+    assert log == [(2,), (2,)] and len(fn.slow) == 2 and LA.STATS["bypassed"] == 2
+
+
+def test_cache_restarts_when_full(env, monkeypatch):
+    monkeypatch.setattr(LA, "MAX_ENTRIES_PER_KERNEL", 2)
+    fn = _Recorded(_kern)
+    args = _args()
+    for block in (16, 32, 64):  # the third entry empties the kernel's table first
+        LA.launch(fn, (1,), *args, BLOCK=block)
+    LA.launch(fn, (1,), *args, BLOCK=64)
+    LA.launch(fn, (1,), *args, BLOCK=16)
+    assert len(fn.slow) == 4 and LA.STATS["hits"] == 1
+
+
+def test_callable_grid_gets_the_bound_arguments(env):
+    fn = _Recorded(_kern)
+    args = _args()
+    seen = []
+
+    def grid(meta):
+        seen.append(dict(meta))
+        return (meta["n"] // 16,)
+
+    ck = LA.launch(fn, grid, *args, BLOCK=128)
+    LA.launch(fn, grid, *args, BLOCK=128)
+    assert seen[-1]["n"] == 64 and seen[-1]["BLOCK"] == 128 and ck.calls[0][:3] == (4, 1, 1)
+
+
+def test_real_launches_under_the_interpreter_bypass():
+    """In CI (interpreter) every launch takes Triton's path: the cache is GPU-only."""
+    from rlk.kernels.common import interpret_flag
+
+    if not interpret_flag():
+        pytest.skip("checks the interpreter's path; this run has a GPU")
+    from rlk.kernels.rowops import launch as R
+
+    before = dict(LA.STATS)
+    y = R.swiglu(torch.randn(3, 8))
+    assert y.shape == (3, 4) and LA.STATS["bypassed"] == before["bypassed"] + 1
+    assert LA.STATS["hits"] == before["hits"] and not LA.enabled()
+
+
+# ------------------------------------------------------------------------------------------- GPU
+@pytest.mark.gpu
+def test_gpu_cached_launches_are_bitwise_tritons():
+    """Every row op, attention prefill and the fused logp forward: cache off (Triton's launch) vs
+    on (first launch fills, later ones hit), same bytes; misaligned and odd-sized inputs too."""
+    from rlk.kernels.attention import launch as A
+    from rlk.kernels.linear_logp import launch as LP
+    from rlk.kernels.rowops import launch as R
+
+    dev = "cuda"
+    g = torch.Generator(device=dev).manual_seed(0)
+
+    def rn(*shape):
+        return torch.randn(shape, generator=g, device=dev).to(torch.bfloat16)
+
+    x, r, w = rn(7, 512), rn(7, 512), rn(512)
+    gu = rn(5, 2 * 384)
+    gu_odd = rn(1, 2 * 384 + 2)[:, 1:-1]  # a view 2 bytes off 16-byte alignment, odd stride
+    q, k, v = rn(64, 4, 64), rn(64, 2, 64), rn(64, 2, 64)
+    cu = torch.tensor([0, 40, 64], dtype=torch.int32, device=dev)
+    h, wl = rn(9, 256), rn(1000, 256)
+    tg = torch.randint(0, 1000, (9,), generator=g, device=dev)
+    cases = {
+        "rms_norm": lambda: R.rms_norm(x, w, 1e-6),
+        "add_rms_norm": lambda: R.add_rms_norm(x, r, w, 1e-6),
+        "swiglu": lambda: R.swiglu(gu),
+        "swiglu_misaligned": lambda: R.swiglu(gu_odd),
+        "prefill": lambda: A.prefill(q, k, v, cu, 40, 64 ** -0.5, validate=False),
+        "logp": lambda: LP.linear_logp_fwd(h, wl, tg, validate_targets=False),
+    }
+
+    def flat(o):
+        return [t for t in (o if isinstance(o, (tuple, list)) else (o,)) if isinstance(t, torch.Tensor)]
+
+    prev = LA.set_enabled(False)
+    try:
+        ref = {name: flat(fn()) for name, fn in cases.items()}
+        LA.set_enabled(True)
+        hits0 = LA.STATS["hits"]
+        for _ in range(3):
+            for name, fn in cases.items():
+                got = flat(fn())
+                assert len(got) == len(ref[name]), name
+                for a, b in zip(got, ref[name]):
+                    assert torch.equal(a.view(torch.uint8) if a.dtype != torch.bool else a,
+                                       b.view(torch.uint8) if b.dtype != torch.bool else b), name
+        assert LA.STATS["hits"] > hits0 + len(cases), LA.STATS
+    finally:
+        LA.set_enabled(prev)
+
+
+@pytest.mark.gpu
+def test_gpu_cached_launch_uses_the_current_stream():
+    """A cache hit inside CUDA-graph capture (torch.cuda.graph captures on its own stream): the
+    launch must go to that stream, or capture fails / the replayed graph leaves ``y`` stale."""
+    from rlk.kernels.rowops import launch as R
+
+    gu = torch.randn(64, 2 * 1024, device="cuda").to(torch.bfloat16)
+    R.swiglu(gu)  # fills the cache on the default stream
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        R.swiglu(gu)  # warm-up on a side stream, as the CUDA-graphs recipe says
+    torch.cuda.current_stream().wait_stream(side)
+    hits = LA.STATS["hits"]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = R.swiglu(gu)
+    assert LA.STATS["hits"] == hits + 1
+    gu.copy_(torch.randn(64, 2 * 1024, device="cuda").to(torch.bfloat16))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y.view(torch.uint8), R.swiglu(gu).view(torch.uint8))

@@ -146,6 +146,14 @@ def cases():
     out.append(("decode attn B=8 L=2048", {
         "launch": lambda: A.paged(q, kc, vc, bt, cuq, kvl, D ** -0.5, max_seqlen_q=1, validate=False),
         "native": lambda: F.scaled_dot_product_attention(q[:, :, None], kd, vd)}))
+    # The attention bench's first decode shape (B=4, L=7168: split-KV over 14 segments).
+    kc4, vc4 = rn(4 * 448, page, Hk, D), rn(4 * 448, page, Hk, D)
+    bt4 = torch.arange(4 * 448, dtype=torch.int32, device=dev).view(4, 448)
+    cuq4 = torch.arange(5, dtype=torch.int32, device=dev)
+    kvl4 = torch.full((4,), 7168, dtype=torch.int32, device=dev)
+    q4 = q[:4].contiguous()
+    out.append(("decode attn B=4 L=7168", {
+        "launch": lambda: A.paged(q4, kc4, vc4, bt4, cuq4, kvl4, D ** -0.5, max_seqlen_q=1, validate=False)}))
     S = 1024
     qp, kp, vp = rn(S, Hq, D), rn(S, Hk, D), rn(S, Hk, D)
     cu = torch.tensor([0, S], dtype=torch.int32, device=dev)

@@ -16,7 +16,8 @@ and the kernel is kept under that key. Later launches with the same key call Tri
 attributes, the constexpr values and the argument order are Triton's, not a copy of its rules) and
 then the compiled kernel's launcher directly, as ``JITFunction.run`` ends and as PyTorch
 Inductor's Triton launcher does: ``ck.run(gx, gy, gz, stream, ck.function, ck.packed_metadata,
-launch_metadata, enter_hook, exit_hook, *bound_args)``.
+launch_metadata, enter_hook, exit_hook, *bound_args)``; on CUDA, for kernels without scratch
+buffers, the C function ``ck.run`` forwards to (see :func:`_direct_launcher`).
 
 Every launch takes ``kernel[grid]`` (Triton's full path) when:
   * kernels run under Triton's interpreter (CPU), or the cache is off (``RLK_LAUNCH_CACHE=0`` in
@@ -76,11 +77,13 @@ def describe() -> dict:
 
 
 def _device() -> int:
-    return torch.cuda.current_device()
+    # torch.cuda.current_device() without its Python wrapper (the lazy-init check): every launch
+    # takes CUDA tensors, so CUDA is initialized before any launch reaches here.
+    return torch._C._cuda_getDevice()
 
 
 def _stream(device: int):
-    return torch._C._cuda_getCurrentRawStream(device)
+    return torch._C._cuda_getCurrentRawStream(device)  # what Triton's CUDA driver asks too
 
 
 _HookChain = getattr(knobs, "HookChain", None)
@@ -104,6 +107,21 @@ def _globals_unchanged(fn) -> bool:
 _MISSING = object()
 
 
+def _direct_launcher(ck):
+    """(C launch function, cooperative-grid flag, PDL flag) of a compiled kernel whose Python
+    launcher is Triton 3.6's ``CudaLauncher`` and needs no scratch buffers, else None.
+
+    ``CudaLauncher.__call__`` only allocates the global/profile scratch (none for rlk's kernels)
+    and forwards to ``self.launch`` with ``(grid, stream, function, launch_cooperative_grid,
+    launch_pdl, global_scratch, profile_scratch, *args)``; calling ``self.launch`` directly skips
+    one Python frame and two closures per launch. Other launchers (HIP) are called as Triton does.
+    """
+    run = ck.run
+    if type(run).__name__ != "CudaLauncher" or run.global_scratch_size or run.profile_scratch_size:
+        return None
+    return run.launch, run.launch_cooperative_grid, run.launch_pdl
+
+
 def launch(fn, grid, *args, **kwargs):
     """``fn[grid](*args, **kwargs)`` through the launch cache (see the module docstring).
 
@@ -118,25 +136,29 @@ def launch(fn, grid, *args, **kwargs):
         STATS["bypassed"] += 1
         return fn[grid](*args, **kwargs)
     dev = _device()
-    binder = caches[dev][4]
-    bound, spec, options = binder(*args, **kwargs)
+    bound, spec, options = caches[dev][4](*args, **kwargs)  # Triton's binder for this device
     key = (dev, tuple(spec), tuple(options.items()))
     # keyed by id(): hash(JITFunction) takes a lock and hashes its source key on every call
     entry = _CACHE.get(id(fn))
-    ck = entry[1].get(key) if entry is not None else None
-    if ck is None or not _globals_unchanged(fn):
+    hit = entry[1].get(key) if entry is not None else None
+    if hit is None or (fn.used_global_vals and not _globals_unchanged(fn)):
         ck = fn[grid](*args, **kwargs)  # compiles if needed, checks, launches
         with _LOCK:
             entry = _CACHE.setdefault(id(fn), (fn, {}))  # holding fn keeps its id unique
             if len(entry[1]) >= MAX_ENTRIES_PER_KERNEL:
                 entry[1].clear()
-            entry[1][key] = ck
+            entry[1][key] = (ck, _direct_launcher(ck))
         STATS["misses"] += 1
         return ck
+    ck, direct = hit
     if callable(grid):
         grid = grid(bound)
     n = len(grid)
-    ck.run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, _stream(dev), ck.function,
-           ck.packed_metadata, None, None, None, *bound.values())
+    g1, g2 = (grid[1] if n > 1 else 1), (grid[2] if n > 2 else 1)
+    if direct is None:
+        ck.run(grid[0], g1, g2, _stream(dev), ck.function, ck.packed_metadata, None, None, None, *bound.values())
+    else:
+        direct[0](grid[0], g1, g2, _stream(dev), ck.function, direct[1], direct[2], None, None,
+                  ck.packed_metadata, None, None, None, *bound.values())
     STATS["hits"] += 1
     return ck

@@ -152,6 +152,47 @@ def test_bypass_takes_tritons_path_every_time(env, monkeypatch, why):
     assert len(fn.slow) == 3 and LA.STATS["hits"] == 0, why
 
 
+class CudaLauncher:
+    """Stands for Triton 3.6's CudaLauncher (matched by class name): records calls of its C
+    ``launch``; scratch sizes as given."""
+
+    def __init__(self, scratch=0):
+        self.global_scratch_size, self.profile_scratch_size = scratch, 0
+        self.launch_cooperative_grid, self.launch_pdl = False, True
+        self.calls, self.py_calls = [], []
+        self.launch = lambda *a: self.calls.append(a)
+
+    def __call__(self, *a):
+        self.py_calls.append(a)
+
+
+@pytest.mark.parametrize("scratch", [0, 64])
+def test_cuda_launcher_without_scratch_is_called_at_its_c_launch(env, scratch):
+    """CudaLauncher.__call__(g, stream, function, *rest) = launch(g, stream, function, coop, pdl,
+    global_scratch, profile_scratch, *rest): the hit calls ``launch`` with that layout; a kernel
+    that needs scratch goes through ``__call__`` (which allocates it)."""
+    ck = _Compiled(0)
+    ck.run = run = CudaLauncher(scratch)
+
+    class WithLauncher(_Recorded):
+        def __getitem__(self, grid):
+            return lambda *a, **k: (self.slow.append(grid), ck)[1]
+
+    fn = WithLauncher(_kern)
+    out, x, n, s = _args()
+    LA.launch(fn, (3,), out, x, n, s, BLOCK=128)  # miss: Triton's path returns ck
+    LA.launch(fn, (4, 2), out, x, n, s, BLOCK=128)  # hit
+    assert len(fn.slow) == 1 and LA.STATS["hits"] == 1
+    if scratch:
+        assert run.calls == [] and len(run.py_calls) == 1
+        assert run.py_calls[0][:9] == (4, 2, 1, 700, "fn-0", "meta-0", None, None, None)
+    else:
+        assert run.py_calls == [] and len(run.calls) == 1
+        call = run.calls[0]
+        assert call[:13] == (4, 2, 1, 700, "fn-0", False, True, None, None, "meta-0", None, None, None)
+        assert call[13] is out and call[14] is x and call[15:] == (n, s, 128, False)
+
+
 def test_objects_that_are_not_jit_functions_take_their_own_path(env):
     """A wrapper with only ``__getitem__`` (tests' spies, Triton's Autotuner) is launched as is."""
     fn = _Recorded(_kern)

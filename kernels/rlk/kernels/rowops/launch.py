@@ -34,6 +34,18 @@ def arch_for(device: torch.device) -> str:
     raise UnsupportedConfigError(f"rowops: device type {device.type!r} not supported")
 
 
+_TABLE_BY_INDEX: dict[int, dict] = {}
+
+
+def _table_of(t: torch.Tensor) -> dict:
+    """``C.table(arch_for(t.device))`` memoized by device index (``t.device`` builds a Python
+    object and arch_for asks for the capability: ~1 us of host time per launch saved)."""
+    tab = _TABLE_BY_INDEX.get(t.get_device())
+    if tab is None:
+        tab = _TABLE_BY_INDEX[t.get_device()] = C.table(arch_for(t.device))
+    return tab
+
+
 # Host-side value checks (ids / positions in range) read device memory: one synchronization
 # per call on GPU. They are skipped while a CUDA graph is being captured, or everywhere after
 # set_value_checks(False); the kernels then write NaN rows for out-of-range ids / positions
@@ -251,9 +263,9 @@ def _swiglu_checks(gate_up):
 def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up. gate_up [T, 2F] (gate = [:, :F]) -> [T, F]. Contract swiglu.v1."""
     T, F = _swiglu_checks(gate_up)
-    y = torch.empty((T, F), dtype=gate_up.dtype, device=gate_up.device)
+    y = gate_up.new_empty((T, F))
     if T and F:
-        cfg = C.table(arch_for(gate_up.device))["swiglu"]
+        cfg = _table_of(gate_up)["swiglu"]
         launch(K.swiglu_fwd_kernel, (cdiv(T * F, cfg["BLOCK"]),),
             y, gate_up, T * F, F, gate_up.stride(0), BLOCK=cfg["BLOCK"],
             OUT_BF16=gate_up.dtype == torch.bfloat16, INTERPRET=interpret_flag(),
@@ -267,9 +279,9 @@ def swiglu_backward(dy: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:
     if tuple(dy.shape) != (T, F) or dy.dtype != gate_up.dtype:
         raise UnsupportedConfigError(f"dy: {tuple(dy.shape)} {dy.dtype}, expected ({T}, {F}) {gate_up.dtype}")
     dy = dy.contiguous()
-    dgu = torch.empty((T, 2 * F), dtype=gate_up.dtype, device=gate_up.device)
+    dgu = gate_up.new_empty((T, 2 * F))
     if T and F:
-        cfg = C.table(arch_for(gate_up.device))["swiglu"]
+        cfg = _table_of(gate_up)["swiglu"]
         launch(K.swiglu_bwd_kernel, (cdiv(T * F, cfg["BLOCK"]),),
             dgu, dy, gate_up, T * F, F, gate_up.stride(0), BLOCK=cfg["BLOCK"],
             OUT_BF16=gate_up.dtype == torch.bfloat16, INTERPRET=interpret_flag(),
@@ -312,10 +324,12 @@ def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """
     if (common.host_validated_active() and isinstance(weight, torch.Tensor) and isinstance(ids, torch.Tensor)
             and weight.dtype in _EMB_DTYPES and ids.dtype in _ID_DTYPES and weight.dim() == 2 and ids.dim() == 1
-            and weight.stride(1) == 1 and ids.stride(0) == 1 and ids.device == weight.device):
+            and weight.stride(1) == 1 and ids.stride(0) == 1 and ids.is_cuda == weight.is_cuda
+            and ids.get_device() == weight.get_device()):
         # The production route in short: what the checks below would accept, read once (an eager
         # embedding's cost is this host path; rowops_test checks it rejects what they reject).
-        return _embedding_copy(ids, weight)
+        _table_of(weight)  # an unsupported device raises on this route too (memoized per device)
+        return torch.index_select(weight, 0, ids)
     ids, V, H, in_range = _embedding_checks(ids, weight)
     if in_range:
         return _embedding_copy(ids, weight)

@@ -240,7 +240,8 @@ def test_embedding_routes_same_bytes_and_bad_ids(monkeypatch):
                             (lambda: L.embedding(ids.float(), w), "ids"),
                             (lambda: L.embedding(ids, w.t()), "contiguous"),
                             (lambda: L.embedding(ids[None], w), "dims"),
-                            (lambda: L.embedding(ids, w.to(torch.int32)), "weight")):
+                            (lambda: L.embedding(ids, w.to(torch.int32)), "weight"),
+                            *([(lambda: L.embedding(ids.cpu(), w), "different devices")] if DEV == "cuda" else [])):
             with pytest.raises(UnsupportedConfigError, match=match):
                 call()
 

@@ -324,11 +324,11 @@ def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """
     if (common.host_validated_active() and isinstance(weight, torch.Tensor) and isinstance(ids, torch.Tensor)
             and weight.dtype in _EMB_DTYPES and ids.dtype in _ID_DTYPES and weight.dim() == 2 and ids.dim() == 1
-            and weight.stride(1) == 1 and ids.stride(0) == 1 and ids.is_cuda == weight.is_cuda
-            and ids.get_device() == weight.get_device()):
+            and weight.stride()[1] == 1 and ids.stride()[0] == 1 and ids.is_cuda == weight.is_cuda
+            and ids.get_device() == weight.get_device() and weight.get_device() in _TABLE_BY_INDEX):
         # The production route in short: what the checks below would accept, read once (an eager
         # embedding's cost is this host path; rowops_test checks it rejects what they reject).
-        _table_of(weight)  # an unsupported device raises on this route too (memoized per device)
+        # The device's arch was accepted by an earlier call's full checks (_embedding_copy).
         return torch.index_select(weight, 0, ids)
     ids, V, H, in_range = _embedding_checks(ids, weight)
     if in_range:
@@ -337,7 +337,7 @@ def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 def _embedding_copy(ids, weight):
-    arch_for(weight.device)  # an unsupported device raises on this route too
+    _table_of(weight)  # an unsupported device raises on this route too (and is memoized)
     return torch.index_select(weight, 0, ids)
 
 

@@ -54,6 +54,12 @@ def cdiv(a: int, b: int) -> int:
     return (a + b - 1) // b
 
 
+def next_pow2(n: int) -> int:
+    """The smallest power of two >= n (n >= 1; 1 for n <= 1), for launch constexprs on the host
+    side. ``triton.next_power_of_2`` is a Triton constexpr function: microseconds per host call."""
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
 @triton.jit
 def round_bf16(x, INTERPRET: tl.constexpr):
     """fp32 -> bf16 with round-to-nearest-even on GPU and under the interpreter.

@@ -158,13 +158,15 @@ override = _OVERRIDES.use
 
 
 def schedule(kind: str, device) -> dict:
-    """Fixed launch parameters of one kernel kind on ``device`` (a copy, never batch-keyed)."""
+    """Fixed launch parameters of one kernel kind on ``device`` (never batch-keyed). The table's
+    own entry (read it, never change it: every launch of ``kind`` shares it), or a copy with the
+    active :func:`override` applied (copying it for every launch cost host time for nothing)."""
     arch = arch_of(device)
     if arch == "cpu-interpreter":
-        out = dict(_CPU[kind])
+        out = _CPU[kind]
     else:
-        out = dict(_table("sm90" if arch == "sm_90" else "gfx942")[kind])
-    return _OVERRIDES.apply(kind, out)
+        out = _table("sm90" if arch == "sm_90" else "gfx942")[kind]
+    return _OVERRIDES.apply(kind, out) if _OVERRIDES.active else out
 
 
 def _sig(names, types):

@@ -208,7 +208,9 @@ def merge_segment_stats(stats: Sequence[SegmentStats]):
     m = cat([st.m for st in stats])
     s = cat([st.s for st in stats])
     e = cat([st.e for st in stats]) if with_e else None
-    tg = torch.stack([st.tg for st in stats], 0).contiguous()
+    # One shard (the single-GPU forward): a [1, T] view of its target logits, not a stacked copy
+    # (torch.stack is a copy kernel: a launch and host time for the same bytes).
+    tg = stats[0].tg.contiguous()[None] if len(stats) == 1 else torch.stack([st.tg for st in stats], 0).contiguous()
     dev = m.device
     cfg = cfgmod.table(cfgmod.arch_of(dev))["merge"]
     logp = torch.empty((T,), dtype=torch.float32, device=dev)

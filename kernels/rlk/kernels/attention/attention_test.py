@@ -143,6 +143,25 @@ def test_table_gp_that_does_not_divide_the_gqa_group(gp, hq, hk):
     assert_bitwise_equal(lse, ref_l, f"lse GP={gp} at heads {hq}/{hk}")
 
 
+def test_schedule_is_the_shared_table_entry_and_overrides_copy():
+    """schedule() hands every launch the table's own entry (no per-launch copy): launches must
+    only read it. An active override gives a copy and leaves the table as it was."""
+    import copy
+
+    from rlk.kernels.attention import config
+
+    dev = torch.device("cpu")
+    before = copy.deepcopy(config._CPU)
+    assert config.schedule("prefill", dev) is config.schedule("prefill", dev)
+    q, k, v, cu = T.packed([5, 40], 4, 2, 64, seed=4)
+    out, lse = launch.prefill(q, k, v, cu, 40, 0.125)
+    launch.backward(torch.ones_like(out), q, k, v, out, lse, cu, 40, 0.125)
+    with config.override("prefill", BLOCK_M=16):
+        s = config.schedule("prefill", dev)
+        assert s["BLOCK_M"] == 16 and s is not config._CPU["prefill"]
+    assert config._CPU == before, "a launch or an override changed the shared schedule table"
+
+
 @pytest.mark.gpu
 # GQA groups 4 (Qwen3-8B and its TP4 shard), 2 (Qwen3-1.7B: 16/8), 5 (Qwen3-14B: 40/8), 1 (MHA).
 @pytest.mark.parametrize("hq,hk", [(32, 8), (8, 2), (16, 8), (40, 8), (8, 8)])

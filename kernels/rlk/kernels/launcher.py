@@ -20,6 +20,11 @@ launch_metadata, enter_hook, exit_hook, *bound_args)``; on CUDA, for kernels wit
 buffers, the C function ``ck.run`` forwards to (see :func:`_direct_launcher`).
 
 Every launch takes ``kernel[grid]`` (Triton's full path) when:
+  * the kernel is not a ``JITFunction`` (a wrapper, an autotuner), or has pre-run hooks;
+  * Triton's debug mode (``TRITON_DEBUG``, ``knobs.runtime.debug``, ``@jit(debug=True)``) or an
+    instrumentation mode is on: Triton adds both to each launch's compile options, so kernels are
+    cached only while both are off (and a cached kernel is never used in their place);
+  * an option value cannot be a dictionary key (for example a dict of ``extern_libs``);
   * kernels run under Triton's interpreter (CPU), or the cache is off (``RLK_LAUNCH_CACHE=0`` in
     the environment at import, or :func:`set_enabled`);
   * Triton is not the version this call form was written against (``TRITON_SERIES``);
@@ -28,7 +33,9 @@ Every launch takes ``kernel[grid]`` (Triton's full path) when:
     both are ``HookChain`` objects, empty unless a tool adds to them; Triton builds launch
     metadata and calls the empty chains from its C launcher on every launch, a hit passes None);
   * a global variable the kernel reads has changed since it was cached (Triton then raises).
-Nothing is skipped that changes arithmetic: the binary is the one Triton compiled and L0 pins.
+Nothing is skipped that changes which binary runs or with what arguments: the binary is the one
+Triton compiled for these arguments and options (L0 pins its fingerprint). Entries hold their
+kernels for the life of the process (rlk's kernels are module-level and live as long anyway).
 """
 
 from __future__ import annotations
@@ -105,6 +112,7 @@ def _globals_unchanged(fn) -> bool:
 
 
 _MISSING = object()
+_EMPTY: dict = {}
 
 
 def _direct_launcher(ck):
@@ -128,11 +136,13 @@ def launch(fn, grid, *args, **kwargs):
     ``grid`` is a tuple of 1-3 ints (or a callable of the bound arguments, as in Triton). Returns
     the ``CompiledKernel``, as ``fn[grid](...)`` does.
     """
-    if not (_ENABLED[0] and _VERSION_OK) or interpret_flag() or not _hooks_idle():
-        STATS["bypassed"] += 1
-        return fn[grid](*args, **kwargs)
     caches = getattr(fn, "device_caches", None)
-    if caches is None:  # not a JITFunction (a test's wrapper, an autotuner): Triton's own path
+    if (caches is None  # not a JITFunction (a test's wrapper, an autotuner)
+            or not (_ENABLED[0] and _VERSION_OK) or interpret_flag() or not _hooks_idle()
+            or fn.pre_run_hooks  # Triton runs them on every launch
+            # Triton adds these to every launch's options (and compile): entries are kept only
+            # while they are off, so a cached kernel is never one compiled without them.
+            or fn.debug or knobs.runtime.debug or knobs.compilation.instrumentation_mode):
         STATS["bypassed"] += 1
         return fn[grid](*args, **kwargs)
     dev = _device()
@@ -140,9 +150,15 @@ def launch(fn, grid, *args, **kwargs):
     key = (dev, tuple(spec), tuple(options.items()))
     # keyed by id(): hash(JITFunction) takes a lock and hashes its source key on every call
     entry = _CACHE.get(id(fn))
-    hit = entry[1].get(key) if entry is not None else None
+    try:
+        hit = (entry[1] if entry is not None else _EMPTY).get(key)  # hashes the key, even when empty
+    except TypeError:  # an unhashable option value (a dict such as extern_libs): Triton's path
+        STATS["bypassed"] += 1
+        return fn[grid](*args, **kwargs)
     if hit is None or (fn.used_global_vals and not _globals_unchanged(fn)):
         ck = fn[grid](*args, **kwargs)  # compiles if needed, checks, launches
+        if ck is None:  # Triton launched nothing (a jit_cache_hook chose so): nothing to keep
+            return None
         with _LOCK:
             entry = _CACHE.setdefault(id(fn), (fn, {}))  # holding fn keeps its id unique
             if len(entry[1]) >= MAX_ENTRIES_PER_KERNEL:

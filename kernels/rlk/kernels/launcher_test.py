@@ -84,8 +84,8 @@ def test_second_launch_calls_the_compiled_kernel_with_tritons_bound_args(env):
     assert call[9] is out2 and call[10] is x2 and call[11:] == (80, 0.25, 128, False)
 
 
-@pytest.mark.parametrize("change", ["misaligned", "int_is_one", "int_not_16", "constexpr", "option", "device",
-                                    "dtype"])
+@pytest.mark.parametrize("change", ["misaligned", "int_is_one", "int_not_16", "int_64bit", "constexpr", "option",
+                                    "device", "dtype"])
 def test_a_new_specialization_takes_tritons_path(env, change):
     fn = _Recorded(_kern)
     kw = dict(BLOCK=128, num_warps=4)
@@ -97,6 +97,8 @@ def test_a_new_specialization_takes_tritons_path(env, change):
         n = 1  # Triton makes an int argument equal to 1 a constant
     elif change == "int_not_16":
         n = 65
+    elif change == "int_64bit":
+        n = 2**31  # a multiple of 16 like 64, but past int32: Triton passes it as i64
     elif change == "constexpr":
         kw["BLOCK"] = 256
     elif change == "option":
@@ -123,7 +125,8 @@ def test_same_specialization_other_values_hits_and_passes_the_new_values(env):
 
 
 @pytest.mark.parametrize("why", ["disabled", "interpreter", "enter_hook", "exit_hook", "enter_chain", "exit_chain",
-                                 "global_changed", "version"])
+                                 "global_changed", "version", "knob_debug", "jit_debug", "instrumentation",
+                                 "pre_run_hook"])
 def test_bypass_takes_tritons_path_every_time(env, monkeypatch, why):
     fn = _Recorded(_kern)
     args = _args()
@@ -137,6 +140,18 @@ def test_bypass_takes_tritons_path_every_time(env, monkeypatch, why):
     elif why == "global_changed":
         g = {"SCALE": 2}
         fn.used_global_vals = {("SCALE", 0): (1, g)}
+    elif why == "knob_debug":  # TRITON_DEBUG: Triton would compile (and key) a debug binary
+        from triton import knobs
+
+        monkeypatch.setattr(knobs.runtime, "debug", True)
+    elif why == "jit_debug":
+        fn.debug = True
+    elif why == "instrumentation":
+        from triton import knobs
+
+        monkeypatch.setattr(knobs.compilation, "instrumentation_mode", "consan")
+    elif why == "pre_run_hook":
+        fn.add_pre_run_hook(lambda *a, **k: None)
     elif why.endswith("_hook"):  # a plain function in place of Triton's chain
         from triton import knobs
 
@@ -207,6 +222,26 @@ def test_objects_that_are_not_jit_functions_take_their_own_path(env):
     for _ in range(2):
         LA.launch(spy, (2,), *_args(), BLOCK=128)
     assert log == [(2,), (2,)] and len(fn.slow) == 2 and LA.STATS["bypassed"] == 2
+
+
+def test_unhashable_option_and_a_launch_triton_declines(env):
+    """An option Triton accepts but a key cannot hold (a dict, as extern_libs) takes Triton's path
+    every time; a launch for which Triton returns no kernel (a jit_cache_hook declined) is kept
+    nowhere and returns None, as Triton's does."""
+    fn = _Recorded(_kern)
+    args = _args()
+    for _ in range(2):
+        LA.launch(fn, (1,), *args, BLOCK=128, extern_libs={"libdevice": "/x.bc"})
+    assert len(fn.slow) == 2 and LA.STATS["bypassed"] == 2 and LA.STATS["misses"] == 0
+
+    class Declines(_Recorded):
+        def __getitem__(self, grid):
+            return lambda *a, **k: (self.slow.append(grid), None)[1]
+
+    fn = Declines(_kern)
+    assert LA.launch(fn, (1,), *args, BLOCK=128) is None
+    assert LA.launch(fn, (1,), *args, BLOCK=128) is None
+    assert len(fn.slow) == 2 and LA.STATS["hits"] == 0
 
 
 def test_cache_restarts_when_full(env, monkeypatch):

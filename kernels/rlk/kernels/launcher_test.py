@@ -356,3 +356,51 @@ def test_gpu_cached_launch_uses_the_current_stream():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(y.view(torch.uint8), R.swiglu(gu).view(torch.uint8))
+
+
+# ------------------------------------------------------------------------------ host-path guard
+_CONSTEXPR_HELPERS = {"cdiv", "next_power_of_2"}
+
+
+def _host_constexpr_calls(path):
+    """(line, call) of ``triton.cdiv`` / ``triton.next_power_of_2`` (or ``tl.``) called outside a
+    ``@triton.jit`` function: on the host they are Triton constexpr functions (microseconds each)."""
+    import ast
+
+    def is_jit(decorator):
+        d = decorator.func if isinstance(decorator, ast.Call) else decorator  # @jit or @jit(...)
+        return getattr(d, "attr", getattr(d, "id", None)) == "jit"
+
+    tree = ast.parse(path.read_text(), str(path))
+    jit_lines = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and any(is_jit(d) for d in node.decorator_list):
+            jit_lines.update(range(node.lineno, node.end_lineno + 1))
+    out = []
+    for node in ast.walk(tree):
+        f = node.func if isinstance(node, ast.Call) else None
+        if (isinstance(f, ast.Attribute) and f.attr in _CONSTEXPR_HELPERS and isinstance(f.value, ast.Name)
+                and f.value.id in ("triton", "tl") and node.lineno not in jit_lines):
+            out.append((node.lineno, ast.unparse(f)))
+    return out
+
+
+def test_host_code_calls_no_triton_constexpr_function(tmp_path):
+    """Launchers compute grids and block sizes with rlk.kernels.common.cdiv / next_pow2: Triton's
+    cdiv / next_power_of_2 cost ~4 us per host call (0a29f0b, 2d83486). The guard finds a planted
+    host call and leaves kernel code alone."""
+    from pathlib import Path
+
+    planted = tmp_path / "launch.py"
+    planted.write_text("import triton\nimport triton.language as tl\n\n\n@triton.jit\ndef k(X, N: tl.constexpr):\n"
+                       "    n = tl.cdiv(N, 16)\n\n\ndef grid(n):\n    return (triton.cdiv(n, 128),)\n")
+    assert _host_constexpr_calls(planted) == [(11, "triton.cdiv")]
+    root = Path(__file__).resolve().parent
+    found = {}
+    for p in sorted(root.rglob("*.py")):
+        if p.name.endswith(("_test.py", "_bench.py", "_variants.py", "_sweep.py", "_tune.py")):
+            continue
+        calls = _host_constexpr_calls(p)
+        if calls:
+            found[str(p.relative_to(root))] = calls
+    assert not found, f"host-side Triton constexpr calls (use rlk.kernels.common.cdiv / next_pow2): {found}"

@@ -7,7 +7,10 @@ Rows per shape: ``fwd``; ``fwd_bwd`` (linear_logp + loss.backward(), loss = sum(
 a fixed random per-token coef); ``fwd_bwd_fused`` (the same loss through linear_logp_loss: gradients
 formed in the forward, 3 GEMM-equivalents; its native/Liger numbers are the ``fwd_bwd`` row's,
 measured on the same inputs in the same process; ``grads_equal_unfused``: d_hidden/d_weight
-torch.equal to the fwd_bwd row's).
+torch.equal to the fwd_bwd row's). Liger is timed twice: as called by default (``liger_us``: its
+grad_weight accumulator has the weight's dtype, bf16 here, rounded after every token chunk) and
+with ``accum_dtype=torch.float32`` (``liger_fp32acc_us``, ``ratio_vs_liger_fp32acc``: an fp32
+accumulator, as rlk's one fp32 d_weight chain rounded once).
 
 Times: every arm of a pass is measured in alternating rounds (``interleaved_us``; each round a
 ``triton.testing.do_bench`` median, warm-up excluded), all on the same tensors in the same
@@ -131,13 +134,20 @@ def run(shapes, out_path, rounds: int = ROUNDS, dev: str = "cuda"):
             out = liger_fn.apply(hg, wg, tg)
             (out[0] if isinstance(out, tuple) else out).backward()
 
+        def liger_fp32acc_fb():
+            # Function.apply takes positional arguments only: (input, weight, target, bias,
+            # ce_weight, ignore_index, lse_square_scale, label_smoothing, reduction, softcap,
+            # return_z_loss, accum_dtype) in liger-kernel 0.8.5.
+            out = liger_fn.apply(hg, wg, tg, None, None, -100, 0.0, 0.0, "mean", None, False, torch.float32)
+            (out[0] if isinstance(out, tuple) else out).backward()
+
         def fused_fb():
             linear_logp_loss(hg, wg, tg, lambda lp, lo, hi: lp * coef[lo:hi])[0].backward()
 
         passes = {
             "fwd": {"strict": _validated(strict_fwd), "strict_checked": strict_fwd, "native": native_fwd},
             "fwd_bwd": {"strict": _validated(strict_fb), "strict_checked": strict_fb, "native": native_fb,
-                        **({"liger": liger_fb} if liger_fn is not None else {}),
+                        **({"liger": liger_fb, "liger_fp32acc": liger_fp32acc_fb} if liger_fn is not None else {}),
                         "fused": _validated(fused_fb), "fused_checked": fused_fb},
         }
         for pas, fns in passes.items():
@@ -149,7 +159,7 @@ def run(shapes, out_path, rounds: int = ROUNDS, dev: str = "cuda"):
             t = interleaved_us(fns, rounds=rounds, measure=measure)
             hg.grad = wg.grad = None
             peaks = {}
-            for name in ("strict", "native", "liger", "fused"):
+            for name in ("strict", "native", "liger", "liger_fp32acc", "fused"):
                 if name in fns and "us" in t[name]:
                     try:
                         peaks[name] = _peak_mb(fns[name])
@@ -199,6 +209,16 @@ def _fill(row, t, peaks, strict, native, liger):
             row[f"{key}_error"] = t[name]["error"]
         if key in ("strict", "native", "liger") and peaks.get(name) is not None:
             row[f"{key}_peak_mb"] = peaks[name]
+    if liger is not None and "liger_fp32acc" in t:  # Liger with an fp32 grad_weight accumulator
+        if "us" in t["liger_fp32acc"]:
+            row["liger_fp32acc_us"] = t["liger_fp32acc"]["us"]
+            row["liger_fp32acc_rounds_us"] = t["liger_fp32acc"]["rounds"]
+            if peaks.get("liger_fp32acc") is not None:
+                row["liger_fp32acc_peak_mb"] = peaks["liger_fp32acc"]
+            if "strict_us" in row:
+                row["ratio_vs_liger_fp32acc"] = row["strict_us"] / row["liger_fp32acc_us"]
+        else:
+            row["liger_fp32acc_error"] = t["liger_fp32acc"]["error"]
     if "strict_us" in row and "native_us" in row:
         row["ratio"] = row["strict_us"] / row["native_us"]
     if "strict_checked_us" in row and "native_us" in row:
@@ -234,12 +254,12 @@ def _print_row(row):
 
 def _table(rows):
     print(f"\n{'T':>6} {'V':>7} {'pass':>13} {'strict_us':>10} {'native_us':>10} {'ratio':>6} "
-          f"{'s_MB':>8} {'n_MB':>8} {'liger_us':>9}")
+          f"{'s_MB':>8} {'n_MB':>8} {'liger_us':>9} {'liger32_us':>10}")
     for r in rows:
         f = lambda k, fmt: format(r[k], fmt) if k in r else "-"  # noqa: E731
         print(f"{r['T']:>6} {r['V']:>7} {r['pass']:>13} {f('strict_us', '10.1f')} {f('native_us', '10.1f')} "
               f"{f('ratio', '6.3f')} {f('strict_peak_mb', '8.1f')} {f('native_peak_mb', '8.1f')} "
-              f"{f('liger_us', '9.1f')}")
+              f"{f('liger_us', '9.1f')} {f('liger_fp32acc_us', '10.1f')}")
 
 
 def main(argv=None):

@@ -14,15 +14,18 @@ import torch
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
+try:  # imported once: an import statement per call costs host time on every op
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+except ImportError:  # pragma: no cover - older torch: stay on the custom-op path
+    _get_current_dispatch_mode_stack = None
+
+
 def _dispatch_mode_active() -> bool:
     """A TorchDispatchMode (fake tensors, rlk's megatron audit, tracing) sees every aten op; the
     custom op keeps the kernel one opaque ``rlk::`` op for it."""
-    try:
-        from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
-
-        return bool(_get_current_dispatch_mode_stack())
-    except ImportError:  # pragma: no cover - older torch: stay on the custom-op path
+    if _get_current_dispatch_mode_stack is None:  # pragma: no cover
         return True
+    return bool(_get_current_dispatch_mode_stack())
 
 
 def direct(*tensors) -> bool:

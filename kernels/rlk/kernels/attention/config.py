@@ -8,6 +8,8 @@ import functools
 import json
 import os
 
+import torch
+
 from rlk import contracts
 from rlk.determinism import FP_FUSION
 from rlk.errors import UnsupportedConfigError
@@ -140,8 +142,6 @@ def _table(arch: str) -> dict:
 
 
 def arch_of(device) -> str:
-    import torch
-
     if interpret_flag() or device.type == "cpu":
         return "cpu-interpreter"
     if torch.version.hip:

@@ -9,6 +9,7 @@ import torch
 
 from rlk.errors import UnsupportedConfigError
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from rlk.kernels.common import dot_dtype_for, interpret_flag, launch_options
 from rlk.kernels.gemm import config as cfgmod
@@ -143,8 +144,6 @@ def tma_layout(t: torch.Tensor) -> str | None:
 def _descriptor(t, layout, rows_block, k_block):
     """A descriptor over ``t`` [rows, K] (layout ``row``: blocks [rows_block, k_block]) or over
     ``t.T`` [K, rows] (layout ``t``: blocks [k_block, rows_block]; the kernel transposes them)."""
-    from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: PLC0415
-
     if layout == "t":
         t = t.t()
         return TensorDescriptor(t, list(t.shape), [t.stride(0), 1], [k_block, rows_block])

@@ -14,6 +14,7 @@ from typing import NamedTuple, Optional, Sequence
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from rlk.errors import UnsupportedConfigError
 from rlk.kernels.common import (cdiv, check_tensor, device_value_checks_enabled, dot_dtype_for, interpret_flag,
@@ -130,8 +131,6 @@ def _tma_ok(t: torch.Tensor) -> bool:
 
 
 def _desc(t: torch.Tensor, block):
-    from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: PLC0415
-
     return TensorDescriptor(t, list(t.shape), [t.stride(0), 1], list(block))
 
 

@@ -54,7 +54,7 @@ MAX_ENTRIES_PER_KERNEL = 256  # distinct specializations kept per kernel (then t
 
 _VERSION_OK = triton.__version__.startswith(TRITON_SERIES)
 _ENABLED = [os.environ.get("RLK_LAUNCH_CACHE", "1") != "0"]
-_CACHE: dict = {}  # id(kernel) -> (kernel, {(device, specialization, options): CompiledKernel})
+_CACHE: dict = {}  # id(kernel) -> (kernel, {(device, specialization, options): (CompiledKernel, C launch)})
 _LOCK = threading.Lock()
 STATS = {"hits": 0, "misses": 0, "bypassed": 0}  # counters for tests and benchmarks (not locked)
 
@@ -76,11 +76,6 @@ def enabled() -> bool:
 def clear() -> None:
     with _LOCK:
         _CACHE.clear()
-
-
-def describe() -> dict:
-    """For provenance records: how launches were issued."""
-    return {"launch_cache": enabled(), "triton_series": TRITON_SERIES, "triton_version": triton.__version__}
 
 
 def _device() -> int:

@@ -273,6 +273,30 @@ def test_launch_scan_follows_helpers_and_names(tmp_path):
     assert "launch.py:33: launch of k1" in probs[0] and "launch.py:41: launch of k1" in probs[1], probs
 
 
+def test_host_code_calls_no_triton_constexpr_function(tmp_path):
+    """Launchers compute grids and block sizes with rlk.kernels.common.cdiv / next_pow2: Triton's
+    cdiv / next_power_of_2 cost ~4 us per host call (0a29f0b, 2d83486). The guard finds a planted
+    host call and leaves kernel code alone."""
+    from pathlib import Path
+
+    import rlk.kernels
+    from rlk.gate.launch_scan import host_constexpr_calls
+
+    planted = tmp_path / "launch.py"
+    planted.write_text("import triton\nimport triton.language as tl\n\n\n@triton.jit\ndef k(X, N: tl.constexpr):\n"
+                       "    n = tl.cdiv(N, 16)\n\n\ndef grid(n):\n    return (triton.cdiv(n, 128),)\n")
+    assert host_constexpr_calls(planted) == [(11, "triton.cdiv")]
+    root = Path(rlk.kernels.__file__).resolve().parent
+    found = {}
+    for p in sorted(root.rglob("*.py")):
+        if p.name.endswith(("_test.py", "_bench.py", "_variants.py", "_sweep.py", "_tune.py")):
+            continue
+        calls = host_constexpr_calls(p)
+        if calls:
+            found[str(p.relative_to(root))] = calls
+    assert not found, f"host-side Triton constexpr calls (use rlk.kernels.common.cdiv / next_pow2): {found}"
+
+
 def test_l0_checks_registered_for_every_profile():
     from rlk.gate import l0_checks  # noqa: F401 - registers the checks
     from rlk.gate.registry import PROFILES, checks_for

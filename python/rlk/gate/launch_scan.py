@@ -1,4 +1,6 @@
-"""L0 launch-site scan: every launch of a strict kernel pins floating-point fusion.
+"""Static scans of the kernel sources. L0's launch-site scan: every launch of a strict kernel
+pins floating-point fusion. And :func:`host_constexpr_calls` (a test, not a gate check): host code
+calls no Triton constexpr helper.
 
 A static scan of an op folder's sources (no import, no compile): each ``kernel[grid](...)`` or
 ``launch(kernel, grid, ...)`` of a ``@triton.jit`` function must pass ``**launch_options()`` or an explicit ``enable_fp_fusion=``,
@@ -14,15 +16,46 @@ from pathlib import Path
 from typing import Iterable
 
 
-def _jit_names(tree: ast.AST) -> set[str]:
-    names = set()
+def _jit_functions(tree: ast.AST) -> list[ast.FunctionDef]:
+    """The functions decorated ``@jit`` / ``@triton.jit`` (with or without arguments)."""
+    out = []
     for node in ast.walk(tree):
         if isinstance(node, ast.FunctionDef):
             for d in node.decorator_list:
                 d = d.func if isinstance(d, ast.Call) else d
                 if (isinstance(d, ast.Attribute) and d.attr == "jit") or (isinstance(d, ast.Name) and d.id == "jit"):
-                    names.add(node.name)
-    return names
+                    out.append(node)
+                    break
+    return out
+
+
+def _jit_names(tree: ast.AST) -> set[str]:
+    return {f.name for f in _jit_functions(tree)}
+
+
+def _sources(folder: str | os.PathLike) -> list[Path]:
+    """The scanned sources of a folder: tests and benchmarks left out."""
+    return [p for p in sorted(Path(folder).glob("*.py")) if not p.name.endswith(("_test.py", "_bench.py"))]
+
+
+_CONSTEXPR_HELPERS = {"cdiv", "next_power_of_2"}
+
+
+def host_constexpr_calls(path: str | os.PathLike) -> list[tuple[int, str]]:
+    """(line, call) of ``triton.cdiv`` / ``triton.next_power_of_2`` (or ``tl.``) outside every
+    ``@triton.jit`` function of ``path``: on the host they are Triton constexpr functions,
+    microseconds per call on every launch (rlk.kernels.common has ``cdiv`` / ``next_pow2``)."""
+    tree = ast.parse(Path(path).read_text(), str(path))
+    jit_lines = set()
+    for f in _jit_functions(tree):
+        jit_lines.update(range(f.lineno, f.end_lineno + 1))
+    out = []
+    for node in ast.walk(tree):
+        f = node.func if isinstance(node, ast.Call) else None
+        if (isinstance(f, ast.Attribute) and f.attr in _CONSTEXPR_HELPERS and isinstance(f.value, ast.Name)
+                and f.value.id in ("triton", "tl") and node.lineno not in jit_lines):
+            out.append((node.lineno, ast.unparse(f)))
+    return out
 
 
 _PIN_WORDS = ("launch_options", "enable_fp_fusion")
@@ -100,7 +133,7 @@ def scan_launch_sites(folder: str | os.PathLike, kernel_names: Iterable[str] = (
     A launch pins fusion when it passes ``enable_fp_fusion=`` or a ``**`` argument carrying
     ``launch_options()`` (see :class:`_PinResolver`). Tests and benchmarks are not scanned.
     """
-    files = [p for p in sorted(Path(folder).glob("*.py")) if not p.name.endswith(("_test.py", "_bench.py"))]
+    files = _sources(folder)
     trees = {p: ast.parse(p.read_text(), str(p)) for p in files}
     names = set(kernel_names)
     for t in trees.values():

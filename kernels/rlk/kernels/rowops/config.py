@@ -15,7 +15,7 @@ from rlk import contracts
 from rlk.determinism import FP_FUSION
 from rlk.errors import UnsupportedConfigError
 from rlk.kernels import registry
-from rlk.kernels.common import TableOverrides
+from rlk.kernels.common import TableOverrides, next_pow2
 from rlk.kernels.rowops import kernel as K
 
 _DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
@@ -23,13 +23,9 @@ ARCH_FILES = {"sm_90": "sm90.json", "gfx942": "gfx942.json", "cpu-interpreter": 
 MAX_HIDDEN = 16384  # largest normalized row (BLOCK_H 16384 fp32 in registers)
 
 
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, (int(n) - 1).bit_length())
-
-
 def norm_rule(hidden: int) -> dict:
     """The pinned RMSNorm schedule of a hidden size (function of ``hidden`` only)."""
-    bh = _next_pow2(hidden)
+    bh = next_pow2(hidden)
     br = max(1, min(16, 2048 // bh))
     nw = min(16, max(4, bh * br // 512))
     bwd_rows = 32 if hidden >= 1024 else (1024 if hidden >= 128 else 4 * br)

@@ -13,7 +13,7 @@ import torch
 
 from rlk.errors import UnsupportedConfigError
 from rlk.kernels import common
-from rlk.kernels.common import cdiv, check_tensor, interpret_flag, launch_options
+from rlk.kernels.common import cdiv, check_tensor, interpret_flag, launch_options, next_pow2
 from rlk.kernels.launcher import launch
 from rlk.kernels.rowops import config as C
 from rlk.kernels.rowops import kernel as K
@@ -182,7 +182,7 @@ def fold_partials(parts: torch.Tensor, dtype: torch.dtype, arch: str) -> torch.T
     """sum(parts [n, H] fp32, dim 0) in the fixed order of ``fold_partials_kernel``."""
     n, H = parts.shape
     fold = C.table(arch)["fold"]
-    block_f = min(fold["BLOCK_F"], C._next_pow2(H))
+    block_f = min(fold["BLOCK_F"], next_pow2(H))
     out = torch.empty((H,), dtype=dtype, device=parts.device)
     launch(K.fold_partials_kernel, (cdiv(H, block_f),),
         out, parts, n, H=H, BLOCK_F=block_f, FOLD_ROWS=fold["FOLD_ROWS"],
@@ -240,8 +240,8 @@ def apply_rope(x, positions, cos, sin, backward: bool = False):
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if T == 0 or nh == 0:
         return out
-    cfg = C.table(arch_for(x.device))["rope"]
-    bhalf = C._next_pow2(D // 2)
+    cfg = _table_of(x)["rope"]
+    bhalf = next_pow2(D // 2)
     br = max(1, cfg["TILE_ELEMS"] // bhalf)
     n_rows = T * nh
     launch(K.rope_kernel, (cdiv(n_rows, br),),
@@ -361,7 +361,7 @@ def _embedding_launch(ids, weight, V, H):
     y = torch.empty((ids.shape[0], H), dtype=weight.dtype, device=weight.device)
     if ids.shape[0] and H:
         cfg = C.entry(arch_for(weight.device), "embedding")
-        bh = min(cfg["BLOCK_H"], C._next_pow2(H))
+        bh = min(cfg["BLOCK_H"], next_pow2(H))
         bt = max(1, cfg["TILE_ELEMS"] // bh)
         T = ids.shape[0]
         launch(K.embedding_fwd_kernel, (cdiv(T, bt), cdiv(H, bh)),
@@ -385,7 +385,7 @@ def embedding_backward(dy: torch.Tensor, ids: torch.Tensor, num_embeddings: int)
     sorted_ids, order = torch.sort(ids.to(torch.int64), stable=True)
     uniq, counts = torch.unique_consecutive(sorted_ids, return_counts=True)
     starts = torch.cumsum(counts, 0) - counts
-    bh = min(C.table(arch_for(dy.device))["embedding"]["BLOCK_H"], C._next_pow2(H))
+    bh = min(_table_of(dy)["embedding"]["BLOCK_H"], next_pow2(H))
     launch(K.embedding_bwd_kernel, (uniq.shape[0], cdiv(H, bh)),
         dw, dy, order, uniq, starts, counts, H, BLOCK_H=bh,
         OUT_BF16=dy.dtype == torch.bfloat16, INTERPRET=interpret_flag(), num_warps=4, **launch_options())

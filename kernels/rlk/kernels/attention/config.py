@@ -157,6 +157,11 @@ _OVERRIDES = TableOverrides()
 override = _OVERRIDES.use
 
 
+def overrides_active() -> bool:
+    """Whether a schedule override is in force (launch plans are then not used)."""
+    return bool(_OVERRIDES.active)
+
+
 def schedule(kind: str, device) -> dict:
     """Fixed launch parameters of one kernel kind on ``device`` (never batch-keyed). The table's
     own entry (read it, never change it: every launch of ``kind`` shares it), or a copy with the

@@ -15,6 +15,7 @@ import torch
 import triton.language as tl
 
 from rlk.errors import UnsupportedConfigError
+from rlk.kernels import plans
 from rlk.kernels.attention import config
 from rlk.kernels.attention.kernel import attn_fwd_kernel, attn_merge_kernel, write_kv_kernel
 from rlk.kernels.attention.kernel_bwd import bwd_delta_kernel, bwd_dkdv_kernel, bwd_dq_kernel, bwd_fold_kernel
@@ -103,6 +104,20 @@ def prefill(q, k, v, cu_seqlens, max_seqlen, scale, *, contract="attn.v2", valid
     for any batch composition, page layout, chunking; run-to-run bitwise.
     """
     val = _should_validate(validate)
+    pk = _plan_key("prefill", (q, k, v, cu_seqlens), (max_seqlen, scale, contract), val)
+    plan = _PLANS.get(pk) if pk is not None else None
+    if plan is None:
+        plan = _prefill_plan(q, k, v, cu_seqlens, max_seqlen, scale, contract, val)
+        if pk is not None:
+            _PLANS.put(pk, plan)
+    out, lse = _outputs(q)
+    if plan is not _EMPTY:
+        _launch_fwd(plan, out, lse, None, q, k, v, cu_seqlens, cu_seqlens, cu_seqlens)
+    return out, lse
+
+
+def _prefill_plan(q, k, v, cu_seqlens, max_seqlen, scale, contract, val):
+    """prefill's checks and launch derivation (see :mod:`rlk.kernels.plans`)."""
     c = config.contract(contract)
     hq, hk, d = _check_heads(q, k, v)
     if k.shape[0] != q.shape[0]:
@@ -111,11 +126,10 @@ def prefill(q, k, v, cu_seqlens, max_seqlen, scale, *, contract="attn.v2", valid
     max_seqlen = int(max_seqlen)
     if cu is not None and cu.numel() > 1 and int((cu[1:] - cu[:-1]).max()) > max_seqlen:
         raise UnsupportedConfigError(f"attention: a sequence is longer than max_seqlen={max_seqlen}")
-    out = torch.empty_like(q)
-    lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
+    qk = qk_scale_of(scale)
     nb = cu_seqlens.numel() - 1
     if q.shape[0] == 0 or nb == 0 or max_seqlen == 0:
-        return out, lse
+        return _EMPTY
     s = config.schedule("prefill", q.device)
     g = hq // hk
     # q heads packed per tile: the table's GP where it divides the GQA group, else their gcd
@@ -123,29 +137,51 @@ def prefill(q, k, v, cu_seqlens, max_seqlen, scale, *, contract="attn.v2", valid
     # g // GP == 0 at Qwen3-1.7B's 16/8 heads gave an empty grid and unwritten output).
     gp = math.gcd(int(s.get("GP", 1)), g)
     grid = (cdiv(max_seqlen, s["BLOCK_M"] // gp), hk * (g // gp), nb)
-    _fwd(out, lse, q, k, v, cu_seqlens, cu_seqlens, cu_seqlens, scale, c, grid, g, gp, s,
-         paged=False, split=1, page=16)
-    return out, lse
+    return _fwd_plan(grid, q, k, v, None, qk, c, g, gp, s, paged=False, split=1, page=16)
 
 
-def _fwd(out, lse, q, k, v, bt, cu_q, kv_len, scale, c, grid, g, gp, s, *, paged, split, page, ws=None):
-    dummy = lse
-    ws_m, ws_l, ws_acc = ws if ws is not None else (dummy, dummy, dummy)
-    # Each tensor's strides read once (a .stride(i) call costs ~0.3 us of host time; 20 of them
-    # were a visible share of an eager decode step's launch path).
-    qs, os_, ls, ks, vs = q.stride(), out.stride(), lse.stride(), k.stride(), v.stride()
+_EMPTY = "empty"  # a plan: no launch (no tokens, sequences or queries); outputs only
+_PLANS = plans.PlanCache("attention")
+
+
+def _plan_key(kind, tensors, scalars, val):
+    """A plan key, or None: device value checks on (they read contents), plans off, or a
+    schedule override active (sweeps)."""
+    if val or not plans.enabled() or config.overrides_active():
+        return None
+    return plans.key(kind, tensors, scalars)
+
+
+def _outputs(q):
+    return torch.empty_like(q), torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
+
+
+def _fwd_plan(grid, q, k, v, bt, qk, c, g, gp, s, *, paged, split, page):
+    """attn_fwd_kernel's grid and non-tensor arguments that follow from the inputs' metadata.
+    Outputs' and workspaces' strides are read at launch (:func:`_launch_fwd`)."""
+    # Each tensor's strides read once (a .stride(i) call costs ~0.3 us of host time).
+    qs, ks, vs = q.stride(), k.stride(), v.stride()
     kb, vb = (ks[0], vs[0]) if paged else (0, 0)
     kt, vt = (ks[1], vs[1]) if paged else (ks[0], vs[0])
-    wss = ws_m.stride() if ws is not None else (0, 0, 0)
+    head = (qk, split, qs[0], qs[1])
+    kv = (kt, ks[-2], kb, vt, vs[-2], vb, bt.stride()[0] if paged else 0)
+    kw = dict(G=g, GP=gp, BLOCK_M=s["BLOCK_M"], HEAD_DIM=q.shape[2], KV_CHUNK=c.bit_fields["kv_chunk"],
+              SEG=c.bit_fields["segment"], PAGE=page, PAGED=paged, SPLIT=split > 1,
+              DOT_DTYPE=_dot(q.device), INTERPRET=interpret_flag(), **_opts(s))
+    return grid, head, kv, kw
+
+
+def _launch_fwd(plan, out, lse, ws, q, k, v, bt, cu_q, kv_len):
+    grid, head, kv, kw = plan
+    os_, ls = out.stride(), lse.stride()
+    if ws is None:
+        ws_m = ws_l = ws_acc = lse  # unread (SPLIT=False)
+        wss = (0, 0, 0)
+    else:
+        (ws_m, ws_l, ws_acc), wss = ws, ws[0].stride()
     launch(attn_fwd_kernel, grid,
         out, lse, ws_m, ws_l, ws_acc, q, k, v, bt, cu_q, kv_len,
-        qk_scale_of(scale), split,
-        qs[0], qs[1], os_[0], os_[1], ls[0], ls[1],
-        kt, ks[-2], kb, vt, vs[-2], vb, bt.stride()[0] if paged else 0,
-        wss[0], wss[1], wss[2],
-        G=g, GP=gp, BLOCK_M=s["BLOCK_M"], HEAD_DIM=q.shape[2], KV_CHUNK=c.bit_fields["kv_chunk"],
-        SEG=c.bit_fields["segment"], PAGE=page, PAGED=paged, SPLIT=ws is not None,
-        DOT_DTYPE=_dot(q.device), INTERPRET=interpret_flag(), **_opts(s))
+        *head, os_[0], os_[1], ls[0], ls[1], *kv, wss[0], wss[1], wss[2], **kw)
 
 
 def paged(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens_kv, scale, *,
@@ -163,6 +199,38 @@ def paged(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens_kv, scale, *
     whatever the batch, page size, page order, chunking or split; run-to-run bitwise.
     """
     val = _should_validate(validate)
+    pk = _plan_key("paged", (q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens_kv),
+                   (max_seqlen_q, scale, contract), val)
+    plan = _PLANS.get(pk) if pk is not None else None
+    if plan is None:
+        plan = _paged_plan(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens_kv, scale,
+                           max_seqlen_q, contract, val)
+        if pk is not None:
+            _PLANS.put(pk, plan)
+    out, lse = _outputs(q)
+    if plan is _EMPTY:
+        return out, lse
+    fwd, n_seg, merge = plan
+    ws = None
+    if n_seg:
+        # Split-KV: one program per segment; partials folded in order by the merge kernel.
+        ws_m = torch.empty((q.shape[0], q.shape[1], n_seg), dtype=torch.float32, device=q.device)
+        ws = (ws_m, torch.empty_like(ws_m),
+              torch.empty((q.shape[0], q.shape[1], n_seg, q.shape[2]), dtype=torch.float32, device=q.device))
+    _launch_fwd(fwd, out, lse, ws, q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens_kv)
+    if merge is not None:
+        grid, kw = merge
+        os_, ls, wss = out.stride(), lse.stride(), ws[0].stride()
+        launch(attn_merge_kernel, grid,
+            out, lse, ws[0], ws[1], ws[2], cu_seqlens_q, seq_lens_kv,
+            os_[0], os_[1], ls[0], ls[1], wss[0], wss[1], wss[2], **kw)
+    return out, lse
+
+
+def _paged_plan(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens_kv, scale, max_seqlen_q,
+                contract, val):
+    """paged's checks and launch derivation: (forward plan, split segments or 0, merge plan or
+    None), or ``_EMPTY``."""
     c = config.contract(contract)
     hq, hk, d = _check_heads(q, k_cache, v_cache, what_k="k_cache")
     page = k_cache.shape[1]
@@ -199,10 +267,9 @@ def paged(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens_kv, scale, *
     if max_seqlen_q is None:
         raise UnsupportedConfigError("attention: pass max_seqlen_q when validate=False")
     max_seqlen_q = int(max_seqlen_q)
-    out = torch.empty_like(q)
-    lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
+    qk = qk_scale_of(scale)
     if q.shape[0] == 0 or nb_seq == 0 or max_seqlen_q == 0:
-        return out, lse
+        return _EMPTY
     g = hq // hk
     decode = max_seqlen_q == 1
     s = config.schedule("paged_decode" if decode else "paged_chunk", q.device)
@@ -210,23 +277,16 @@ def paged(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens_kv, scale, *
         raise UnsupportedConfigError(f"attention: GQA group {g} larger than the tile ({s['BLOCK_M']} rows)")
     tiles = cdiv(max_seqlen_q, s["BLOCK_M"] // g)
     n_seg = cdiv(capacity, c.bit_fields["segment"])
-    ws = None
-    if decode and n_seg > 1:
-        # Split-KV: one program per segment; partials folded in order by the merge kernel.
-        ws_m = torch.empty((q.shape[0], hq, n_seg), dtype=torch.float32, device=q.device)
-        ws = (ws_m, torch.empty_like(ws_m), torch.empty((q.shape[0], hq, n_seg, d), dtype=torch.float32, device=q.device))
-    split = n_seg if ws is not None else 1
-    _fwd(out, lse, q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens_kv, scale, c,
-         (tiles * split, hk, nb_seq), g, g, s, paged=True, split=split, page=page, ws=ws)
-    if ws is not None:
-        sm = config.schedule("merge", q.device)
-        os_, ls, wss = out.stride(), lse.stride(), ws[0].stride()
-        launch(attn_merge_kernel, (max_seqlen_q, hk, nb_seq),
-            out, lse, ws[0], ws[1], ws[2], cu_seqlens_q, seq_lens_kv,
-            os_[0], os_[1], ls[0], ls[1], wss[0], wss[1], wss[2],
-            G=g, BLOCK_G=next_pow2(g), HEAD_DIM=d, SEG=c.bit_fields["segment"],
-            INTERPRET=interpret_flag(), **_opts(sm))
-    return out, lse
+    split = n_seg if decode and n_seg > 1 else 1
+    fwd = _fwd_plan((tiles * split, hk, nb_seq), q, k_cache, v_cache, block_tables, qk, c, g, g, s,
+                    paged=True, split=split, page=page)
+    if split == 1:
+        return fwd, 0, None
+    sm = config.schedule("merge", q.device)
+    merge = ((max_seqlen_q, hk, nb_seq),
+             dict(G=g, BLOCK_G=next_pow2(g), HEAD_DIM=d, SEG=c.bit_fields["segment"],
+                  INTERPRET=interpret_flag(), **_opts(sm)))
+    return fwd, split, merge
 
 
 def write_kv(k, v, k_cache, v_cache, slot_mapping, *, validate=None):

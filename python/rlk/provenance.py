@@ -136,12 +136,15 @@ def toolchain() -> dict[str, Any]:
             out[mod] = getattr(m, "__version__", None)
         except Exception:
             pass
-    try:  # how strict launches are issued (rlk.kernels.launcher); no arithmetic depends on it
-        from rlk.kernels import launcher
+    # How strict launches are issued (rlk.kernels.launcher, rlk.kernels.plans); no arithmetic
+    # depends on either.
+    try:
+        from rlk.kernels import launcher, plans
 
         out["launch_cache"] = launcher.enabled()
+        out["host_plans"] = plans.enabled()
     except Exception as e:  # noqa: BLE001 - a record is still written
-        out["launch_cache"] = f"unknown: {type(e).__name__}"
+        out["launch_cache"] = out["host_plans"] = f"unknown: {type(e).__name__}"
     return out
 
 

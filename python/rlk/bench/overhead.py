@@ -16,7 +16,9 @@ For each case (decode/small-row shapes of the Qwen3-8B TP4 shard), on the same i
 * for strict cases, both the public op (``rlk.ops``, through ``torch.library``) and the bare
   launcher, so the dispatcher's share is visible; the native counterpart beside them; and the
   bare launcher with the launch cache off (``launch_nocache``: every launch through Triton's
-  ``kernel[grid]``, rlk.kernels.launcher), the A/B of that cache in the same process.
+  ``kernel[grid]``, rlk.kernels.launcher), the A/B of that cache in the same process; for the
+  attention cases also with host launch plans off (``launch_noplans``: checks and launch
+  arguments derived on every call, rlk.kernels.plans).
 
 With ``--profile-top N`` a cProfile of 200 calls of each strict op is summarized (top N
 functions by own time) into the JSON. Not run in CI (GPU only); not a performance claim by
@@ -65,17 +67,29 @@ def _b2b_us(fn):
         return back_to_back_us(fn, calls=100)
 
 
-def _nocache(fn):
-    """fn with rlk's launch cache off for its duration (entries kept: no refill afterwards)."""
-    from rlk.kernels import launcher
-
+def _off(fn, set_enabled):
+    """fn with one of rlk's host caches off for its duration (entries kept: no refill after)."""
     def run():
-        prev = launcher.set_enabled(False)
+        prev = set_enabled(False)
         try:
             return fn()
         finally:
-            launcher.set_enabled(prev)
+            set_enabled(prev)
     return run
+
+
+def _nocache(fn):
+    """fn with rlk's launch cache off (rlk.kernels.launcher)."""
+    from rlk.kernels import launcher
+
+    return _off(fn, launcher.set_enabled)
+
+
+def _noplans(fn):
+    """fn with host launch plans off (rlk.kernels.plans)."""
+    from rlk.kernels import plans
+
+    return _off(fn, plans.set_enabled)
 
 
 def _profile(fn, top, n=200):
@@ -167,9 +181,11 @@ def cases():
         "op": lambda: ologp.linear_logp(x, wl, tg),
         "launch": lambda: LP.linear_logp_fwd(x, wl, tg, validate_targets=False),
         "native": lambda: torch.log_softmax(F.linear(x, wl).float(), -1).gather(1, tg[:, None])}))
-    for _, fns in out:
+    for name, fns in out:
         if "launch" in fns:
             fns["launch_nocache"] = _nocache(fns["launch"])
+            if " attn " in f" {name} ":  # the launchers with host plans
+                fns["launch_noplans"] = _noplans(fns["launch"])
     return out
 
 
@@ -205,7 +221,7 @@ def main(argv=None):
             print(f"{name:26} {variant:14} {r.get('eager_us', float('nan')):9.1f} {r.get('graph_us', float('nan')):9.1f} "
                   f"{r.get('host_us', float('nan')):9.1f} {r.get('b2b_us', float('nan')):9.1f} {r.get('error', '')}",
                   flush=True)
-            if a.profile_top and variant in ("op", "launch", "launch_nocache") and "error" not in r:
+            if a.profile_top and variant in ("op", "launch", "launch_nocache", "launch_noplans") and "error" not in r:
                 profiles[f"{name} [{variant}]"] = _profile(fn, a.profile_top)
     try:
         from rlk import provenance

@@ -20,7 +20,14 @@ token ids on the host once per batch); ``strict_checked_us`` is the plain eager 
 the targets back for a range check (one device sync per call). ``ratio`` = strict_us / native_us,
 ``ratio_checked`` = strict_checked_us / native_us. Peak memory: torch.cuda.max_memory_allocated() after
 reset_peak_memory_stats(), minus the memory allocated before the call (inputs, i.e. hidden,
-weight, targets, are excluded; outputs and gradients are included). Not for CI.
+weight, targets, are excluded; outputs and gradients are included). ``*_workspace_mb`` = peak
+minus what the pass returns (fwd: logp [T] fp32; fwd_bwd: the bf16 gradients of hidden and weight,
+the same for every arm), ``workspace_ratio`` = strict / native workspace.
+
+``--fused-budgets MB [MB ...]`` adds arms of the fused path with the row-chunk budget
+(``fused.ROWS_BUDGET_MB``, a bit-neutral schedule field) overridden; the ``fwd_bwd_fused`` row
+lists their times, peaks and workspaces in ``budget_variants`` (the memory/time trade-off of the
+chunk). Not for CI.
 """
 
 from __future__ import annotations
@@ -91,7 +98,23 @@ def _validated(fn):
     return call
 
 
-def run(shapes, out_path, rounds: int = ROUNDS, dev: str = "cuda"):
+def _with_budget(fn, mb):
+    """``fn`` with the fused path's row-chunk budget overridden (schedule field)."""
+    from rlk.kernels.linear_logp import config as cfgmod
+
+    def call():
+        with cfgmod.override("fused", ROWS_BUDGET_MB=mb):
+            return fn()
+
+    return call
+
+
+def _out_mb(pas, T, V) -> float:
+    """MiB the pass returns: logp [T] fp32 (fwd), the bf16 gradients of hidden and weight (fwd_bwd)."""
+    return (T * 4 if pas == "fwd" else (T + V) * H * 2) / 2**20
+
+
+def run(shapes, out_path, rounds: int = ROUNDS, dev: str = "cuda", fused_budgets=()):
     import triton.testing as tt
 
     from rlk.kernels.linear_logp import reference as R
@@ -148,7 +171,8 @@ def run(shapes, out_path, rounds: int = ROUNDS, dev: str = "cuda"):
             "fwd": {"strict": _validated(strict_fwd), "strict_checked": strict_fwd, "native": native_fwd},
             "fwd_bwd": {"strict": _validated(strict_fb), "strict_checked": strict_fb, "native": native_fb,
                         **({"liger": liger_fb, "liger_fp32acc": liger_fp32acc_fb} if liger_fn is not None else {}),
-                        "fused": _validated(fused_fb), "fused_checked": fused_fb},
+                        "fused": _validated(fused_fb), "fused_checked": fused_fb,
+                        **{f"fused_b{mb:g}": _validated(_with_budget(fused_fb, mb)) for mb in fused_budgets}},
         }
         for pas, fns in passes.items():
             gn = [hg, wg] if pas == "fwd_bwd" else None
@@ -159,7 +183,8 @@ def run(shapes, out_path, rounds: int = ROUNDS, dev: str = "cuda"):
             t = interleaved_us(fns, rounds=rounds, measure=measure)
             hg.grad = wg.grad = None
             peaks = {}
-            for name in ("strict", "native", "liger", "liger_fp32acc", "fused"):
+            for name in ("strict", "native", "liger", "liger_fp32acc", "fused",
+                         *(f"fused_b{mb:g}" for mb in fused_budgets)):
                 if name in fns and "us" in t[name]:
                     try:
                         peaks[name] = _peak_mb(fns[name])
@@ -169,7 +194,7 @@ def run(shapes, out_path, rounds: int = ROUNDS, dev: str = "cuda"):
                     hg.grad = wg.grad = None
             torch.cuda.empty_cache()
             row = {"T": T, "V": V, "H": H, "pass": pas}
-            _fill(row, t, peaks, "strict", "native", "liger" if pas == "fwd_bwd" else None)
+            _fill(row, t, peaks, "strict", "native", "liger" if pas == "fwd_bwd" else None, _out_mb(pas, T, V))
             if pas == "fwd_bwd" and liger_fn is None:
                 row["liger_skipped"] = liger_reason
             if pas == "fwd" and T == ERR_T:
@@ -182,7 +207,15 @@ def run(shapes, out_path, rounds: int = ROUNDS, dev: str = "cuda"):
             if pas == "fwd_bwd":
                 fused = {"T": T, "V": V, "H": H, "pass": "fwd_bwd_fused"}
                 _fill(fused, {**t, "strict": t["fused"], "strict_checked": t["fused_checked"]},
-                      {**peaks, "strict": peaks.get("fused")}, "strict", "native", "liger" if liger_fn else None)
+                      {**peaks, "strict": peaks.get("fused")}, "strict", "native", "liger" if liger_fn else None,
+                      _out_mb(pas, T, V))
+                out_mb = _out_mb(pas, T, V)
+                fused["budget_variants"] = [
+                    {"ROWS_BUDGET_MB": mb, **({"us": t[f"fused_b{mb:g}"]["us"]} if "us" in t[f"fused_b{mb:g}"]
+                                              else {"error": t[f"fused_b{mb:g}"]["error"]}),
+                     **({"peak_mb": peaks[f"fused_b{mb:g}"], "workspace_mb": peaks[f"fused_b{mb:g}"] - out_mb}
+                        if peaks.get(f"fused_b{mb:g}") is not None else {})}
+                    for mb in fused_budgets]
                 if "us" in t["strict"] and "us" in t["fused"]:
                     fused["unfused_strict_us"] = t["strict"]["us"]
                     fused["ratio_vs_unfused"] = t["fused"]["us"] / t["strict"]["us"]
@@ -196,8 +229,8 @@ def run(shapes, out_path, rounds: int = ROUNDS, dev: str = "cuda"):
     print(f"wrote {out_path}")
 
 
-def _fill(row, t, peaks, strict, native, liger):
-    """Times (medians of the interleaved rounds), peaks and ratios of one row."""
+def _fill(row, t, peaks, strict, native, liger, out_mb):
+    """Times (medians of the interleaved rounds), peaks, workspaces (peak - out_mb) and ratios."""
     for key, name in (("strict", strict), ("strict_checked", strict + "_checked"), ("native", native),
                       ("liger", liger)):
         if name is None or name not in t:
@@ -209,6 +242,7 @@ def _fill(row, t, peaks, strict, native, liger):
             row[f"{key}_error"] = t[name]["error"]
         if key in ("strict", "native", "liger") and peaks.get(name) is not None:
             row[f"{key}_peak_mb"] = peaks[name]
+            row[f"{key}_workspace_mb"] = peaks[name] - out_mb
     if liger is not None and "liger_fp32acc" in t:  # Liger with an fp32 grad_weight accumulator
         if "us" in t["liger_fp32acc"]:
             row["liger_fp32acc_us"] = t["liger_fp32acc"]["us"]
@@ -225,6 +259,8 @@ def _fill(row, t, peaks, strict, native, liger):
         row["ratio_checked"] = row["strict_checked_us"] / row["native_us"]
     if "strict_us" in row and "liger_us" in row:
         row["ratio_vs_liger"] = row["strict_us"] / row["liger_us"]
+    if row.get("native_workspace_mb") and "strict_workspace_mb" in row:
+        row["workspace_ratio"] = row["strict_workspace_mb"] / row["native_workspace_mb"]
 
 
 def _grads_equal(fused_fb, strict_fb, hg, wg):
@@ -266,6 +302,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True)
     p.add_argument("--quick", action="store_true", help="3 shapes instead of 6")
+    p.add_argument("--fused-budgets", type=float, nargs="*", default=[],
+                   help="also time the fused path at these fused.ROWS_BUDGET_MB values")
     a = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("linear_logp_bench needs a CUDA GPU", file=sys.stderr)
@@ -273,7 +311,9 @@ def main(argv=None):
     from rlk import determinism
 
     determinism.apply_strict_env()
-    run(QUICK if a.quick else FULL, a.out)
+    if any(mb <= 0 for mb in a.fused_budgets):
+        p.error("--fused-budgets: each budget must be > 0 MB")
+    run(QUICK if a.quick else FULL, a.out, fused_budgets=tuple(a.fused_budgets))
     return 0
 
 

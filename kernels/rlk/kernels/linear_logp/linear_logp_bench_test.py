@@ -1,0 +1,68 @@
+"""The logp benchmark's bookkeeping on the CPU: ratios, workspace columns, the Liger columns and
+the fused budget arms, with Triton's interpreter for the kernels and stand-ins for the device
+timers and memory counters (the bench itself runs only on the H200). A bench that crashes or
+mislabels a column there costs a device call; this catches it here.
+"""
+
+import json
+
+import pytest
+import torch
+
+from rlk.kernels.linear_logp import linear_logp_bench as B
+
+
+@pytest.fixture
+def fake_device(monkeypatch):
+    """do_bench returns a per-arm time that the test can read back; peaks are per-arm too."""
+    import triton.testing as tt
+
+    times = iter(range(1, 10_000))
+    monkeypatch.setattr(tt, "do_bench", lambda fn, grad_to_none=None, return_mode=None: (fn(), next(times))[1])
+    peak = {"mb": 0.0}
+    monkeypatch.setattr(B, "_peak_mb", lambda fn: (fn(), peak.__setitem__("mb", peak["mb"] + 1.0), peak["mb"])[2])
+    monkeypatch.setattr(B, "H", 64)
+    monkeypatch.setattr(B, "ERR_T", 64)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    # The interpreter walks the default segmentation's 18992-column alignment (seconds per call):
+    # the tests' small segmentation keeps the arms cheap; the bookkeeping does not depend on it.
+    from rlk.kernels.linear_logp import config as cfgmod
+
+    monkeypatch.setattr(cfgmod, "DEFAULT_SEGMENTATION", (64, 32))  # linear_logp_test.CPU_SEG
+    return peak
+
+
+def test_rows_columns_and_budget_arms(fake_device, tmp_path, monkeypatch):
+    monkeypatch.setattr(B, "_liger", lambda: (None, "liger_kernel not importable: test"))
+    out = tmp_path / "logp.json"
+    B.run([(64, 160)], str(out), rounds=1, dev="cpu", fused_budgets=(0.01, 1.0))
+    d = json.loads(out.read_text())
+    assert "provenance" in d
+    rows = {r["pass"]: r for r in d["rows"]}
+    assert set(rows) == {"fwd", "fwd_bwd", "fwd_bwd_fused"}
+    for r in rows.values():
+        assert r["ratio"] == pytest.approx(r["strict_us"] / r["native_us"])
+        out_mb = B._out_mb("fwd" if r["pass"] == "fwd" else "fwd_bwd", 64, 160)
+        assert r["strict_workspace_mb"] == pytest.approx(r["strict_peak_mb"] - out_mb)
+        assert r["workspace_ratio"] == pytest.approx(r["strict_workspace_mb"] / r["native_workspace_mb"])
+    assert rows["fwd_bwd"]["liger_skipped"].startswith("liger_kernel not importable")
+    fused = rows["fwd_bwd_fused"]
+    assert fused["native_us"] == rows["fwd_bwd"]["native_us"]  # same native arm, same process
+    assert fused["grads_equal_unfused"] is True
+    assert [v["ROWS_BUDGET_MB"] for v in fused["budget_variants"]] == [0.01, 1.0]
+    times = {fused["strict_us"], rows["fwd_bwd"]["strict_us"], *(v["us"] for v in fused["budget_variants"])}
+    assert len(times) == 4, "each budget arm must be its own measurement"
+    for v in fused["budget_variants"]:
+        assert v["workspace_mb"] == pytest.approx(v["peak_mb"] - B._out_mb("fwd_bwd", 64, 160))
+    assert rows["fwd"]["strict_logp_max_abs_err_fp64"] < 1e-3
+
+
+def test_out_mb_and_budget_override():
+    assert B._out_mb("fwd", 1024, 37984) == pytest.approx(1024 * 4 / 2**20)
+    assert B._out_mb("fwd_bwd", 1024, 37984) == pytest.approx((1024 + 37984) * B.H * 2 / 2**20)
+    from rlk.kernels.linear_logp import config as cfgmod
+
+    seen = []
+    B._with_budget(lambda: seen.append(cfgmod.table("cpu-interpreter")["fused"]["ROWS_BUDGET_MB"]), 7.0)()
+    assert seen == [7.0]
+    assert cfgmod.table("cpu-interpreter")["fused"]["ROWS_BUDGET_MB"] != 7.0

@@ -143,8 +143,9 @@ def toolchain() -> dict[str, Any]:
 
         out["launch_cache"] = launcher.enabled()
         out["host_plans"] = plans.enabled()
+        out["launch_sites"] = launcher.sites_enabled()
     except Exception as e:  # noqa: BLE001 - a record is still written
-        out["launch_cache"] = out["host_plans"] = f"unknown: {type(e).__name__}"
+        out["launch_cache"] = out["host_plans"] = out["launch_sites"] = f"unknown: {type(e).__name__}"
     return out
 
 

@@ -33,9 +33,12 @@ Every launch takes ``kernel[grid]`` (Triton's full path) when:
     both are ``HookChain`` objects, empty unless a tool adds to them; Triton builds launch
     metadata and calls the empty chains from its C launcher on every launch, a hit passes None);
   * a global variable the kernel reads has changed since it was cached (Triton then raises).
-Nothing is skipped that changes which binary runs or with what arguments: the binary is the one
-Triton compiled for these arguments and options (L0 pins its fingerprint). Entries hold their
-kernels for the life of the process (rlk's kernels are module-level and live as long anyway).
+A :class:`LaunchSite` (off unless ``RLK_LAUNCH_SITES=1``) goes one step further for a call site
+whose non-tensor arguments repeat exactly (a host plan's launch): it keeps the binder's output and
+only checks the new tensors' dtypes and alignment. Nothing is skipped that changes which binary
+runs or with what arguments: the binary is the one Triton compiled for these arguments and
+options (L0 pins its fingerprint). Entries hold their kernels for the life of the process (rlk's
+kernels are module-level and live as long anyway).
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ _VERSION_OK = triton.__version__.startswith(TRITON_SERIES)
 _ENABLED = [os.environ.get("RLK_LAUNCH_CACHE", "1") != "0"]
 _CACHE: dict = {}  # id(kernel) -> (kernel, {(device, specialization, options): (CompiledKernel, C launch)})
 _LOCK = threading.Lock()
-STATS = {"hits": 0, "misses": 0, "bypassed": 0}  # counters for tests and benchmarks (not locked)
+STATS = {"hits": 0, "misses": 0, "bypassed": 0, "site_hits": 0}  # counters for tests and benchmarks (not locked)
 
 
 def set_enabled(enabled: bool) -> bool:
@@ -164,12 +167,112 @@ def launch(fn, grid, *args, **kwargs):
     ck, direct = hit
     if callable(grid):
         grid = grid(bound)
+    _call(ck, direct, dev, grid, bound.values())
+    STATS["hits"] += 1
+    return ck
+
+
+def _call(ck, direct, dev, grid, values) -> None:
+    """The compiled kernel's launch, as ``JITFunction.run`` ends (no launch metadata, no hooks)."""
     n = len(grid)
     g1, g2 = (grid[1] if n > 1 else 1), (grid[2] if n > 2 else 1)
     if direct is None:
-        ck.run(grid[0], g1, g2, _stream(dev), ck.function, ck.packed_metadata, None, None, None, *bound.values())
+        ck.run(grid[0], g1, g2, _stream(dev), ck.function, ck.packed_metadata, None, None, None, *values)
     else:
         direct[0](grid[0], g1, g2, _stream(dev), ck.function, direct[1], direct[2], None, None,
-                  ck.packed_metadata, None, None, None, *bound.values())
-    STATS["hits"] += 1
-    return ck
+                  ck.packed_metadata, None, None, None, *values)
+
+
+def _cacheable(fn) -> bool:
+    """What :func:`launch` requires of the moment to use its cache (see the module docstring)."""
+    return (getattr(fn, "device_caches", None) is not None and _ENABLED[0] and _VERSION_OK
+            and not interpret_flag() and _hooks_idle() and not fn.pre_run_hooks
+            and not (fn.debug or knobs.runtime.debug or knobs.compilation.instrumentation_mode))
+
+
+# --- Launch sites ------------------------------------------------------------------------------
+# Off by default until measured and tested on a GPU (written 2026-12-01 without device time left).
+_SITES = [os.environ.get("RLK_LAUNCH_SITES", "0") == "1"]
+_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
+
+
+def set_sites_enabled(enabled: bool) -> bool:
+    """Turn launch sites on or off for this process; returns the previous setting."""
+    prev = _SITES[0]
+    _SITES[0] = bool(enabled)
+    return prev
+
+
+def sites_enabled() -> bool:
+    return _SITES[0]
+
+
+class LaunchSite:
+    """One call site's last binding, for callers whose non-tensor arguments repeat exactly (a host
+    plan's launch, ``rlk.kernels.plans``): ``site.launch(fn, grid, args, **kwargs)`` means
+    ``launch(fn, grid, *args, **kwargs)``.
+
+    After a launch that used the cache, the site keeps the compiled kernel and the values Triton's
+    binder produced. A later call with the same kernel, grid and kwargs, the same non-tensor
+    arguments (values and types), and leading tensor arguments of the same dtypes and 16-byte
+    alignment (what the binder specializes a tensor on) launches those values with the new tensors
+    in place, without binding again: the call a cache hit would make (launcher_test compares
+    them). Anything else takes :func:`launch`. Only for argument lists that are tensors first, then
+    ints, floats, bools, None; the site keeps nothing for other lists. Off unless
+    ``RLK_LAUNCH_SITES=1`` (or :func:`set_sites_enabled`).
+    """
+
+    __slots__ = ("state",)
+
+    def __init__(self):
+        self.state = None  # one tuple, replaced whole (a reader never sees half an update)
+
+    def launch(self, fn, grid, args: tuple, **kwargs):
+        st = self.state
+        if st is not None and _SITES[0] and st[0] is fn and _cacheable(fn):
+            (_, s_grid, s_dev, s_kwargs, n, s_tail, s_types, s_spec, s_values, ck, direct) = st
+            tail = args[n:]
+            if (grid == s_grid and kwargs == s_kwargs and tail == s_tail
+                    and tuple(map(type, tail)) == s_types and _device() == s_dev
+                    and (not fn.used_global_vals or _globals_unchanged(fn))):
+                values = list(s_values)
+                for i in range(n):
+                    t = args[i]
+                    dt, aligned = s_spec[i]
+                    if t.dtype is not dt or (t.data_ptr() & 15 == 0) != aligned:  # dtypes are singletons
+                        break
+                    values[i] = t
+                else:
+                    _call(ck, direct, s_dev, grid, values)
+                    STATS["site_hits"] += 1
+                    return ck
+        ck = launch(fn, grid, *args, **kwargs)
+        if _SITES[0]:
+            self.state = _site_state(fn, grid, args, kwargs)
+        return ck
+
+
+def _site_state(fn, grid, args, kwargs):
+    """What a site keeps after ``launch(fn, grid, *args, **kwargs)``, or None."""
+    if not _cacheable(fn) or callable(grid):
+        return None
+    n = 0
+    while n < len(args) and type(args[n]) in _TENSOR_TYPES:
+        n += 1
+    tail = args[n:]
+    if any(type(a) not in (int, float, bool, type(None)) for a in tail):
+        return None
+    dev = _device()
+    bound, spec, options = fn.device_caches[dev][4](*args, **kwargs)
+    values = tuple(bound.values())
+    if any(values[i] is not args[i] for i in range(n)):
+        return None  # the tensors are not the first parameters: not this simple layout
+    entry = _CACHE.get(id(fn))
+    try:
+        hit = entry[1].get((dev, tuple(spec), tuple(options.items()))) if entry is not None else None
+    except TypeError:
+        return None
+    if hit is None:
+        return None
+    spec_t = tuple((args[i].dtype, args[i].data_ptr() & 15 == 0) for i in range(n))
+    return (fn, tuple(grid), dev, dict(kwargs), n, tail, tuple(map(type, tail)), spec_t, values, hit[0], hit[1])

@@ -283,6 +283,95 @@ def test_real_launches_under_the_interpreter_bypass():
     assert LA.STATS["hits"] == before["hits"] and not LA.enabled()
 
 
+# ----------------------------------------------------------------------------------- launch sites
+def _counting_binder(fn):
+    calls = []
+    binder = fn.device_caches[0][4]
+
+    def counted(*a, **k):
+        calls.append(1)
+        return binder(*a, **k)
+    fn.device_caches = {d: (None, None, None, None, counted) for d in fn.device_caches}
+    return calls
+
+
+def _same_call(a, b):
+    """Two recorded launch calls: equal, tensors compared by identity."""
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert (x is y) if isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor) else x == y, (x, y)
+
+
+def test_site_repeats_the_cache_hit_call_without_binding(env, monkeypatch):
+    monkeypatch.setattr(LA, "_SITES", [True])
+    fn = _Recorded(_kern)
+    binds = _counting_binder(fn)
+    site = LA.LaunchSite()
+    out, x, n, s = _args()
+    ck = site.launch(fn, (3, 2), (out, x, n, s), BLOCK=128, num_warps=4)  # miss: Triton's path
+    assert len(fn.slow) == 1 and ck.calls == []
+    out2, x2, _, _ = _args()
+    b0 = len(binds)
+    assert site.launch(fn, (3, 2), (out2, x2, n, s), BLOCK=128, num_warps=4) is ck
+    assert len(binds) == b0 and LA.STATS["site_hits"] == 1, "the site bound the arguments again"
+    LA.launch(fn, (3, 2), out2, x2, n, s, BLOCK=128, num_warps=4)  # the cache hit, for comparison
+    assert len(ck.calls) == 2
+    _same_call(ck.calls[0], ck.calls[1])
+    assert ck.calls[0][9] is out2 and ck.calls[0][10] is x2
+
+
+@pytest.mark.parametrize("change", ["misaligned", "dtype", "int_value", "float_for_int", "kwarg", "grid",
+                                    "device", "sites_off"])
+def test_site_takes_launch_for_anything_else(env, monkeypatch, change):
+    monkeypatch.setattr(LA, "_SITES", [True])
+    fn = _Recorded(_kern)
+    site = LA.LaunchSite()
+    out, x, n, s = _args()
+    kw, grid = dict(BLOCK=128), (3,)
+    site.launch(fn, grid, (out, x, n, s), **kw)
+    site.launch(fn, grid, (out, x, n, s), **kw)
+    assert LA.STATS["site_hits"] == 1
+    if change == "misaligned":
+        x = _args(offset=1)[1]
+    elif change == "dtype":
+        out = out.to(torch.float16)
+    elif change == "int_value":
+        n = 80  # same specialization (multiple of 16), another value: must reach the kernel
+    elif change == "float_for_int":
+        n = 64.0  # equal to 64, but a float: Triton binds it as fp32
+    elif change == "kwarg":
+        kw["FLAG"] = True
+    elif change == "grid":
+        grid = (4,)
+    elif change == "device":
+        env["index"] = 1
+    elif change == "sites_off":
+        LA._SITES[0] = False
+    hits = LA.STATS["hits"] + LA.STATS["misses"]
+    ck = site.launch(fn, grid, (out, x, n, s), **kw)
+    assert LA.STATS["site_hits"] == 1, f"{change}: the site repeated a launch it must not"
+    assert LA.STATS["hits"] + LA.STATS["misses"] == hits + 1, change  # it went through launch()
+    if change == "int_value":
+        assert ck.calls[-1][11] == 80
+    if change == "grid":
+        assert ck.calls[-1][:3] == (4, 1, 1)
+
+
+def test_site_keeps_nothing_for_other_layouts_or_under_the_interpreter(env, monkeypatch):
+    monkeypatch.setattr(LA, "_SITES", [True])
+    fn = _Recorded(_kern)
+    out, x, n, s = _args()
+    site = LA.LaunchSite()
+    site.launch(fn, (1,), (out, n, x, s), BLOCK=128)  # a tensor after an int: not the simple layout
+    assert site.state is None
+    site.launch(fn, (1,), (out, x, n, s), BLOCK=128)
+    assert site.state is not None
+    monkeypatch.setattr(LA, "interpret_flag", lambda: True)
+    site = LA.LaunchSite()
+    site.launch(fn, (1,), (out, x, n, s), BLOCK=128)
+    assert site.state is None and LA.STATS["site_hits"] == 0
+
+
 # ------------------------------------------------------------------------------------------- GPU
 @pytest.mark.gpu
 def test_gpu_cached_launches_are_bitwise_tritons():

@@ -18,7 +18,8 @@ For each case (decode/small-row shapes of the Qwen3-8B TP4 shard), on the same i
   bare launcher with the launch cache off (``launch_nocache``: every launch through Triton's
   ``kernel[grid]``, rlk.kernels.launcher), the A/B of that cache in the same process; for the
   attention cases also with host launch plans off (``launch_noplans``: checks and launch
-  arguments derived on every call, rlk.kernels.plans).
+  arguments derived on every call, rlk.kernels.plans) and with launch sites on (``launch_sites``:
+  a plan's repeated launch without Triton's binder, rlk.kernels.launcher.LaunchSite).
 
 With ``--profile-top N`` a cProfile of 200 calls of each strict op is summarized (top N
 functions by own time) into the JSON. Not run in CI (GPU only); not a performance claim by
@@ -83,6 +84,19 @@ def _nocache(fn):
     from rlk.kernels import launcher
 
     return _off(fn, launcher.set_enabled)
+
+
+def _sites(fn):
+    """fn with launch sites on (rlk.kernels.launcher.LaunchSite; off by default until measured)."""
+    from rlk.kernels import launcher
+
+    def run():
+        prev = launcher.set_sites_enabled(True)
+        try:
+            return fn()
+        finally:
+            launcher.set_sites_enabled(prev)
+    return run
 
 
 def _noplans(fn):
@@ -186,6 +200,7 @@ def cases():
             fns["launch_nocache"] = _nocache(fns["launch"])
             if " attn " in f" {name} ":  # the launchers with host plans
                 fns["launch_noplans"] = _noplans(fns["launch"])
+                fns["launch_sites"] = _sites(fns["launch"])
     return out
 
 
@@ -221,7 +236,7 @@ def main(argv=None):
             print(f"{name:26} {variant:14} {r.get('eager_us', float('nan')):9.1f} {r.get('graph_us', float('nan')):9.1f} "
                   f"{r.get('host_us', float('nan')):9.1f} {r.get('b2b_us', float('nan')):9.1f} {r.get('error', '')}",
                   flush=True)
-            if a.profile_top and variant in ("op", "launch", "launch_nocache", "launch_noplans") and "error" not in r:
+            if a.profile_top and variant in ("op", "launch", "launch_nocache", "launch_noplans", "launch_sites") and "error" not in r:
                 profiles[f"{name} [{variant}]"] = _profile(fn, a.profile_top)
     try:
         from rlk import provenance

@@ -134,9 +134,23 @@ def test_gpu_plan_hits_equal_full_path():
     against plans off, bitwise, on the GPU's own schedule table."""
     lens = [1000, 37]
     q, k, v, cu = T.packed(lens, 8, 2, 128, device="cuda", seed=5)
-    off, miss, hit = _three_ways(lambda: launch.prefill(q, k, v, cu, 1000, 128 ** -0.5, validate=False))
-    _same(off, hit, "gpu prefill")
+    pre = lambda: launch.prefill(q, k, v, cu, 1000, 128 ** -0.5, validate=False)  # noqa: E731
+    pre_off, miss, hit = _three_ways(pre)
+    _same(pre_off, hit, "gpu prefill")
     kc, vc, bt = T.paged_cache(k, v, cu, 16, seed=5, capacity_pages=128)
     off, miss, hit = _three_ways(lambda: T.decode_rows(q, cu, kc, vc, bt, [999, 1000, 1036], 128 ** -0.5,
                                                        max_seqlen_q=1, validate=False))
     _same(off, hit, "gpu paged decode")
+    # Launch sites (off by default): the plans' repeated launches without Triton's binder.
+    from rlk.kernels import launcher
+
+    prev = launcher.set_sites_enabled(True)
+    try:
+        before = launcher.STATS["site_hits"]
+        for _ in range(3):
+            _same(pre_off, pre(), "gpu prefill, launch sites")
+            _same(off, T.decode_rows(q, cu, kc, vc, bt, [999, 1000, 1036], 128 ** -0.5, max_seqlen_q=1,
+                                     validate=False), "gpu paged decode, launch sites")
+        assert launcher.STATS["site_hits"] > before, "no launch site was used"
+    finally:
+        launcher.set_sites_enabled(prev)

@@ -21,7 +21,7 @@ from rlk.kernels.attention.kernel import attn_fwd_kernel, attn_merge_kernel, wri
 from rlk.kernels.attention.kernel_bwd import bwd_delta_kernel, bwd_dkdv_kernel, bwd_dq_kernel, bwd_fold_kernel
 from rlk.kernels.common import (cdiv, check_tensor, device_value_checks_enabled, dot_dtype_for, interpret_flag,
                                 launch_options, next_pow2)
-from rlk.kernels.launcher import launch
+from rlk.kernels.launcher import LaunchSite, launch
 
 
 def _dot(device):
@@ -168,20 +168,20 @@ def _fwd_plan(grid, q, k, v, bt, qk, c, g, gp, s, *, paged, split, page):
     kw = dict(G=g, GP=gp, BLOCK_M=s["BLOCK_M"], HEAD_DIM=q.shape[2], KV_CHUNK=c.bit_fields["kv_chunk"],
               SEG=c.bit_fields["segment"], PAGE=page, PAGED=paged, SPLIT=split > 1,
               DOT_DTYPE=_dot(q.device), INTERPRET=interpret_flag(), **_opts(s))
-    return grid, head, kv, kw
+    return grid, head, kv, kw, LaunchSite()
 
 
 def _launch_fwd(plan, out, lse, ws, q, k, v, bt, cu_q, kv_len):
-    grid, head, kv, kw = plan
+    grid, head, kv, kw, site = plan
     os_, ls = out.stride(), lse.stride()
     if ws is None:
         ws_m = ws_l = ws_acc = lse  # unread (SPLIT=False)
         wss = (0, 0, 0)
     else:
         (ws_m, ws_l, ws_acc), wss = ws, ws[0].stride()
-    launch(attn_fwd_kernel, grid,
-        out, lse, ws_m, ws_l, ws_acc, q, k, v, bt, cu_q, kv_len,
-        *head, os_[0], os_[1], ls[0], ls[1], *kv, wss[0], wss[1], wss[2], **kw)
+    site.launch(attn_fwd_kernel, grid,
+        (out, lse, ws_m, ws_l, ws_acc, q, k, v, bt, cu_q, kv_len,
+         *head, os_[0], os_[1], ls[0], ls[1], *kv, wss[0], wss[1], wss[2]), **kw)
 
 
 def paged(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens_kv, scale, *,
@@ -219,11 +219,11 @@ def paged(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens_kv, scale, *
               torch.empty((q.shape[0], q.shape[1], n_seg, q.shape[2]), dtype=torch.float32, device=q.device))
     _launch_fwd(fwd, out, lse, ws, q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens_kv)
     if merge is not None:
-        grid, kw = merge
+        grid, kw, site = merge
         os_, ls, wss = out.stride(), lse.stride(), ws[0].stride()
-        launch(attn_merge_kernel, grid,
-            out, lse, ws[0], ws[1], ws[2], cu_seqlens_q, seq_lens_kv,
-            os_[0], os_[1], ls[0], ls[1], wss[0], wss[1], wss[2], **kw)
+        site.launch(attn_merge_kernel, grid,
+            (out, lse, ws[0], ws[1], ws[2], cu_seqlens_q, seq_lens_kv,
+             os_[0], os_[1], ls[0], ls[1], wss[0], wss[1], wss[2]), **kw)
     return out, lse
 
 
@@ -285,7 +285,7 @@ def _paged_plan(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens_kv, sc
     sm = config.schedule("merge", q.device)
     merge = ((max_seqlen_q, hk, nb_seq),
              dict(G=g, BLOCK_G=next_pow2(g), HEAD_DIM=d, SEG=c.bit_fields["segment"],
-                  INTERPRET=interpret_flag(), **_opts(sm)))
+                  INTERPRET=interpret_flag(), **_opts(sm)), LaunchSite())
     return fwd, split, merge
 
 

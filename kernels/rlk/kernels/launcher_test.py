@@ -357,6 +357,27 @@ def test_site_takes_launch_for_anything_else(env, monkeypatch, change):
         assert ck.calls[-1][:3] == (4, 1, 1)
 
 
+def test_site_holds_no_tensor_of_its_calls(env, monkeypatch):
+    """A site lives as long as its plan (hundreds of them): holding a call's tensors would keep
+    their device memory alive."""
+    import gc
+    import weakref
+
+    monkeypatch.setattr(LA, "_SITES", [True])
+    fn = _Recorded(_kern)
+    site = LA.LaunchSite()
+    out, x, n, s = _args()
+    refs = [weakref.ref(out), weakref.ref(x)]
+    site.launch(fn, (1,), (out, x, n, s), BLOCK=128)
+    ck = site.launch(fn, (1,), (out, x, n, s), BLOCK=128)
+    assert site.state is not None and LA.STATS["site_hits"] == 1
+    ck.calls.clear()  # the recorders keep their own copies of the calls
+    fn.slow.clear()
+    del out, x
+    gc.collect()
+    assert all(r() is None for r in refs), "the site keeps a tensor alive"
+
+
 def test_site_keeps_nothing_for_other_layouts_or_under_the_interpreter(env, monkeypatch):
     monkeypatch.setattr(LA, "_SITES", [True])
     fn = _Recorded(_kern)

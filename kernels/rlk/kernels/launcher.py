@@ -218,8 +218,10 @@ class LaunchSite:
     alignment (what the binder specializes a tensor on) launches those values with the new tensors
     in place, without binding again: the call a cache hit would make (launcher_test compares
     them). Anything else takes :func:`launch`. Only for argument lists that are tensors first, then
-    ints, floats, bools, None; the site keeps nothing for other lists. Off unless
-    ``RLK_LAUNCH_SITES=1`` (or :func:`set_sites_enabled`).
+    ints, floats, bools, None; the site keeps nothing for other lists. kwargs (constexprs, options)
+    are compared by value, so a site belongs to one caller that passes the same kwargs each time
+    (a plan's own dict): a constexpr of equal value and another type (128 and 128.0) would reuse
+    the first binding. Off unless ``RLK_LAUNCH_SITES=1`` (or :func:`set_sites_enabled`).
     """
 
     __slots__ = ("state",)

@@ -134,17 +134,17 @@ def launch(fn, grid, *args, **kwargs):
     ``grid`` is a tuple of 1-3 ints (or a callable of the bound arguments, as in Triton). Returns
     the ``CompiledKernel``, as ``fn[grid](...)`` does.
     """
-    caches = getattr(fn, "device_caches", None)
-    if (caches is None  # not a JITFunction (a test's wrapper, an autotuner)
-            or not (_ENABLED[0] and _VERSION_OK) or interpret_flag() or not _hooks_idle()
-            or fn.pre_run_hooks  # Triton runs them on every launch
-            # Triton adds these to every launch's options (and compile): entries are kept only
-            # while they are off, so a cached kernel is never one compiled without them.
-            or fn.debug or knobs.runtime.debug or knobs.compilation.instrumentation_mode):
+    return _launch(fn, grid, args, kwargs)[0]
+
+
+def _launch(fn, grid, args, kwargs):
+    """:func:`launch`, returning (CompiledKernel, (device, bound values, cache entry)); the second
+    is None when the launch bypassed the cache (what a :class:`LaunchSite` keeps comes from it)."""
+    if not _cacheable(fn):
         STATS["bypassed"] += 1
-        return fn[grid](*args, **kwargs)
+        return fn[grid](*args, **kwargs), None
     dev = _device()
-    bound, spec, options = caches[dev][4](*args, **kwargs)  # Triton's binder for this device
+    bound, spec, options = fn.device_caches[dev][4](*args, **kwargs)  # Triton's binder for this device
     key = (dev, tuple(spec), tuple(options.items()))
     # keyed by id(): hash(JITFunction) takes a lock and hashes its source key on every call
     entry = _CACHE.get(id(fn))
@@ -152,24 +152,23 @@ def launch(fn, grid, *args, **kwargs):
         hit = (entry[1] if entry is not None else _EMPTY).get(key)  # hashes the key, even when empty
     except TypeError:  # an unhashable option value (a dict such as extern_libs): Triton's path
         STATS["bypassed"] += 1
-        return fn[grid](*args, **kwargs)
+        return fn[grid](*args, **kwargs), None
     if hit is None or (fn.used_global_vals and not _globals_unchanged(fn)):
         ck = fn[grid](*args, **kwargs)  # compiles if needed, checks, launches
         if ck is None:  # Triton launched nothing (a jit_cache_hook chose so): nothing to keep
-            return None
+            return None, None
+        hit = (ck, _direct_launcher(ck))
         with _LOCK:
             entry = _CACHE.setdefault(id(fn), (fn, {}))  # holding fn keeps its id unique
             if len(entry[1]) >= MAX_ENTRIES_PER_KERNEL:
                 entry[1].clear()
-            entry[1][key] = (ck, _direct_launcher(ck))
+            entry[1][key] = hit
         STATS["misses"] += 1
-        return ck
+        return ck, (dev, bound, hit)
     ck, direct = hit
-    if callable(grid):
-        grid = grid(bound)
-    _call(ck, direct, dev, grid, bound.values())
+    _call(ck, direct, dev, grid(bound) if callable(grid) else grid, bound.values())
     STATS["hits"] += 1
-    return ck
+    return ck, (dev, bound, hit)
 
 
 def _call(ck, direct, dev, grid, values) -> None:
@@ -184,9 +183,12 @@ def _call(ck, direct, dev, grid, values) -> None:
 
 
 def _cacheable(fn) -> bool:
-    """What :func:`launch` requires of the moment to use its cache (see the module docstring)."""
-    return (getattr(fn, "device_caches", None) is not None and _ENABLED[0] and _VERSION_OK
-            and not interpret_flag() and _hooks_idle() and not fn.pre_run_hooks
+    """Whether :func:`launch` may use its cache for ``fn`` now (see the module docstring)."""
+    return (getattr(fn, "device_caches", None) is not None  # not a JITFunction (a wrapper, an autotuner)
+            and _ENABLED[0] and _VERSION_OK and not interpret_flag() and _hooks_idle()
+            and not fn.pre_run_hooks  # Triton runs them on every launch
+            # Triton adds these to every launch's options (and compile): entries are kept only
+            # while they are off, so a cached kernel is never one compiled without them.
             and not (fn.debug or knobs.runtime.debug or knobs.compilation.instrumentation_mode))
 
 
@@ -248,15 +250,15 @@ class LaunchSite:
                     _call(ck, direct, s_dev, grid, values)
                     STATS["site_hits"] += 1
                     return ck
-        ck = launch(fn, grid, *args, **kwargs)
+        ck, served = _launch(fn, grid, args, kwargs)
         if _SITES[0]:
-            self.state = _site_state(fn, grid, args, kwargs)
+            self.state = _site_state(fn, grid, args, kwargs, served)
         return ck
 
 
-def _site_state(fn, grid, args, kwargs):
-    """What a site keeps after ``launch(fn, grid, *args, **kwargs)``, or None."""
-    if not _cacheable(fn) or callable(grid):
+def _site_state(fn, grid, args, kwargs, served):
+    """What a site keeps after ``_launch(fn, grid, args, kwargs)`` returned ``served``, or None."""
+    if served is None or callable(grid):
         return None
     n = 0
     while n < len(args) and type(args[n]) in _TENSOR_TYPES:
@@ -264,18 +266,10 @@ def _site_state(fn, grid, args, kwargs):
     tail = args[n:]
     if any(type(a) not in (int, float, bool, type(None)) for a in tail):
         return None
-    dev = _device()
-    bound, spec, options = fn.device_caches[dev][4](*args, **kwargs)
+    dev, bound, (ck, direct) = served
     values = tuple(bound.values())
     if any(values[i] is not args[i] for i in range(n)):
         return None  # the tensors are not the first parameters: not this simple layout
     values = (None,) * n + values[n:]  # never hold a call's tensors (each hit puts its own in)
-    entry = _CACHE.get(id(fn))
-    try:
-        hit = entry[1].get((dev, tuple(spec), tuple(options.items()))) if entry is not None else None
-    except TypeError:
-        return None
-    if hit is None:
-        return None
     spec_t = tuple((args[i].dtype, args[i].data_ptr() & 15 == 0) for i in range(n))
-    return (fn, tuple(grid), dev, dict(kwargs), n, tail, tuple(map(type, tail)), spec_t, values, hit[0], hit[1])
+    return (fn, tuple(grid), dev, dict(kwargs), n, tail, tuple(map(type, tail)), spec_t, values, ck, direct)

@@ -68,42 +68,16 @@ def _b2b_us(fn):
         return back_to_back_us(fn, calls=100)
 
 
-def _off(fn, set_enabled):
-    """fn with one of rlk's host caches off for its duration (entries kept: no refill after)."""
+def _switched(fn, set_enabled, value: bool):
+    """fn with one of rlk's host-path switches set to ``value`` for its duration (cache entries and
+    plans are kept: no refill afterwards)."""
     def run():
-        prev = set_enabled(False)
+        prev = set_enabled(value)
         try:
             return fn()
         finally:
             set_enabled(prev)
     return run
-
-
-def _nocache(fn):
-    """fn with rlk's launch cache off (rlk.kernels.launcher)."""
-    from rlk.kernels import launcher
-
-    return _off(fn, launcher.set_enabled)
-
-
-def _sites(fn):
-    """fn with launch sites on (rlk.kernels.launcher.LaunchSite; off by default until measured)."""
-    from rlk.kernels import launcher
-
-    def run():
-        prev = launcher.set_sites_enabled(True)
-        try:
-            return fn()
-        finally:
-            launcher.set_sites_enabled(prev)
-    return run
-
-
-def _noplans(fn):
-    """fn with host launch plans off (rlk.kernels.plans)."""
-    from rlk.kernels import plans
-
-    return _off(fn, plans.set_enabled)
 
 
 def _profile(fn, top, n=200):
@@ -195,12 +169,14 @@ def cases():
         "op": lambda: ologp.linear_logp(x, wl, tg),
         "launch": lambda: LP.linear_logp_fwd(x, wl, tg, validate_targets=False),
         "native": lambda: torch.log_softmax(F.linear(x, wl).float(), -1).gather(1, tg[:, None])}))
+    from rlk.kernels import launcher, plans
+
     for name, fns in out:
         if "launch" in fns:
-            fns["launch_nocache"] = _nocache(fns["launch"])
+            fns["launch_nocache"] = _switched(fns["launch"], launcher.set_enabled, False)
             if " attn " in f" {name} ":  # the launchers with host plans
-                fns["launch_noplans"] = _noplans(fns["launch"])
-                fns["launch_sites"] = _sites(fns["launch"])
+                fns["launch_noplans"] = _switched(fns["launch"], plans.set_enabled, False)
+                fns["launch_sites"] = _switched(fns["launch"], launcher.set_sites_enabled, True)
     return out
 
 
@@ -236,7 +212,7 @@ def main(argv=None):
             print(f"{name:26} {variant:14} {r.get('eager_us', float('nan')):9.1f} {r.get('graph_us', float('nan')):9.1f} "
                   f"{r.get('host_us', float('nan')):9.1f} {r.get('b2b_us', float('nan')):9.1f} {r.get('error', '')}",
                   flush=True)
-            if a.profile_top and variant in ("op", "launch", "launch_nocache", "launch_noplans", "launch_sites") and "error" not in r:
+            if a.profile_top and (variant == "op" or variant.startswith("launch")) and "error" not in r:
                 profiles[f"{name} [{variant}]"] = _profile(fn, a.profile_top)
     try:
         from rlk import provenance

@@ -109,6 +109,19 @@ def _with_budget(fn, mb):
     return call
 
 
+def _arm(mb) -> str:
+    """Name of the fused arm at row-chunk budget ``mb``."""
+    return f"fused_b{mb:g}"
+
+
+def _budget_row(mb, timing, peak, out_mb) -> dict:
+    """One ``budget_variants`` entry: the budget, its time (or error), peak and workspace."""
+    row = {"ROWS_BUDGET_MB": mb, **({"us": timing["us"]} if "us" in timing else {"error": timing["error"]})}
+    if peak is not None:
+        row.update(peak_mb=peak, workspace_mb=peak - out_mb)
+    return row
+
+
 def _out_mb(pas, T, V) -> float:
     """MiB the pass returns: logp [T] fp32 (fwd), the bf16 gradients of hidden and weight (fwd_bwd)."""
     return (T * 4 if pas == "fwd" else (T + V) * H * 2) / 2**20
@@ -172,7 +185,7 @@ def run(shapes, out_path, rounds: int = ROUNDS, dev: str = "cuda", fused_budgets
             "fwd_bwd": {"strict": _validated(strict_fb), "strict_checked": strict_fb, "native": native_fb,
                         **({"liger": liger_fb, "liger_fp32acc": liger_fp32acc_fb} if liger_fn is not None else {}),
                         "fused": _validated(fused_fb), "fused_checked": fused_fb,
-                        **{f"fused_b{mb:g}": _validated(_with_budget(fused_fb, mb)) for mb in fused_budgets}},
+                        **{_arm(mb): _validated(_with_budget(fused_fb, mb)) for mb in fused_budgets}},
         }
         for pas, fns in passes.items():
             gn = [hg, wg] if pas == "fwd_bwd" else None
@@ -184,7 +197,7 @@ def run(shapes, out_path, rounds: int = ROUNDS, dev: str = "cuda", fused_budgets
             hg.grad = wg.grad = None
             peaks = {}
             for name in ("strict", "native", "liger", "liger_fp32acc", "fused",
-                         *(f"fused_b{mb:g}" for mb in fused_budgets)):
+                         *map(_arm, fused_budgets)):
                 if name in fns and "us" in t[name]:
                     try:
                         peaks[name] = _peak_mb(fns[name])
@@ -209,13 +222,8 @@ def run(shapes, out_path, rounds: int = ROUNDS, dev: str = "cuda", fused_budgets
                 _fill(fused, {**t, "strict": t["fused"], "strict_checked": t["fused_checked"]},
                       {**peaks, "strict": peaks.get("fused")}, "strict", "native", "liger" if liger_fn else None,
                       _out_mb(pas, T, V))
-                out_mb = _out_mb(pas, T, V)
-                fused["budget_variants"] = [
-                    {"ROWS_BUDGET_MB": mb, **({"us": t[f"fused_b{mb:g}"]["us"]} if "us" in t[f"fused_b{mb:g}"]
-                                              else {"error": t[f"fused_b{mb:g}"]["error"]}),
-                     **({"peak_mb": peaks[f"fused_b{mb:g}"], "workspace_mb": peaks[f"fused_b{mb:g}"] - out_mb}
-                        if peaks.get(f"fused_b{mb:g}") is not None else {})}
-                    for mb in fused_budgets]
+                fused["budget_variants"] = [_budget_row(mb, t[_arm(mb)], peaks.get(_arm(mb)), _out_mb(pas, T, V))
+                                            for mb in fused_budgets]
                 if "us" in t["strict"] and "us" in t["fused"]:
                     fused["unfused_strict_us"] = t["strict"]["us"]
                     fused["ratio_vs_unfused"] = t["fused"]["us"] / t["strict"]["us"]

@@ -52,7 +52,7 @@ stage gemm_bench ${GEMM_BENCH_LIMIT:-300} python3 -m rlk.kernels.gemm.gemm_bench
 stage gemm_bwd_bench ${GEMM_BWD_LIMIT:-240} python3 -m rlk.kernels.gemm.gemm_bench --backward --out "$R/gemm_bwd_h200.json"
 stage rowops_bench ${ROWOPS_LIMIT:-300} python3 -m rlk.kernels.rowops.rowops_bench --out "$R/rowops_h200.json"
 stage attention_sweep ${SWEEP_LIMIT:-240} python3 -m rlk.kernels.attention.attention_invariance_sweep --out "$R/attention_invariance_sm90.json" ${SWEEP_ARGS:-}
-stage attention_bench ${ATTN_BENCH_LIMIT:-300} python3 -m rlk.kernels.attention.attention_bench --out "$R/attention_h200.json"
+stage attention_bench ${ATTN_BENCH_LIMIT:-300} python3 -m rlk.kernels.attention.attention_bench --out "$R/attention_h200.json" ${ATTN_BENCH_ARGS:-}
 stage logp_bench ${LOGP_BENCH_LIMIT:-420} python3 -m rlk.kernels.linear_logp.linear_logp_bench --out "$R/linear_logp_h200.json" ${LOGP_BENCH_ARGS:-}
 stage replay ${REPLAY_LIMIT:-540} python3 -m rlk.replay h200 --out "$R/replay" ${REPLAY_ARGS:-}
 stage megatron_replay ${MEGATRON_LIMIT:-300} python3 -m rlk.integrations.megatron.replay --out "$R/replay_megatron" ${MEGATRON_ARGS:-}

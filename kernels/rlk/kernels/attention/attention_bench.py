@@ -16,6 +16,11 @@ prefill and backward), and both modes' times (``*_eager_us``, ``*_graph_us``). M
 ``triton.testing.do_bench`` (graph: replay of 10 calls / 10). Prefill and decode rows also carry
 ``*_b2b_us``: 50 back-to-back eager calls / 50, the host launch path in full (do_bench's L2 flush
 before each timed call hides up to ~60 us of it: rlk.testing.timing). Not run in CI.
+
+``--sites`` adds, for prefill and decode, the strict arm with launch sites on
+(``rlk.kernels.launcher.LaunchSite``) beside the same arm with them off, in alternating rounds in
+this process: ``sites_ab`` = {mode: {"off": [...], "on": [...]}} per round and ``site_hits`` (launches
+served by a site during the on arms). The headline columns keep the process's own setting.
 """
 
 from __future__ import annotations
@@ -68,6 +73,35 @@ def _both(strict_fn, native_fn, primary):
     return r
 
 
+def _sites_ab(strict_fn, rounds=3):
+    """Strict arm with launch sites off / on, alternating per round (eager, b2b, graph)."""
+    from rlk.kernels import launcher
+
+    def switched(value):
+        def run():
+            prev = launcher.set_sites_enabled(value)
+            try:
+                return strict_fn()
+            finally:
+                launcher.set_sites_enabled(prev)
+        return run
+
+    off, on = switched(False), switched(True)
+    ab = {m: {"off": [], "on": []} for m in ("eager", "b2b", "graph")}
+    hits0 = launcher.STATS["site_hits"]
+    for _ in range(rounds):
+        for name, fn in (("off", off), ("on", on)):
+            ab["eager"][name].append(_bench(fn))
+            ab["b2b"][name].append(_b2b(fn))
+            ab["graph"][name].append(_graph_bench(fn))
+    med = {f"strict_sites_{m}_us": sorted(v["on"])[len(v["on"]) // 2] for m, v in ab.items()}
+    med.update({f"strict_nosites_{m}_us": sorted(v["off"])[len(v["off"]) // 2] for m, v in ab.items()})
+    return {"sites_ab": ab, "site_hits": launcher.STATS["site_hits"] - hits0, **med}
+
+
+_SITES_AB = {"on": False}
+
+
 def _sdpa_flash(q, k, v, causal):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -94,6 +128,8 @@ def bench_prefill(s, hq=8, hk=2, d=128):
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
         t = _both(lambda: launch.prefill(q, k, v, cu, s, scale, validate=False),
                   lambda: sdpa(qn, kn, vn, is_causal=True), "eager")
+    if _SITES_AB["on"]:
+        t.update(_sites_ab(lambda: launch.prefill(q, k, v, cu, s, scale, validate=False)))
     # SDPA's default backend choice on this machine, for reference (not the issue's baseline).
     t["sdpa_default_eager_us"] = _bench(lambda: sdpa(qn, kn, vn, is_causal=True))
     t["sdpa_default_graph_us"] = _graph_bench(lambda: sdpa(qn, kn, vn, is_causal=True))
@@ -124,8 +160,10 @@ def bench_decode(b, length, hq=8, hk=2, d=128, page=16):
     qd = q.unsqueeze(2)
     # Decode steps run as CUDA graphs in engines (vLLM, rlk's replay executor): the graph time
     # is the headline; eager times (host launch included) are kept beside it.
-    t = _both(lambda: launch.paged(q, kc, vc, bt, cuq, kv, scale, max_seqlen_q=1, validate=False),
-              lambda: torch.nn.functional.scaled_dot_product_attention(qd, kd, vd), "graph")
+    strict = lambda: launch.paged(q, kc, vc, bt, cuq, kv, scale, max_seqlen_q=1, validate=False)  # noqa: E731
+    t = _both(strict, lambda: torch.nn.functional.scaled_dot_product_attention(qd, kd, vd), "graph")
+    if _SITES_AB["on"]:
+        t.update(_sites_ab(strict))
     return {"case": "decode", "B": b, "L": length, "Hq": hq, "Hk": hk, "D": d, "page": page, **t}
 
 
@@ -155,7 +193,9 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--sites", action="store_true", help="also time the strict arm with launch sites off/on")
     a = ap.parse_args(argv)
+    _SITES_AB["on"] = a.sites
     if not torch.cuda.is_available():
         raise SystemExit("attention_bench needs a GPU")
     rows = []
@@ -169,6 +209,10 @@ def main(argv=None):
         r["ratio"] = r["strict_us"] / r["native_us"]
         shape = f"S={r['S']}" if "S" in r else f"B={r['B']} L={r['L']}"
         print(f"{r['case']:9} {shape:22} {r['strict_us']:10.1f} {r['native_us']:10.1f} {r['ratio']:7.3f} {r['timing']}")
+        if "sites_ab" in r:
+            print("          sites off/on us: " + ", ".join(
+                f"{m} {r[f'strict_nosites_{m}_us']:.1f}/{r[f'strict_sites_{m}_us']:.1f}" for m in ("eager", "b2b", "graph"))
+                + f" (site hits {r['site_hits']}); native b2b {r['native_b2b_us']:.1f}")
     with open(a.out, "w") as f:
         json.dump({"provenance": _provenance(), "rows": rows}, f, indent=2)
 

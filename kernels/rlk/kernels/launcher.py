@@ -33,7 +33,7 @@ Every launch takes ``kernel[grid]`` (Triton's full path) when:
     both are ``HookChain`` objects, empty unless a tool adds to them; Triton builds launch
     metadata and calls the empty chains from its C launcher on every launch, a hit passes None);
   * a global variable the kernel reads has changed since it was cached (Triton then raises).
-A :class:`LaunchSite` (off unless ``RLK_LAUNCH_SITES=1``) goes one step further for a call site
+A :class:`LaunchSite` (on unless ``RLK_LAUNCH_SITES=0``) goes one step further for a call site
 whose non-tensor arguments repeat exactly (a host plan's launch): it keeps the binder's output and
 only checks the new tensors' dtypes and alignment. Nothing is skipped that changes which binary
 runs or with what arguments: the binary is the one Triton compiled for these arguments and
@@ -193,8 +193,10 @@ def _cacheable(fn) -> bool:
 
 
 # --- Launch sites ------------------------------------------------------------------------------
-# Off by default until measured and tested on a GPU (written 2026-12-01 without device time left).
-_SITES = [os.environ.get("RLK_LAUNCH_SITES", "0") == "1"]
+# On by default since 2026-12-02: on the H200 the GPU tests of kernels/ (57) passed with sites on,
+# and they took 10-45 us off attention's eager host path (docs/results/h200_2026-12-02_session8).
+# RLK_LAUNCH_SITES=0 turns them off.
+_SITES = [os.environ.get("RLK_LAUNCH_SITES", "1") != "0"]
 _TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 
 
@@ -223,7 +225,7 @@ class LaunchSite:
     ints, floats, bools, None; the site keeps nothing for other lists. kwargs (constexprs, options)
     are compared by value, so a site belongs to one caller that passes the same kwargs each time
     (a plan's own dict): a constexpr of equal value and another type (128 and 128.0) would reuse
-    the first binding. Off unless ``RLK_LAUNCH_SITES=1`` (or :func:`set_sites_enabled`).
+    the first binding. On unless ``RLK_LAUNCH_SITES=0`` (or :func:`set_sites_enabled`).
     """
 
     __slots__ = ("state",)

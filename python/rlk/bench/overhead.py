@@ -18,8 +18,8 @@ For each case (decode/small-row shapes of the Qwen3-8B TP4 shard), on the same i
   bare launcher with the launch cache off (``launch_nocache``: every launch through Triton's
   ``kernel[grid]``, rlk.kernels.launcher), the A/B of that cache in the same process; for the
   attention cases also with host launch plans off (``launch_noplans``: checks and launch
-  arguments derived on every call, rlk.kernels.plans) and with launch sites on (``launch_sites``:
-  a plan's repeated launch without Triton's binder, rlk.kernels.launcher.LaunchSite).
+  arguments derived on every call, rlk.kernels.plans) and with launch sites off (``launch_nosites``:
+  every plan launch through Triton's binder; sites, on by default, skip it: rlk.kernels.launcher.LaunchSite).
 
 With ``--profile-top N`` a cProfile of 200 calls of each strict op is summarized (top N
 functions by own time) into the JSON. Not run in CI (GPU only); not a performance claim by
@@ -176,7 +176,7 @@ def cases():
             fns["launch_nocache"] = _switched(fns["launch"], launcher.set_enabled, False)
             if " attn " in f" {name} ":  # the launchers with host plans
                 fns["launch_noplans"] = _switched(fns["launch"], plans.set_enabled, False)
-                fns["launch_sites"] = _switched(fns["launch"], launcher.set_sites_enabled, True)
+                fns["launch_nosites"] = _switched(fns["launch"], launcher.set_sites_enabled, False)
     return out
 
 

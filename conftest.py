@@ -2,7 +2,8 @@
 
 Without a CUDA device the Triton CPU interpreter is switched on (it must be set before the
 ``@triton.jit`` decorators run). Tests marked ``gpu`` are skipped with a reason when no NVIDIA
-GPU is present: a skip is never counted as coverage.
+GPU is present, and tests marked ``multigpu`` (Bazel tag requires-gpu-nvidia:2) when fewer than
+two are visible: a skip is never counted as coverage.
 """
 
 import os
@@ -25,9 +26,12 @@ import pytest  # noqa: E402
 
 
 def pytest_collection_modifyitems(config, items):
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs an NVIDIA GPU (requires-gpu-nvidia): not run here, not verified")
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    gpu = pytest.mark.skip(reason="needs an NVIDIA GPU (requires-gpu-nvidia): not run here, not verified")
+    multi = pytest.mark.skip(reason=f"needs 2+ NVIDIA GPUs (requires-gpu-nvidia:2), {n} visible: not run "
+                                    "here, not verified")
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        if "gpu" in item.keywords and n == 0:
+            item.add_marker(gpu)
+        elif "multigpu" in item.keywords and n < 2:
+            item.add_marker(multi)

@@ -12,6 +12,12 @@ eager engine sustains. ``triton.testing.do_bench`` (the default ``measure`` of
 keeps the device busy (~60 us on the H200) while the host issues the timed call, so up to that
 much of a call's host launch time is hidden from its do_bench time. For launch-bound ops the
 back-to-back time is the honest eager figure.
+
+``cold_graph_us(fn)``: device time per call of ``fn`` right after an L2 flush, without the host:
+a CUDA graph of ``calls`` x (flush, fn) minus a graph of ``calls`` x flush, per call. It tells
+whether a do_bench (eager) time above the graph time is the host launch path (then cold equals
+about the graph time) or the kernel's own cold-cache latency (then cold is above it). Both arms
+of a comparison pay the same inter-kernel gap after the flush.
 """
 
 from __future__ import annotations
@@ -34,6 +40,28 @@ def cuda_graph_us(fn, calls: int = 10, rep_ms: int = 100) -> float:
         for _ in range(calls):
             fn()
     return float(triton.testing.do_bench(g.replay, warmup=5, rep=rep_ms, return_mode="median")) * 1e3 / calls
+
+
+FLUSH_BYTES = 256 * 2**20  # as triton.testing.do_bench's L2 flush
+
+
+def cold_graph_us(fn, calls: int = 10, flush=None, graph_us=None) -> float:
+    """Per-call device time of ``fn`` after an L2 flush (see the module docstring). ``flush``
+    defaults to zeroing a 256 MB buffer (do_bench's flush); ``graph_us(f, calls)`` to
+    :func:`cuda_graph_us`; tests pass stand-ins."""
+    if flush is None:
+        import torch
+
+        buf = torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+        flush = buf.zero_
+    if graph_us is None:
+        graph_us = cuda_graph_us
+
+    def flushed():
+        flush()
+        return fn()
+
+    return graph_us(flushed, calls) - graph_us(flush, calls)
 
 
 def back_to_back_us(fn, calls: int = 100, sync=None, timer=None) -> float:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from rlk.testing.timing import back_to_back_us, interleaved_us
+from rlk.testing.timing import back_to_back_us, cold_graph_us, interleaved_us
 
 
 def test_rounds_alternate_and_report_medians():
@@ -41,3 +41,25 @@ def test_back_to_back_times_the_loop_once_and_divides():
     assert us == 125.0
     with pytest.raises(ValueError, match="calls"):
         back_to_back_us(lambda: None, calls=0, sync=lambda: None, timer=timer)
+
+
+def test_cold_graph_subtracts_the_flush_alone():
+    """Graph of (flush, fn) per call minus graph of flush per call: fn's cold time; the flush
+    runs before every fn call inside the first graph."""
+    log = []
+
+    def graph_us(f, calls):  # stand-in: device time = 7 per flush, 3 per fn, per call
+        log.clear()
+        for _ in range(calls):
+            f()
+        return (7.0 * log.count("flush") + 3.0 * log.count("fn")) / calls
+
+    def fn():
+        log.append("fn")
+
+    us = cold_graph_us(fn, calls=4, flush=lambda: log.append("flush"), graph_us=graph_us)
+    assert us == 3.0
+    seen = []
+    cold_graph_us(lambda: seen.append("fn"), calls=2, flush=lambda: seen.append("flush"),
+                  graph_us=lambda f, calls: ([f() for _ in range(calls)], 0.0)[1])
+    assert seen == ["flush", "fn", "flush", "fn", "flush", "flush"]

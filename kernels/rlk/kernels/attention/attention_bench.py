@@ -15,7 +15,10 @@ strict_us/native_us are: ``graph`` for decode, which engines run as CUDA graphs,
 prefill and backward), and both modes' times (``*_eager_us``, ``*_graph_us``). Medians of
 ``triton.testing.do_bench`` (graph: replay of 10 calls / 10). Prefill and decode rows also carry
 ``*_b2b_us``: 50 back-to-back eager calls / 50, the host launch path in full (do_bench's L2 flush
-before each timed call hides up to ~60 us of it: rlk.testing.timing). Not run in CI.
+before each timed call hides up to ~60 us of it: rlk.testing.timing). Prefill rows also carry
+``*_cold_us``: device time right after an L2 flush, without the host (``cold_graph_us``): when
+the eager time is above the graph time, it says whether the host or the cold cache is why.
+Not run in CI.
 
 ``--sites`` adds, for prefill and decode, the strict arm with launch sites on
 (``rlk.kernels.launcher.LaunchSite``) beside the same arm with them off, in alternating rounds in
@@ -73,6 +76,12 @@ def _both(strict_fn, native_fn, primary):
     return r
 
 
+def _cold(fn):
+    from rlk.testing.timing import cold_graph_us
+
+    return cold_graph_us(fn)
+
+
 def _sites_ab(strict_fn, rounds=3):
     """Strict arm with launch sites off / on, alternating per round (eager, b2b, graph)."""
     from rlk.kernels import launcher
@@ -126,10 +135,12 @@ def bench_prefill(s, hq=8, hk=2, d=128):
     # inside the timed call (as this bench did until 2026-12-01) added its host cost to every
     # native call (S=1024 eager: native 72.7 us with it, the strict arm unaffected).
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-        t = _both(lambda: launch.prefill(q, k, v, cu, s, scale, validate=False),
-                  lambda: sdpa(qn, kn, vn, is_causal=True), "eager")
+        strict, native = (lambda: launch.prefill(q, k, v, cu, s, scale, validate=False),
+                          lambda: sdpa(qn, kn, vn, is_causal=True))
+        t = _both(strict, native, "eager")
+        t["strict_cold_us"], t["native_cold_us"] = _cold(strict), _cold(native)
     if _SITES_AB["on"]:
-        t.update(_sites_ab(lambda: launch.prefill(q, k, v, cu, s, scale, validate=False)))
+        t.update(_sites_ab(strict))
     # SDPA's default backend choice on this machine, for reference (not the issue's baseline).
     t["sdpa_default_eager_us"] = _bench(lambda: sdpa(qn, kn, vn, is_causal=True))
     t["sdpa_default_graph_us"] = _graph_bench(lambda: sdpa(qn, kn, vn, is_causal=True))
@@ -209,6 +220,10 @@ def main(argv=None):
         r["ratio"] = r["strict_us"] / r["native_us"]
         shape = f"S={r['S']}" if "S" in r else f"B={r['B']} L={r['L']}"
         print(f"{r['case']:9} {shape:22} {r['strict_us']:10.1f} {r['native_us']:10.1f} {r['ratio']:7.3f} {r['timing']}")
+        if "strict_cold_us" in r:
+            print(f"          cold (after an L2 flush, device only) strict/native us: {r['strict_cold_us']:.1f}/"
+                  f"{r['native_cold_us']:.1f}; graph {r['strict_graph_us']:.1f}/{r['native_graph_us']:.1f}; "
+                  f"b2b {r['strict_b2b_us']:.1f}/{r['native_b2b_us']:.1f}")
         if "sites_ab" in r:
             print("          sites off/on us: " + ", ".join(
                 f"{m} {r[f'strict_nosites_{m}_us']:.1f}/{r[f'strict_sites_{m}_us']:.1f}" for m in ("eager", "b2b", "graph"))

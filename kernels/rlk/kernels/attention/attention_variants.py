@@ -1,11 +1,13 @@
 """Prefill/decode schedule variants of ``attn.v2`` on the H200: time and bytes vs the table.
 
-    python -m rlk.kernels.attention.attention_variants --out variants.json
+    python -m rlk.kernels.attention.attention_variants --out variants.json [--prefill-S 1024] [--prefill-only]
 
 Every variant changes only schedule fields (BLOCK_M, num_warps, num_stages, GP), which the
 invariance sweep (``configs/invariance_sm90.json``) measured bit-neutral; this script re-checks
 the bytes against the current table on the benchmark's inputs and times each variant (median of
-``triton.testing.do_bench``; eager and CUDA-graph replay). Not run in CI (GPU only).
+``triton.testing.do_bench``; eager and CUDA-graph replay; prefill also ``cold_us``, the device time
+after an L2 flush without the host, ``rlk.testing.timing.cold_graph_us``: under an override
+the eager path has no host plan, so its eager time is the full host path). Not run in CI (GPU only).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ def _same(a, b):
 
 def prefill_variants():
     out = [{}]
-    for bm, nw, ns, gp in itertools.product((64, 128), (4, 8), (2, 3), (1, 4)):
+    for bm, nw, ns, gp in itertools.product((64, 128), (4, 8), (2, 3, 4), (1, 4)):
         if bm == 128 and nw == 4:
             continue
         out.append({"BLOCK_M": bm, "num_warps": nw, "num_stages": ns, "GP": gp})
@@ -85,13 +87,19 @@ def run_backward(log=print):
     return rows
 
 
-def run(log=print):
+def _cold(fn):
+    from rlk.testing.timing import cold_graph_us
+
+    return cold_graph_us(fn)
+
+
+def run(log=print, prefill_s=(1024, 4096, 8192), decode=True):
     from rlk.kernels.attention import config, launch
     from rlk.kernels.attention.attention_bench import decode_inputs
 
     rows = []
     hq, hk, d = 8, 2, 128
-    for s in (1024, 4096, 8192):
+    for s in prefill_s:
         g = torch.Generator(device="cuda").manual_seed(s)
         q, k, v = (torch.randn((s, h, d), device="cuda", generator=g, dtype=torch.bfloat16) for h in (hq, hk, hk))
         cu = torch.tensor([0, s], dtype=torch.int32, device="cuda")
@@ -101,16 +109,16 @@ def run(log=print):
                 with config.override("prefill", **var):
                     fn = lambda: launch.prefill(q, k, v, cu, s, d ** -0.5, validate=False)  # noqa: E731
                     o = fn()
-                    us, gus = _bench(fn), _graph(fn)
+                    us, gus, cus = _bench(fn), _graph(fn), _cold(fn)
             except Exception as e:  # noqa: BLE001 - reported
                 rows.append({"case": "prefill", "S": s, "variant": var, "error": repr(e)[:200]})
                 continue
             base = base or o
-            r = {"case": "prefill", "S": s, "variant": var, "eager_us": us, "graph_us": gus,
+            r = {"case": "prefill", "S": s, "variant": var, "eager_us": us, "graph_us": gus, "cold_us": cus,
                  "same": _same(o[0], base[0]) and _same(o[1], base[1])}
             rows.append(r)
-            log(f"prefill S={s:5d} {str(var):60s} eager {us:8.1f} graph {gus:8.1f} same={r['same']}")
-    for b, length in ((4, 7168), (64, 2048), (256, 1024)):
+            log(f"prefill S={s:5d} {str(var):60s} eager {us:8.1f} graph {gus:8.1f} cold {cus:8.1f} same={r['same']}")
+    for b, length in (((4, 7168), (64, 2048), (256, 1024)) if decode else ()):
         q, kc, vc, bt, cuq, kv, g = decode_inputs(b, length, hq, hk, d, seed=b)
         base = None
         for var in decode_variants():
@@ -139,10 +147,14 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--backward-only", action="store_true")
+    ap.add_argument("--prefill-only", action="store_true", help="prefill variants only (no decode, no backward)")
+    ap.add_argument("--prefill-S", type=int, nargs="+", default=[1024, 4096, 8192])
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("attention_variants needs a GPU")
-    rows = ([] if a.backward_only else run()) + run_backward()
+    rows = [] if a.backward_only else run(prefill_s=tuple(a.prefill_S), decode=not a.prefill_only)
+    if not a.prefill_only:
+        rows += run_backward()
     with open(a.out, "w") as f:
         json.dump({"rows": rows}, f, indent=2, default=str)
 

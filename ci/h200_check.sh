@@ -9,7 +9,10 @@
 # Everything lands in $OUT/results.tgz (logs, JSON, PNG) plus $OUT/summary.txt.
 set -uo pipefail
 OUT=${OUT:-$PWD/out/h200}
-R=$OUT/r
+# Stage logs and JSON go to $R (default $OUT/r) and are packed into $OUT/results.tgz after every
+# stage. The device tool brings back only a few files from $OUT: pass R=/tmp/r to keep $OUT to
+# results.tgz and summary.txt.
+R=${R:-$OUT/r}
 mkdir -p "$R"
 export PYTHONPATH=$PWD/python:$PWD/kernels:$PWD/collectives:$PWD/integrations${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1

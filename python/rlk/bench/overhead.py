@@ -37,7 +37,7 @@ import time
 
 import torch
 
-from rlk.testing.timing import interleaved_us
+from rlk.testing.timing import interleaved_us, switched
 
 
 def _graph_us(fn):
@@ -66,18 +66,6 @@ def _b2b_us(fn):
 
     with host_validated():
         return back_to_back_us(fn, calls=100)
-
-
-def _switched(fn, set_enabled, value: bool):
-    """fn with one of rlk's host-path switches set to ``value`` for its duration (cache entries and
-    plans are kept: no refill afterwards)."""
-    def run():
-        prev = set_enabled(value)
-        try:
-            return fn()
-        finally:
-            set_enabled(prev)
-    return run
 
 
 def _profile(fn, top, n=200):
@@ -173,10 +161,10 @@ def cases():
 
     for name, fns in out:
         if "launch" in fns:
-            fns["launch_nocache"] = _switched(fns["launch"], launcher.set_enabled, False)
+            fns["launch_nocache"] = switched(fns["launch"], launcher.set_enabled, False)
             if " attn " in f" {name} ":  # the launchers with host plans
-                fns["launch_noplans"] = _switched(fns["launch"], plans.set_enabled, False)
-                fns["launch_nosites"] = _switched(fns["launch"], launcher.set_sites_enabled, False)
+                fns["launch_noplans"] = switched(fns["launch"], plans.set_enabled, False)
+                fns["launch_nosites"] = switched(fns["launch"], launcher.set_sites_enabled, False)
     return out
 
 

@@ -42,6 +42,18 @@ def cuda_graph_us(fn, calls: int = 10, rep_ms: int = 100) -> float:
     return float(triton.testing.do_bench(g.replay, warmup=5, rep=rep_ms, return_mode="median")) * 1e3 / calls
 
 
+def switched(fn, set_enabled, value: bool):
+    """fn with one of rlk's process switches (``set_enabled(value) -> previous``, such as
+    ``launcher.set_sites_enabled``) set to ``value`` for the call's duration, restored after."""
+    def run():
+        prev = set_enabled(value)
+        try:
+            return fn()
+        finally:
+            set_enabled(prev)
+    return run
+
+
 FLUSH_BYTES = 256 * 2**20  # as triton.testing.do_bench's L2 flush
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from rlk.testing.timing import back_to_back_us, cold_graph_us, interleaved_us
+from rlk.testing.timing import back_to_back_us, cold_graph_us, interleaved_us, switched
 
 
 def test_rounds_alternate_and_report_medians():
@@ -63,3 +63,21 @@ def test_cold_graph_subtracts_the_flush_alone():
     cold_graph_us(lambda: seen.append("fn"), calls=2, flush=lambda: seen.append("flush"),
                   graph_us=lambda f, calls: ([f() for _ in range(calls)], 0.0)[1])
     assert seen == ["flush", "fn", "flush", "fn", "flush", "flush"]
+
+
+def test_switched_sets_for_the_call_and_restores_even_on_error():
+    state = {"on": True}
+
+    def set_enabled(v):
+        prev, state["on"] = state["on"], v
+        return prev
+
+    assert switched(lambda: state["on"], set_enabled, False)() is False
+    assert state["on"] is True
+
+    def boom():
+        raise RuntimeError("x")
+
+    with pytest.raises(RuntimeError):
+        switched(boom, set_enabled, False)()
+    assert state["on"] is True

@@ -85,17 +85,9 @@ def _cold(fn):
 def _sites_ab(strict_fn, rounds=3):
     """Strict arm with launch sites off / on, alternating per round (eager, b2b, graph)."""
     from rlk.kernels import launcher
+    from rlk.testing.timing import switched
 
-    def switched(value):
-        def run():
-            prev = launcher.set_sites_enabled(value)
-            try:
-                return strict_fn()
-            finally:
-                launcher.set_sites_enabled(prev)
-        return run
-
-    off, on = switched(False), switched(True)
+    off, on = (switched(strict_fn, launcher.set_sites_enabled, v) for v in (False, True))
     ab = {m: {"off": [], "on": []} for m in ("eager", "b2b", "graph")}
     hits0 = launcher.STATS["site_hits"]
     for _ in range(rounds):

@@ -43,6 +43,8 @@ stage tests ${TESTS_LIMIT:-420} python3 -m pytest -m gpu -q -p no:cacheprovider 
 # then the limit): these two halves each fit one call.
 stage tests_kernels ${TESTS_LIMIT:-540} python3 -m pytest -m gpu -q -p no:cacheprovider kernels --timeout=500
 stage tests_python ${TESTS_LIMIT:-540} python3 -m pytest -m gpu -q -p no:cacheprovider python integrations collectives --timeout=500
+# Diagnostic, only when named: bisects the 2026-12-02 rollout_test capture failure (carry .whl/).
+stage rollout_bisect ${BISECT_LIMIT:-420} bash ci/h200_rollout_bisect.sh "$R"
 stage actor_lm_head ${ACTOR_LIMIT:-300} python3 -m rlk.bench.actor_lm_head --out "$R/actor_lm_head_h200.json" ${ACTOR_ARGS:-}
 stage host_profile ${HOST_PROFILE_LIMIT:-240} python3 -m rlk.bench.host_profile --out "$R/host_profile" ${HOST_PROFILE_ARGS:-}
 stage overhead ${OVERHEAD_LIMIT:-240} python3 -m rlk.bench.overhead --out "$R/overhead_h200.json"

@@ -63,7 +63,7 @@ stage replay ${REPLAY_LIMIT:-540} python3 -m rlk.replay h200 --out "$R/replay" $
 stage megatron_replay ${MEGATRON_LIMIT:-300} python3 -m rlk.integrations.megatron.replay --out "$R/replay_megatron" ${MEGATRON_ARGS:-}
 stage e2e ${E2E_LIMIT:-540} python3 -m rlk.bench e2e --out "$R/e2e" ${E2E_ARGS:-}
 # buildifier (formatting) is checked by CI on the cpu profile; the device machine has no npm.
-stage gate ${GATE_LIMIT:-300} env RLK_GATE_NO_BUILDIFIER=1 python3 -m rlk.gate.release_gate --profile h200 --out "$R/gate_h200" ${GATE_ARGS:-}
+stage gate ${GATE_LIMIT:-560} env RLK_GATE_NO_BUILDIFIER=1 python3 -m rlk.gate.release_gate --profile h200 --out "$R/gate_h200" ${GATE_ARGS:-}
 
 tar czf "$OUT/results.tgz" --exclude="*.safetensors" -C "$R" .
 echo "results: $OUT/results.tgz"; cat "$SUMMARY"

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 
 import torch
 
@@ -76,12 +77,6 @@ def _both(strict_fn, native_fn, primary):
     return r
 
 
-def _cold(fn):
-    from rlk.testing.timing import cold_graph_us
-
-    return cold_graph_us(fn)
-
-
 def _sites_ab(strict_fn, rounds=3):
     """Strict arm with launch sites off / on, alternating per round (eager, b2b, graph)."""
     from rlk.kernels import launcher
@@ -95,12 +90,9 @@ def _sites_ab(strict_fn, rounds=3):
             ab["eager"][name].append(_bench(fn))
             ab["b2b"][name].append(_b2b(fn))
             ab["graph"][name].append(_graph_bench(fn))
-    med = {f"strict_sites_{m}_us": sorted(v["on"])[len(v["on"]) // 2] for m, v in ab.items()}
-    med.update({f"strict_nosites_{m}_us": sorted(v["off"])[len(v["off"]) // 2] for m, v in ab.items()})
+    med = {f"strict_{label}_{m}_us": statistics.median(v[arm]) for m, v in ab.items()
+           for arm, label in (("on", "sites"), ("off", "nosites"))}
     return {"sites_ab": ab, "site_hits": launcher.STATS["site_hits"] - hits0, **med}
-
-
-_SITES_AB = {"on": False}
 
 
 def _sdpa_flash(q, k, v, causal):
@@ -110,7 +102,7 @@ def _sdpa_flash(q, k, v, causal):
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
 
-def bench_prefill(s, hq=8, hk=2, d=128):
+def bench_prefill(s, hq=8, hk=2, d=128, sites_ab=False):
     from rlk.kernels.attention import launch
 
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -122,6 +114,8 @@ def bench_prefill(s, hq=8, hk=2, d=128):
     vn = v.repeat_interleave(hq // hk, 1).transpose(0, 1).unsqueeze(0).contiguous()
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    from rlk.testing.timing import cold_graph_us
+
     sdpa = torch.nn.functional.scaled_dot_product_attention
     # The flash backend is selected once around the whole measurement: entering sdpa_kernel()
     # inside the timed call (as this bench did until 2026-12-01) added its host cost to every
@@ -130,8 +124,8 @@ def bench_prefill(s, hq=8, hk=2, d=128):
         strict, native = (lambda: launch.prefill(q, k, v, cu, s, scale, validate=False),
                           lambda: sdpa(qn, kn, vn, is_causal=True))
         t = _both(strict, native, "eager")
-        t["strict_cold_us"], t["native_cold_us"] = _cold(strict), _cold(native)
-    if _SITES_AB["on"]:
+        t["strict_cold_us"], t["native_cold_us"] = cold_graph_us(strict), cold_graph_us(native)
+    if sites_ab:
         t.update(_sites_ab(strict))
     # SDPA's default backend choice on this machine, for reference (not the issue's baseline).
     t["sdpa_default_eager_us"] = _bench(lambda: sdpa(qn, kn, vn, is_causal=True))
@@ -153,7 +147,7 @@ def decode_inputs(b, length, hq=8, hk=2, d=128, page=16, seed=1):
     return q, kc, vc, bt, cuq, kv, g
 
 
-def bench_decode(b, length, hq=8, hk=2, d=128, page=16):
+def bench_decode(b, length, hq=8, hk=2, d=128, page=16, sites_ab=False):
     from rlk.kernels.attention import launch
 
     q, kc, vc, bt, cuq, kv, g = decode_inputs(b, length, hq, hk, d, page)
@@ -165,7 +159,7 @@ def bench_decode(b, length, hq=8, hk=2, d=128, page=16):
     # is the headline; eager times (host launch included) are kept beside it.
     strict = lambda: launch.paged(q, kc, vc, bt, cuq, kv, scale, max_seqlen_q=1, validate=False)  # noqa: E731
     t = _both(strict, lambda: torch.nn.functional.scaled_dot_product_attention(qd, kd, vd), "graph")
-    if _SITES_AB["on"]:
+    if sites_ab:
         t.update(_sites_ab(strict))
     return {"case": "decode", "B": b, "L": length, "Hq": hq, "Hk": hk, "D": d, "page": page, **t}
 
@@ -198,14 +192,13 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--sites", action="store_true", help="also time the strict arm with launch sites off/on")
     a = ap.parse_args(argv)
-    _SITES_AB["on"] = a.sites
     if not torch.cuda.is_available():
         raise SystemExit("attention_bench needs a GPU")
     rows = []
     for s in ((1024, 4096) if a.quick else (1024, 4096, 8192)):
-        rows.append(bench_prefill(s))
+        rows.append(bench_prefill(s, sites_ab=a.sites))
     for b, length in (((4, 7168), (256, 1024)) if a.quick else ((4, 7168), (64, 2048), (256, 1024))):
-        rows.append(bench_decode(b, length))
+        rows.append(bench_decode(b, length, sites_ab=a.sites))
     rows.append(bench_backward(4096))
     print(f"{'case':9} {'shape':22} {'strict_us':>10} {'native_us':>10} {'ratio':>7} timing")
     for r in rows:

@@ -141,7 +141,8 @@ def test_gpu_plan_hits_equal_full_path():
     off, miss, hit = _three_ways(lambda: T.decode_rows(q, cu, kc, vc, bt, [999, 1000, 1036], 128 ** -0.5,
                                                        max_seqlen_q=1, validate=False))
     _same(off, hit, "gpu paged decode")
-    # Launch sites (off by default): the plans' repeated launches without Triton's binder.
+    # Launch sites (on by default; set on here whatever the process setting): the plans'
+    # repeated launches without Triton's binder.
     from rlk.kernels import launcher
 
     prev = launcher.set_sites_enabled(True)

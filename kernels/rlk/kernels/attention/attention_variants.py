@@ -87,15 +87,10 @@ def run_backward(log=print):
     return rows
 
 
-def _cold(fn):
-    from rlk.testing.timing import cold_graph_us
-
-    return cold_graph_us(fn)
-
-
 def run(log=print, prefill_s=(1024, 4096, 8192), decode=True):
     from rlk.kernels.attention import config, launch
     from rlk.kernels.attention.attention_bench import decode_inputs
+    from rlk.testing.timing import cold_graph_us
 
     rows = []
     hq, hk, d = 8, 2, 128
@@ -109,7 +104,7 @@ def run(log=print, prefill_s=(1024, 4096, 8192), decode=True):
                 with config.override("prefill", **var):
                     fn = lambda: launch.prefill(q, k, v, cu, s, d ** -0.5, validate=False)  # noqa: E731
                     o = fn()
-                    us, gus, cus = _bench(fn), _graph(fn), _cold(fn)
+                    us, gus, cus = _bench(fn), _graph(fn), cold_graph_us(fn)
             except Exception as e:  # noqa: BLE001 - reported
                 rows.append({"case": "prefill", "S": s, "variant": var, "error": repr(e)[:200]})
                 continue

@@ -146,6 +146,11 @@ def toolchain() -> dict[str, Any]:
         out["launch_sites"] = launcher.sites_enabled()
     except Exception as e:  # noqa: BLE001 - a record is still written
         out["launch_cache"] = out["host_plans"] = out["launch_sites"] = f"unknown: {type(e).__name__}"
+    # The row ops' id / position range checks: "device", "host" or "off" (no arithmetic depends on
+    # it). Read without importing the row ops (an import registers their contracts).
+    rowops_launch = sys.modules.get("rlk.kernels.rowops.launch")
+    out["value_checks"] = (rowops_launch.value_checks() if rowops_launch is not None
+                           else os.environ.get("RLK_VALUE_CHECKS", "device"))
     return out
 
 

@@ -15,6 +15,7 @@ def test_record_has_the_fields_that_change_bits(rec):
     for key in ("device", "toolchain", "contracts", "kernel_sources", "tuning_tables", "environment", "image"):
         assert key in rec
     assert rec["toolchain"]["torch"] and rec["toolchain"]["triton"]
+    assert rec["toolchain"]["value_checks"] in ("device", "host", "off")
     assert len(rec["fingerprint"]) == 64
 
 

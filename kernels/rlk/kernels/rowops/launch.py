@@ -8,6 +8,7 @@ Contracts: ``rmsnorm.v1``, ``rope.v1``, ``swiglu.v1``, ``embedding.v1`` (see ``c
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 
@@ -46,29 +47,69 @@ def _table_of(t: torch.Tensor) -> dict:
     return tab
 
 
-# Host-side value checks (ids / positions in range) read device memory: one synchronization
-# per call on GPU. They are skipped while a CUDA graph is being captured, or everywhere after
-# set_value_checks(False); the kernels then write NaN rows for out-of-range ids / positions
-# (visible, never a silent fix).
-VALUE_CHECKS = True
+# Value checks: token ids and positions within their table. Three modes (RLK_VALUE_CHECKS sets
+# the first; set_value_checks changes it):
+#   "device" (default): on a GPU nothing is read back. The range test runs on the device and an
+#       out-of-range value fails the stream with a device-side assert (torch._assert_async; the
+#       embedding copy relies on torch.index_select's own bounds assert), as torch's native
+#       embedding does: the call returns at once, the error surfaces at the next synchronization
+#       and the CUDA context is lost. Also inside CUDA graph capture (the assert is captured).
+#   "host": (min, max) are read back and UnsupportedConfigError names the bad values: one host
+#       synchronization per call on a GPU (while a graph is captured the device check runs
+#       instead). For debugging a device-side assert: RLK_VALUE_CHECKS=host.
+#   "off": no test; the kernels write NaN rows for out-of-range ids / positions (visible, never a
+#       silent fix) and the embedding takes its Triton kernel.
+# On the CPU "device" and "host" are the same host check (reading a CPU tensor costs no sync).
+# Inside common.host_validated() no value check runs: the caller vouches for every value.
+VALUE_CHECK_MODES = ("device", "host", "off")
 
 
-def set_value_checks(enabled: bool) -> None:
+def _mode_from(value) -> str:
+    if value is True:
+        return "device"
+    if value is False:
+        return "off"
+    if value in VALUE_CHECK_MODES:
+        return value
+    raise UnsupportedConfigError(f"value checks: {value!r} is not one of {VALUE_CHECK_MODES} (or True / False)")
+
+
+VALUE_CHECKS = _mode_from(os.environ.get("RLK_VALUE_CHECKS", "device"))
+
+
+def set_value_checks(mode) -> None:
+    """``"device"`` (or True), ``"host"`` or ``"off"`` (or False); see the comment above."""
     global VALUE_CHECKS
-    VALUE_CHECKS = bool(enabled)
+    VALUE_CHECKS = _mode_from(mode)
 
 
-def _may_sync(t: torch.Tensor) -> bool:
-    """Whether a host-side value check may read device memory (not while capturing a graph)."""
-    if not VALUE_CHECKS or not common.device_value_checks_enabled():
-        return False
-    return not (t.is_cuda and torch.cuda.is_current_stream_capturing())
+def value_checks() -> str:
+    """The current value-check mode."""
+    return VALUE_CHECKS
+
+
+def _check_mode(t: torch.Tensor) -> str:
+    """How the values of ``t`` are checked by this call: "host", "device" or "off"."""
+    if VALUE_CHECKS == "off" or common.host_validated_active():
+        return "off"
+    if not t.is_cuda:
+        return "host"
+    if VALUE_CHECKS == "host" and not torch.cuda.is_current_stream_capturing():
+        return "host"
+    return "device"
 
 
 def _span(t: torch.Tensor) -> tuple[int, int]:
     """(min, max) of an integer tensor with one kernel and one device read."""
     lo, hi = torch.aminmax(t)
     return tuple(int(v) for v in torch.stack((lo, hi)).tolist())
+
+
+def _assert_in_range_on_device(t: torch.Tensor, n: int, what: str) -> None:
+    """Fail the stream (device-side assert) if a value of ``t`` lies outside [0, n); reads nothing
+    back. Four small launches: clamp, compare, all, assert."""
+    ok = torch.all(torch.clamp(t, 0, n - 1) == t)
+    torch._assert_async(ok, f"rlk: {what} outside [0, {n}) (RLK_VALUE_CHECKS=host names them)")
 
 
 def _check_same_device(**tensors) -> None:
@@ -233,10 +274,13 @@ def apply_rope(x, positions, cos, sin, backward: bool = False):
     _check_same_device(x=x, positions=positions, cos=cos, sin=sin)
     max_pos = cos.shape[0]
     positions = positions.contiguous()
-    if T and _may_sync(positions):
+    mode = _check_mode(positions) if T else "off"
+    if mode == "host":
         lo, hi = _span(positions)
         if lo < 0 or hi >= max_pos:
             raise UnsupportedConfigError(f"apply_rope: positions span [{lo}, {hi}], table holds [0, {max_pos})")
+    elif mode == "device":
+        _assert_in_range_on_device(positions, max_pos, "apply_rope positions")
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if T == 0 or nh == 0:
         return out
@@ -294,43 +338,56 @@ _EMB_DTYPES = (torch.bfloat16, torch.float32, torch.float16)
 _ID_DTYPES = (torch.int64, torch.int32)
 
 
-def _ids_checks(ids, V):
-    """(contiguous ids, whether their values are known to lie in [0, V)): checked here on the
-    host (one device read) when allowed, or vouched for by the caller's ``host_validated()``."""
+def _ids_checks(ids, V, copy_asserts=False):
+    """(contiguous ids, in_range): ``in_range`` is True when no out-of-range id can pass silently:
+    read back here ("host" mode: one device read on a GPU), vouched for by ``host_validated()``, or
+    guarded on the device ("device" mode): by ``torch.index_select``'s own bounds assert when the
+    caller copies with it (``copy_asserts``), else by :func:`_assert_in_range_on_device`. False
+    in "off" mode (the kernel writes NaN rows for bad ids)."""
     check_tensor("ids", ids, dtype=_ID_DTYPES, dim=1)
     ids = ids.contiguous()
-    if ids.numel() and _may_sync(ids):
+    mode = _check_mode(ids) if ids.numel() else "none"
+    if mode == "host":
         lo, hi = _span(ids)
         if lo < 0 or hi >= V:
             bad = ids[(ids < 0) | (ids >= V)][:4].tolist()
             raise UnsupportedConfigError(f"embedding: ids out of range [0, {V}): e.g. {bad} (span [{lo}, {hi}])")
-        return ids, True
-    return ids, common.host_validated_active()
+    elif mode == "device" and not copy_asserts:
+        _assert_in_range_on_device(ids, V, "embedding ids")
+    return ids, mode != "off" or common.host_validated_active()
+
+
+def _copy_route_short(ids, weight) -> bool:
+    """Whether :func:`embedding` may go straight to index_select: the caller vouches
+    (``host_validated()``) or "device" checks on a GPU (index_select asserts bad ids itself), and
+    the inputs are what the full checks accept (rowops_test checks it rejects what they reject).
+    The device's arch was accepted by an earlier call's full checks (``_embedding_copy``)."""
+    if not (isinstance(weight, torch.Tensor) and isinstance(ids, torch.Tensor)):
+        return False
+    if not (common.host_validated_active() or (VALUE_CHECKS == "device" and ids.is_cuda)):
+        return False
+    return (weight.dtype in _EMB_DTYPES and ids.dtype in _ID_DTYPES and weight.dim() == 2 and ids.dim() == 1
+            and weight.stride()[1] == 1 and ids.stride()[0] == 1 and ids.is_cuda == weight.is_cuda
+            and ids.get_device() == weight.get_device() and weight.get_device() in _TABLE_BY_INDEX)
 
 
 def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """weight[ids]: ids [T] int64 (int32 accepted), weight [V, H] -> [T, H] (exact copy).
     Contract embedding.v1.
 
-    Two routes. When the ids are known to be in range (checked here with one device read, or the
-    caller is inside ``host_validated()``) the copy is ``torch.index_select``: ATen's launch costs
-    a fraction of a Triton launch's host time, which is all an eager embedding costs
-    (docs/results/h200_2026-12-01_session5/README.md). Otherwise (value checks off by
-    ``set_value_checks(False)``, or a CUDA graph captured outside ``host_validated()``) it is
-    :func:`embedding_kernel`, which writes a NaN row for an out-of-range id. Both copy every
-    non-NaN element's bytes; a NaN element may leave the kernel with another NaN payload (it passes
-    through fp32). Inside ``host_validated()`` an out-of-range id is the caller's bug and fails as
-    index_select does (a device-side assert on GPU, an IndexError on CPU).
+    Two routes. When no out-of-range id can pass silently (value checks "device" on a GPU: the
+    copy's own bounds assert; "host": read back here; or the caller is inside ``host_validated()``)
+    the copy is ``torch.index_select``: ATen's launch costs a fraction of a Triton launch's host
+    time, which is all an eager embedding costs (docs/results/h200_2026-12-01_session5/README.md).
+    With value checks "off" it is :func:`embedding_kernel`, which writes a NaN row for an
+    out-of-range id. Both copy every non-NaN element's bytes; a NaN element may leave the kernel
+    with another NaN payload (it passes through fp32). A bad id on the copy route fails as
+    index_select does: a device-side assert on GPU, an IndexError on CPU (only inside
+    ``host_validated()`` there: otherwise the host check raises first).
     """
-    if (common.host_validated_active() and isinstance(weight, torch.Tensor) and isinstance(ids, torch.Tensor)
-            and weight.dtype in _EMB_DTYPES and ids.dtype in _ID_DTYPES and weight.dim() == 2 and ids.dim() == 1
-            and weight.stride()[1] == 1 and ids.stride()[0] == 1 and ids.is_cuda == weight.is_cuda
-            and ids.get_device() == weight.get_device() and weight.get_device() in _TABLE_BY_INDEX):
-        # The production route in short: what the checks below would accept, read once (an eager
-        # embedding's cost is this host path; rowops_test checks it rejects what they reject).
-        # The device's arch was accepted by an earlier call's full checks (_embedding_copy).
+    if _copy_route_short(ids, weight):
         return torch.index_select(weight, 0, ids)
-    ids, V, H, in_range = _embedding_checks(ids, weight)
+    ids, V, H, in_range = _embedding_checks(ids, weight, copy_asserts=True)
     if in_range:
         return _embedding_copy(ids, weight)
     return _embedding_launch(ids, weight, V, H)
@@ -345,15 +402,15 @@ def embedding_kernel(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """:func:`embedding` through ``embedding_fwd_kernel`` whatever the ids' status (same checks;
     a NaN row per out-of-range id when value checks are off). For benchmarks and tests of the
     kernel route; callers use :func:`embedding`."""
-    ids, V, H, _ = _embedding_checks(ids, weight)
+    ids, V, H, _ = _embedding_checks(ids, weight, copy_asserts=False)
     return _embedding_launch(ids, weight, V, H)
 
 
-def _embedding_checks(ids, weight):
+def _embedding_checks(ids, weight, copy_asserts):
     check_tensor("weight", weight, dtype=_EMB_DTYPES, dim=2)
     _check_same_device(ids=ids, weight=weight)
     V, H = weight.shape
-    ids, in_range = _ids_checks(ids, V)
+    ids, in_range = _ids_checks(ids, V, copy_asserts)
     return ids, V, H, in_range
 
 

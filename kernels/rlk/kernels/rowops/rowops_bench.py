@@ -239,30 +239,43 @@ def main(argv=None):
             json.dump({"provenance": provenance(), "timing": "cuda_graph", "rows": rows}, f, indent=1)
         print(f"wrote {a.out} ({len(rows)} rows)")
         return
-    rows = run(QUICK_ROWS if a.quick else ROWS, a.quick)
-    # The ops with host range checks (one device sync each, ids / positions), as the trainer, the
-    # replay harness and the rollout call them: inside host_validated() (ids and positions built or
-    # checked on the host once per batch). The embedding is then the index_select copy route.
+    sizes = QUICK_ROWS if a.quick else ROWS
+    # Default value checks ("device": range asserts on the device, nothing read back).
+    rows = run(sizes, a.quick)
+    # The ops with range checks (ids / positions), as the trainer, the replay harness and the
+    # rollout call them: inside host_validated() (ids and positions built or checked on the host
+    # once per batch). The embedding is then the index_select copy route.
     from rlk.kernels.common import host_validated
 
     with host_validated():
-        for r in run(QUICK_ROWS if a.quick else ROWS, a.quick, only=("rope_q", "embedding")):
+        for r in run(sizes, a.quick, only=("rope_q", "embedding")):
             r["op"] += "_validated"
             rows.append(r)
+    # "host" value checks (min / max read back: one synchronization per call), the debugging mode.
+    L.set_value_checks("host")
+    try:
+        for r in run(sizes, a.quick, only=("rope_q", "embedding")):
+            r["op"] += "_hostcheck"
+            rows.append(r)
+    finally:
+        L.set_value_checks("device")
     # Value checks off without that promise: the embedding's kernel route (NaN row per bad id),
     # called as L.embedding_kernel so that the CUDA-graph columns (captured inside
     # host_validated(), where L.embedding copies with index_select) time the kernel too.
-    L.set_value_checks(False)
+    L.set_value_checks("off")
     try:
-        for r in run(QUICK_ROWS if a.quick else ROWS, a.quick, only=("embedding",), embedding=L.embedding_kernel):
+        for r in run(sizes, a.quick, only=("embedding",), embedding=L.embedding_kernel):
             r["op"] += "_nocheck"
             rows.append(r)
     finally:
-        L.set_value_checks(True)
-    meta = {"value_checks": "on (default) unless op ends in _validated (inside host_validated(): the "
-                            "production route) or _nocheck (set_value_checks(False): the embedding's kernel)",
-            "graph columns": "captured inside host_validated(): embedding and embedding_validated time the "
-                             "index_select copy, embedding_nocheck the kernel (L.embedding_kernel)",
+        L.set_value_checks("device")
+    meta = {"value_checks": "'device' (the default: range asserts on the device, nothing read back) unless op "
+                            "ends in _validated (inside host_validated(): the production route), _hostcheck "
+                            "(set_value_checks('host'): min/max read back, one sync per call) or _nocheck "
+                            "(set_value_checks('off'): the embedding's kernel)",
+            "graph columns": "captured inside host_validated() (no value checks in the graph): embedding and "
+                             "embedding_validated time the index_select copy, embedding_nocheck the kernel "
+                             "(L.embedding_kernel)",
             "native": "min(eager, compiled)",
             "add_rms_norm native": "unfused eager add then HF rms_norm (or its compiled fusion)"}
     with open(a.out, "w") as f:

@@ -283,6 +283,67 @@ def test_bad_input_raises_before_launch(call, match):
         call()
 
 
+def test_value_check_modes():
+    """set_value_checks / RLK_VALUE_CHECKS accept the three modes (True / False for device / off)
+    and reject anything else with a clear error."""
+    prev = L.value_checks()
+    try:
+        for given, mode in ((True, "device"), (False, "off"), ("host", "host"), ("off", "off"), ("device", "device")):
+            L.set_value_checks(given)
+            assert L.value_checks() == mode
+        for bad in ("on", "sync", 1, None):
+            with pytest.raises(UnsupportedConfigError, match="value checks"):
+                L.set_value_checks(bad)
+    finally:
+        L.set_value_checks(prev)
+    assert L._mode_from("host") == "host"
+
+
+def test_device_checks_read_nothing_back_and_fail_closed(monkeypatch):
+    """The "device" route (what a GPU tensor takes by default), driven on the CPU: no (min, max)
+    read back; RoPE and the embedding backward assert the range with a device op (on the CPU
+    torch._assert_async raises at once), the embedding copy relies on index_select's own bounds
+    check; in-range results are the bytes of the host-checked route."""
+    T, nh, D, V, H = 5, 2, 16, 40, 24
+    x = _data((T, nh, D), 50)
+    cos, sin = L.rope_table(32, D, 10000.0, DEV)
+    pos = torch.tensor([3, 1, 31, 0, 3], device=DEV)
+    w = _data((V, H), 51)
+    ids = torch.tensor([5, 0, 39, 5], device=DEV)
+    dy = _data((4, H), 52)
+    want = (L.apply_rope(x, pos, cos, sin), L.embedding(ids, w), L.embedding_backward(dy, ids, V))
+    reads, asserts = [], []
+    real_span, real_assert = L._span, L._assert_in_range_on_device
+    monkeypatch.setattr(L, "_span", lambda t: reads.append(1) or real_span(t))
+    monkeypatch.setattr(L, "_assert_in_range_on_device", lambda *a: asserts.append(a[2]) or real_assert(*a))
+    monkeypatch.setattr(L, "_check_mode", lambda t: "device")
+    got = (L.apply_rope(x, pos, cos, sin), L.embedding(ids, w), L.embedding_backward(dy, ids, V))
+    for g, e, what in zip(got, want, ("rope", "embedding", "embedding backward")):
+        assert_bitwise_equal(g, e, f"{what}: device-checked vs host-checked")
+    assert reads == [], "device checks read a value back"
+    assert asserts == ["apply_rope positions", "embedding ids"], asserts
+    with pytest.raises(RuntimeError, match=r"apply_rope positions outside \[0, 32\)"):
+        L.apply_rope(x, torch.tensor([3, 1, 32, 0, 3], device=DEV), cos, sin)
+    with pytest.raises(RuntimeError, match="outside"):
+        L.apply_rope(x, torch.tensor([3, -1, 2, 0, 3], device=DEV), cos, sin)
+    for bad in ([5, 40], [-1, 2]):
+        with pytest.raises(IndexError):
+            L.embedding(torch.tensor(bad, device=DEV), w)
+        with pytest.raises(RuntimeError, match="embedding ids outside"):
+            L.embedding_backward(dy[:2], torch.tensor(bad, device=DEV), V)
+    with pytest.raises(RuntimeError, match="embedding ids outside"):
+        L.embedding_kernel(torch.tensor([40], device=DEV), w)
+    assert reads == []
+
+
+def test_assert_in_range_on_device_bounds():
+    for dtype in (torch.int64, torch.int32):
+        L._assert_in_range_on_device(torch.tensor([0, 9, 4], dtype=dtype), 10, "v")
+        for bad in ([0, 10], [-1, 3], [2**31 - 1]):
+            with pytest.raises(RuntimeError, match=r"v outside \[0, 10\)"):
+                L._assert_in_range_on_device(torch.tensor(bad, dtype=dtype), 10, "v")
+
+
 # ------------------------------------------------------------------ GPU: Qwen3-8B sizes
 @pytest.mark.gpu
 def test_gpu_accuracy_qwen3_8b():
@@ -319,9 +380,11 @@ def test_gpu_accuracy_qwen3_8b():
 
 @pytest.mark.gpu
 def test_gpu_embedding_routes_and_graph_capture(monkeypatch):
-    """On the GPU: the copy route and the kernel route give the bytes of ``w[ids]``; a CUDA graph
-    captured inside host_validated() holds the index_select copy, one captured outside it the
-    kernel (no host read during capture), which writes NaN rows for ids that turn bad later."""
+    """On the GPU: the copy route and the kernel route give the bytes of ``w[ids]``. A CUDA graph
+    captured inside host_validated() or with "device" value checks (the default: nothing is read
+    back, so capture works) holds the index_select copy; one captured with checks "off" holds the
+    kernel, which writes NaN rows for ids that turn bad later. RoPE with "device" checks is
+    captured too (its range assert is a device op)."""
     import contextlib
 
     from rlk.kernels.common import host_validated
@@ -329,32 +392,94 @@ def test_gpu_embedding_routes_and_graph_capture(monkeypatch):
     V, H, T = 151936, 4096, 257
     w = torch.randn((V, H), device="cuda").to(torch.bfloat16)
     ids = torch.randint(0, V, (T,), device="cuda")
+    assert L.value_checks() == "device", "the default mode"
     assert_bitwise_equal(L.embedding(ids, w), w[ids], "checked copy")
     assert_bitwise_equal(L.embedding_kernel(ids, w), w[ids], "kernel")
-    for vouched in (True, False):
-        ctx = host_validated if vouched else contextlib.nullcontext
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side), ctx():
-            L.embedding_kernel(ids, w)  # compiled before capture
-            L.embedding(ids, w)
-        torch.cuda.current_stream().wait_stream(side)
-        g = torch.cuda.CUDAGraph()
-        launched = []
-        with monkeypatch.context() as mp:
-            mp.setattr(L.K, "embedding_fwd_kernel", _Spy(L.K.embedding_fwd_kernel, launched))
-            with ctx(), torch.cuda.graph(g):
-                y = L.embedding(ids, w)
-        assert len(launched) == (0 if vouched else 1), f"route captured, vouched={vouched}"
+    for route in ("vouched", "device", "off"):
+        ctx = host_validated if route == "vouched" else contextlib.nullcontext
+        L.set_value_checks("off" if route == "off" else "device")
+        try:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side), ctx():
+                L.embedding_kernel(ids, w)  # compiled before capture
+                L.embedding(ids, w)
+            torch.cuda.current_stream().wait_stream(side)
+            g = torch.cuda.CUDAGraph()
+            launched = []
+            with monkeypatch.context() as mp:
+                mp.setattr(L.K, "embedding_fwd_kernel", _Spy(L.K.embedding_fwd_kernel, launched))
+                with ctx(), torch.cuda.graph(g):
+                    y = L.embedding(ids, w)
+        finally:
+            L.set_value_checks("device")
+        assert len(launched) == (1 if route == "off" else 0), f"route captured: {route}"
         new = torch.randint(0, V, (T,), device="cuda")
         ids.copy_(new)
         g.replay()
-        assert_bitwise_equal(y, w[new], f"graph replay, vouched={vouched}")
-        if not vouched:
+        assert_bitwise_equal(y, w[new], f"graph replay, {route}")
+        if route == "off":
             ids[3] = V + 5
             g.replay()
             assert bool(torch.isnan(y[3].float()).all()), "kernel route in the graph: NaN row for a bad id"
             assert_bitwise_equal(y[4:], w[new[4:]], "other rows")
+    q = _data((T, 8, 128), 34, device="cuda")
+    cos, sin = L.rope_table(4096, 128, 1_000_000.0, "cuda")
+    pos = torch.randint(0, 4096, (T,), device="cuda")
+    want = L.apply_rope(q, pos, cos, sin)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        yq = L.apply_rope(q, pos, cos, sin)
+    g.replay()
+    assert_bitwise_equal(yq, want, "rope captured with device checks")
+
+
+_BAD_VALUE_SCRIPT = """
+import sys, torch
+from rlk.kernels.rowops import launch as L
+case = sys.argv[1]
+w = torch.randn(64, 32, device="cuda").to(torch.bfloat16)
+cos, sin = L.rope_table(16, 8, 10000.0, "cuda")
+x = torch.randn(3, 2, 8, device="cuda").to(torch.bfloat16)
+if case == "good":
+    L.apply_rope(x, torch.tensor([0, 15, 3], device="cuda"), cos, sin)
+    L.embedding(torch.tensor([0, 63, 5], device="cuda"), w)
+    L.embedding_backward(torch.ones(3, 32, device="cuda"), torch.tensor([0, 63, 5], device="cuda"), 64)
+elif case == "rope":
+    L.apply_rope(x, torch.tensor([0, 16, 3], device="cuda"), cos, sin)
+elif case == "ids_high":
+    L.embedding(torch.tensor([0, 64, 5], device="cuda"), w)
+elif case == "ids_negative":
+    L.embedding(torch.tensor([0, -1, 5], device="cuda"), w)
+elif case == "bwd_ids":
+    L.embedding_backward(torch.ones(3, 32, device="cuda"), torch.tensor([0, 64, 5], device="cuda"), 64)
+print("returned", flush=True)
+torch.cuda.synchronize()
+print("synchronized", flush=True)
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["good", "rope", "ids_high", "ids_negative", "bwd_ids"])
+def test_gpu_device_checks_fail_closed(case, tmp_path):
+    """Default ("device") value checks on a GPU read nothing back: the call returns, and an
+    out-of-range position or id fails the stream at the next synchronization (device-side assert),
+    never a silent wrong row. Each case in its own process (the assert ends the CUDA context)."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "bad_value.py"
+    script.write_text(_BAD_VALUE_SCRIPT)
+    env = {**os.environ, "RLK_VALUE_CHECKS": "device"}
+    r = subprocess.run([sys.executable, str(script), case], capture_output=True, text=True, env=env, timeout=300)
+    out = r.stdout + r.stderr
+    if case == "good":
+        assert r.returncode == 0 and "synchronized" in r.stdout, out[-3000:]
+    else:
+        assert "returned" in r.stdout, f"the call itself must not read back or raise: {out[-3000:]}"
+        assert r.returncode != 0 and "synchronized" not in r.stdout, f"bad value passed: {out[-3000:]}"
+        assert "device-side assert" in out, out[-3000:]
 
 
 def test_nn_modules_and_torch_library_ops():

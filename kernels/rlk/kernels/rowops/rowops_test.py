@@ -471,7 +471,7 @@ def test_gpu_device_checks_fail_closed(case, tmp_path):
 
     script = tmp_path / "bad_value.py"
     script.write_text(_BAD_VALUE_SCRIPT)
-    env = {**os.environ, "RLK_VALUE_CHECKS": "device"}
+    env = {**os.environ, "RLK_VALUE_CHECKS": "device", "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     r = subprocess.run([sys.executable, str(script), case], capture_output=True, text=True, env=env, timeout=300)
     out = r.stdout + r.stderr
     if case == "good":

@@ -49,11 +49,14 @@ def _table_of(t: torch.Tensor) -> dict:
 
 # Value checks: token ids and positions within their table. Three modes (RLK_VALUE_CHECKS sets
 # the first; set_value_checks changes it):
-#   "device" (default): on a GPU nothing is read back. The range test runs on the device and an
-#       out-of-range value fails the stream with a device-side assert (torch._assert_async; the
-#       embedding copy relies on torch.index_select's own bounds assert), as torch's native
-#       embedding does: the call returns at once, the error surfaces at the next synchronization
-#       and the CUDA context is lost. Also inside CUDA graph capture (the assert is captured).
+#   "device" (default): on a GPU nothing is read back. An out-of-range value fails the stream with
+#       a device-side assert, as torch's native embedding does: the gather of one small
+#       torch.index_select (the embedding's own copy; for RoPE and the embedding backward, from
+#       an n-byte scratch row at the positions / ids) asserts every index in bounds.
+#       The call returns at once; the error surfaces at a later CUDA call and the context is lost.
+#       Also inside CUDA-graph capture (the gather is captured). Only where torch's kernel
+#       asserts are compiled in: CUDA builds. ROCm builds leave them out by default, so there
+#       "device" is "host" (and, during capture, the kernels' NaN rows).
 #   "host": (min, max) are read back and UnsupportedConfigError names the bad values: one host
 #       synchronization per call on a GPU (while a graph is captured the device check runs
 #       instead). For debugging a device-side assert: RLK_VALUE_CHECKS=host.
@@ -62,6 +65,8 @@ def _table_of(t: torch.Tensor) -> dict:
 # On the CPU "device" and "host" are the same host check (reading a CPU tensor costs no sync).
 # Inside common.host_validated() no value check runs: the caller vouches for every value.
 VALUE_CHECK_MODES = ("device", "host", "off")
+# torch's CUDA builds keep CUDA_KERNEL_ASSERT; ROCm builds compile it out unless built otherwise.
+DEVICE_ASSERTS = getattr(torch.version, "hip", None) is None
 
 
 def _mode_from(value) -> str:
@@ -88,15 +93,16 @@ def value_checks() -> str:
     return VALUE_CHECKS
 
 
-def _check_mode(t: torch.Tensor) -> str:
-    """How the values of ``t`` are checked by this call: "host", "device" or "off"."""
+def _check_mode(t) -> str:
+    """How the values of ``t`` are checked by this call: "host" (read back), "device" (asserted
+    on the device) or "off" (not checked: the kernels' NaN rows)."""
     if VALUE_CHECKS == "off" or common.host_validated_active():
         return "off"
     if not t.is_cuda:
         return "host"
-    if VALUE_CHECKS == "host" and not torch.cuda.is_current_stream_capturing():
-        return "host"
-    return "device"
+    if torch.cuda.is_current_stream_capturing():
+        return "device" if DEVICE_ASSERTS else "off"
+    return "device" if VALUE_CHECKS == "device" and DEVICE_ASSERTS else "host"
 
 
 def _span(t: torch.Tensor) -> tuple[int, int]:
@@ -105,11 +111,11 @@ def _span(t: torch.Tensor) -> tuple[int, int]:
     return tuple(int(v) for v in torch.stack((lo, hi)).tolist())
 
 
-def _assert_in_range_on_device(t: torch.Tensor, n: int, what: str) -> None:
+def _assert_in_range_on_device(t: torch.Tensor, n: int) -> None:
     """Fail the stream (device-side assert) if a value of ``t`` lies outside [0, n); reads nothing
-    back. Four small launches: clamp, compare, all, assert."""
-    ok = torch.all(torch.clamp(t, 0, n - 1) == t)
-    torch._assert_async(ok, f"rlk: {what} outside [0, {n}) (RLK_VALUE_CHECKS=host names them)")
+    back. One launch: ``torch.index_select`` from an n-byte scratch row at ``t`` (its gather
+    asserts every index; the bytes are never looked at; on the CPU it raises IndexError)."""
+    torch.index_select(torch.empty(n, dtype=torch.uint8, device=t.device), 0, t)
 
 
 def _check_same_device(**tensors) -> None:
@@ -280,7 +286,7 @@ def apply_rope(x, positions, cos, sin, backward: bool = False):
         if lo < 0 or hi >= max_pos:
             raise UnsupportedConfigError(f"apply_rope: positions span [{lo}, {hi}], table holds [0, {max_pos})")
     elif mode == "device":
-        _assert_in_range_on_device(positions, max_pos, "apply_rope positions")
+        _assert_in_range_on_device(positions, max_pos)
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if T == 0 or nh == 0:
         return out
@@ -343,7 +349,7 @@ def _ids_checks(ids, V, copy_asserts=False):
     read back here ("host" mode: one device read on a GPU), vouched for by ``host_validated()``, or
     guarded on the device ("device" mode): by ``torch.index_select``'s own bounds assert when the
     caller copies with it (``copy_asserts``), else by :func:`_assert_in_range_on_device`. False
-    in "off" mode (the kernel writes NaN rows for bad ids)."""
+    when unchecked (the kernel writes NaN rows for bad ids)."""
     check_tensor("ids", ids, dtype=_ID_DTYPES, dim=1)
     ids = ids.contiguous()
     mode = _check_mode(ids) if ids.numel() else "none"
@@ -353,7 +359,7 @@ def _ids_checks(ids, V, copy_asserts=False):
             bad = ids[(ids < 0) | (ids >= V)][:4].tolist()
             raise UnsupportedConfigError(f"embedding: ids out of range [0, {V}): e.g. {bad} (span [{lo}, {hi}])")
     elif mode == "device" and not copy_asserts:
-        _assert_in_range_on_device(ids, V, "embedding ids")
+        _assert_in_range_on_device(ids, V)
     return ids, mode != "off" or common.host_validated_active()
 
 
@@ -364,7 +370,7 @@ def _copy_route_short(ids, weight) -> bool:
     The device's arch was accepted by an earlier call's full checks (``_embedding_copy``)."""
     if not (isinstance(weight, torch.Tensor) and isinstance(ids, torch.Tensor)):
         return False
-    if not (common.host_validated_active() or (VALUE_CHECKS == "device" and ids.is_cuda)):
+    if not (common.host_validated_active() or (VALUE_CHECKS == "device" and DEVICE_ASSERTS and ids.is_cuda)):
         return False
     return (weight.dtype in _EMB_DTYPES and ids.dtype in _ID_DTYPES and weight.dim() == 2 and ids.dim() == 1
             and weight.stride()[1] == 1 and ids.stride()[0] == 1 and ids.is_cuda == weight.is_cuda

@@ -162,6 +162,66 @@ def test_schedule_is_the_shared_table_entry_and_overrides_copy():
     assert config._CPU == before, "a launch or an override changed the shared schedule table"
 
 
+def test_pick_prefill_schedule_one_wave_rule(monkeypatch):
+    """The one-wave entry is taken exactly when its whole grid fits in one program per SM; GP is
+    re-derived per entry; a sweep overriding "prefill" (or a table without the entry, or the CPU)
+    gets the default entry."""
+    from rlk.kernels.attention import config
+
+    default = {"BLOCK_M": 64, "GP": 4, "num_stages": 2}
+    one = {"BLOCK_M": 64, "GP": 1, "num_stages": 3}
+    # S=1024, 8 q / 2 kv heads, one sequence: 16 m-tiles x 8 heads = 128 programs.
+    assert launch.pick_prefill_schedule(default, one, 1024, 2, 4, 1, lambda: 132) == (one, 1, (16, 8, 1))
+    assert launch.pick_prefill_schedule(default, one, 1024, 2, 4, 1, lambda: 127)[0] is default
+    assert launch.pick_prefill_schedule(default, one, 1025, 2, 4, 1, lambda: 132) == (default, 4, (65, 2, 1))
+    assert launch.pick_prefill_schedule(default, one, 512, 2, 4, 2, lambda: 132)[0] is one
+    assert launch.pick_prefill_schedule(default, None, 64, 2, 4, 1, lambda: 132) == (default, 4, (4, 2, 1))
+    # group 2 (16 / 8 heads): the default's GP 4 shrinks to 2
+    assert launch.pick_prefill_schedule(default, one, 4096, 8, 2, 1, lambda: 132) == (default, 2, (128, 8, 1))
+    gpu = torch.device("cuda", 0)
+    assert config.one_wave_schedule("prefill", torch.device("cpu")) is None
+    monkeypatch.setattr(config, "arch_of", lambda d: "sm_90")
+    assert config.one_wave_schedule("prefill", gpu) == config._table("sm90")["prefill_one_wave"]
+    assert config.one_wave_schedule("paged_chunk", gpu) is None
+    with config.override("prefill", num_stages=4):
+        assert config.one_wave_schedule("prefill", gpu) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("hq,hk", [(8, 2), (32, 8)])
+def test_gpu_one_wave_prefill_rows_equal_packed(hq, hk):
+    """A sequence prefilled alone (its grid fits in one wave: the one-wave schedule) gives the
+    bytes of the same sequence packed with others (many waves: the default schedule)."""
+    from rlk.kernels import plans
+    from rlk.kernels.attention import config
+
+    lens = [1024, 700, 4099, 33]
+    q, k, v, cu = T.packed(lens, hq, hk, 128, device="cuda", seed=7)
+    scale = 128 ** -0.5
+    picked = []
+    real = launch.pick_prefill_schedule
+
+    def spy(*a):
+        picked.append(real(*a)[0] is a[1])
+        return real(*a)
+
+    out, lse = launch.prefill(q, k, v, cu, max(lens), scale, validate=False)
+    for b, n in enumerate(lens):
+        a0 = int(cu[b])
+        one_cu = torch.tensor([0, n], dtype=torch.int32, device="cuda")
+        launch.pick_prefill_schedule, picked[:] = spy, []
+        was = plans.set_enabled(False)  # a cached launch plan would skip the pick
+        try:
+            o1, l1 = launch.prefill(q[a0:a0 + n], k[a0:a0 + n], v[a0:a0 + n], one_cu, n, scale, validate=False)
+        finally:
+            launch.pick_prefill_schedule = real
+            plans.set_enabled(was)
+        assert picked == [-(-n // 64) * hq <= config.sm_count(q.device)], (n, hq, picked)
+        assert_bitwise_equal(o1, out[a0:a0 + n], f"alone vs packed, len {n}")
+        assert_bitwise_equal(l1, lse[a0:a0 + n], f"alone vs packed lse, len {n}")
+    assert -(-1024 // 64) * 8 <= config.sm_count(q.device), "S=1024 at 8 heads is one wave on this GPU"
+
+
 @pytest.mark.gpu
 # GQA groups 4 (Qwen3-8B and its TP4 shard), 2 (Qwen3-1.7B: 16/8), 5 (Qwen3-14B: 40/8), 1 (MHA).
 @pytest.mark.parametrize("hq,hk", [(32, 8), (8, 2), (16, 8), (40, 8), (8, 8)])

@@ -174,6 +174,29 @@ def schedule(kind: str, device) -> dict:
     return _OVERRIDES.apply(kind, out) if _OVERRIDES.active else out
 
 
+def one_wave_schedule(kind: str, device):
+    """The table's ``<kind>_one_wave`` entry (for launches whose whole grid fits in one wave of
+    programs, one per SM), or None: no such entry (the CPU table, gfx942), or a sweep overriding
+    ``kind`` (it times ``kind``'s own entry). Every field of it is bit-neutral, like ``kind``'s."""
+    if arch_of(device) == "cpu-interpreter" or kind in _OVERRIDES.active:
+        return None
+    out = _table("sm90" if arch_of(device) == "sm_90" else "gfx942").get(kind + "_one_wave")
+    if out is None:
+        return None
+    return _OVERRIDES.apply(kind + "_one_wave", out) if _OVERRIDES.active else out
+
+
+_SMS: dict[int, int] = {}
+
+
+def sm_count(device) -> int:
+    """Streaming multiprocessors (compute units) of a GPU, memoized by device index."""
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SMS:
+        _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SMS[idx]
+
+
 def _sig(names, types):
     return dict(zip(names, types))
 
@@ -198,6 +221,7 @@ def _register() -> None:
                       SPLIT=0, DOT_DTYPE="bf16", INTERPRET=False)
     fwd_cfgs = (
         {**fwd_consts, **gpu["prefill"]},
+        *([{**fwd_consts, **gpu["prefill_one_wave"]}] if "prefill_one_wave" in gpu else []),
         {**fwd_consts, "GP": 4, "PAGED": 1, "SPLIT": 1, **gpu["paged_decode"]},
         {**fwd_consts, "GP": 4, "PAGED": 1, **gpu["paged_chunk"]},
     )

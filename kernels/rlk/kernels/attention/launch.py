@@ -130,14 +130,33 @@ def _prefill_plan(q, k, v, cu_seqlens, max_seqlen, scale, contract, val):
     nb = cu_seqlens.numel() - 1
     if q.shape[0] == 0 or nb == 0 or max_seqlen == 0:
         return _EMPTY
-    s = config.schedule("prefill", q.device)
     g = hq // hk
+    s, gp, grid = pick_prefill_schedule(config.schedule("prefill", q.device),
+                                        config.one_wave_schedule("prefill", q.device),
+                                        max_seqlen, hk, g, nb, lambda: config.sm_count(q.device))
+    return _fwd_plan(grid, q, k, v, None, qk, c, g, gp, s, paged=False, split=1, page=16)
+
+
+def _prefill_grid(s, max_seqlen, hk, g, nb):
     # q heads packed per tile: the table's GP where it divides the GQA group, else their gcd
     # (GP is bit-neutral; a GP that does not divide g would leave heads without a program:
     # g // GP == 0 at Qwen3-1.7B's 16/8 heads gave an empty grid and unwritten output).
     gp = math.gcd(int(s.get("GP", 1)), g)
-    grid = (cdiv(max_seqlen, s["BLOCK_M"] // gp), hk * (g // gp), nb)
-    return _fwd_plan(grid, q, k, v, None, qk, c, g, gp, s, paged=False, split=1, page=16)
+    return gp, (cdiv(max_seqlen, s["BLOCK_M"] // gp), hk * (g // gp), nb)
+
+
+def pick_prefill_schedule(default, one_wave, max_seqlen, hk, g, nb, sms):
+    """(schedule, GP, grid) of a prefill launch. ``one_wave`` (None or a table entry) is taken when
+    its whole grid fits in one wave (programs <= ``sms()``): then each SM runs one program and
+    nothing hides a program's memory latency but its own pipeline (deeper ``num_stages``); with
+    more programs than SMs the default's occupancy wins (attention_variants_h200.json). Both
+    entries are bit-neutral schedules: a row's bytes do not depend on which one ran."""
+    if one_wave is not None:
+        gp, grid = _prefill_grid(one_wave, max_seqlen, hk, g, nb)
+        if grid[0] * grid[1] * grid[2] <= sms():
+            return one_wave, gp, grid
+    gp, grid = _prefill_grid(default, max_seqlen, hk, g, nb)
+    return default, gp, grid
 
 
 _EMPTY = "empty"  # a plan: no launch (no tokens, sequences or queries); outputs only

@@ -225,12 +225,20 @@ def provenance():
 
 
 def main(argv=None):
+    global ROUNDS
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--embedding-tiles", action="store_true",
                     help="only the embedding tile/warps sweep (CUDA-graph device times) into --out")
+    ap.add_argument("--ops", nargs="+", default=None,
+                    help="only these ops, default route only (a focused re-measure, e.g. --ops embedding --rows 1 32 "
+                         "--rounds 21)")
+    ap.add_argument("--rows", nargs="+", type=int, default=None, help="row counts (default: the full list)")
+    ap.add_argument("--rounds", type=int, default=ROUNDS, help=f"alternating rounds per case (default {ROUNDS})")
     a = ap.parse_args(argv)
+    if a.rounds < 1:
+        ap.error("--rounds must be >= 1")
     if not torch.cuda.is_available():
         sys.exit("rowops_bench needs a GPU")
     if a.embedding_tiles:
@@ -239,7 +247,15 @@ def main(argv=None):
             json.dump({"provenance": provenance(), "timing": "cuda_graph", "rows": rows}, f, indent=1)
         print(f"wrote {a.out} ({len(rows)} rows)")
         return
-    sizes = QUICK_ROWS if a.quick else ROWS
+    ROUNDS = a.rounds
+    sizes = tuple(a.rows) if a.rows else (QUICK_ROWS if a.quick else ROWS)
+    if a.ops:
+        rows = run(sizes, a.quick, only=tuple(a.ops))
+        with open(a.out, "w") as f:
+            json.dump({"provenance": provenance(), "meta": {"value_checks": "default ('device')", "rounds": ROUNDS},
+                       "rows": rows}, f, indent=1)
+        print(f"wrote {a.out} ({len(rows)} rows)")
+        return
     # Default value checks ("device": range asserts on the device, nothing read back).
     rows = run(sizes, a.quick)
     # The ops with range checks (ids / positions), as the trainer, the replay harness and the

@@ -8,6 +8,10 @@ D=${1:-/tmp}
 export PYTHONPATH=$PWD/python:$PWD/kernels:$PWD/collectives:$PWD/integrations${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export CUBLAS_WORKSPACE_CONFIG=:4096:8 TRITON_CACHE_DIR=/tmp/triton-cache
+if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then  # megatron-core (carry .whl/), as h200_check.sh
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=$PYTHONPATH:/tmp/site
+fi
 M=python/rlk/models/qwen3/model_test.py::test_gpu_qwen3_8b_shape_two_layers_trainer_vs_rollout
 T="python/rlk/replay/rollout_test.py::test_gpu_cuda_graphs_equal_eager[qwen3-0.6b-2]"
 run() {  # run NAME ENV... -- PYTHON_ARGS...

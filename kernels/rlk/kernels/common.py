@@ -97,8 +97,11 @@ def check_tensor(name: str, t: torch.Tensor, *, dtype=None, dim=None, device=Non
         raise UnsupportedConfigError(f"{name}: last dimension must be contiguous (stride {t.stride()})")
 
 
-# Device value checks (token ids, positions, block ids, lengths within range) read device memory:
-# one host synchronization each. Shape, dtype and device checks never sync and always run.
+# Value checks (token ids, positions, block ids, lengths within range). The attention / KV-cache
+# launchers read device memory back for them (one host synchronization each) while
+# device_value_checks_enabled(); the row ops have their own modes (rowops.launch: "device"
+# asserts, "host" read-backs, "off"). host_validated() turns all of them off. Shape, dtype and
+# device checks never sync and always run.
 _CHECKS = threading.local()
 
 
@@ -116,7 +119,7 @@ def host_validated_active() -> bool:
 
 @contextlib.contextmanager
 def host_validated():
-    """Skip the launchers' device-reading value checks for the enclosed launches.
+    """Skip the launchers' value checks (host read-backs and device asserts) for the enclosed launches.
 
     Only for callers that built or validated every id, position, slot and length on the host
     (the replay harness, engine adapters): then the checks would only add one host sync per

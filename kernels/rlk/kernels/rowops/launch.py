@@ -49,27 +49,32 @@ def _table_of(t: torch.Tensor) -> dict:
 
 # Value checks: token ids and positions within their table. Three modes (RLK_VALUE_CHECKS sets
 # the first; set_value_checks changes it):
-#   "device" (default): on a GPU nothing is read back. An out-of-range value fails the stream with
-#       a device-side assert, as torch's native embedding does: the gather of one small
-#       torch.index_select (the embedding's own copy; for RoPE and the embedding backward, from
-#       an n-byte scratch row at the positions / ids) asserts every index in bounds.
-#       The call returns at once; the error surfaces at a later CUDA call and the context is lost.
-#       Also inside CUDA-graph capture (the gather is captured). Only where torch's kernel
-#       asserts are compiled in: CUDA builds. ROCm builds leave them out by default, so there
-#       "device" is "host" (and, during capture, the kernels' NaN rows).
+#   "device" (default): on a GPU nothing is read back; an out-of-range value fails the stream with
+#       a device-side assert (the call returns at once, the error surfaces at a later CUDA call and
+#       the CUDA context is lost), as torch's native embedding does. RoPE: one torch.gather from
+#       an n-byte scratch row at the positions (its kernel compares each index in int64). The
+#       embedding forward: its own torch.index_select copy, whose kernel asserts each index too,
+#       but as a 32-bit value when the tensors allow 32-bit indexing: an int64 id at or beyond
+#       2**32 in magnitude can alias a valid row (torch's F.embedding has the same gap; int32 ids
+#       or "host" mode close it). Also inside CUDA-graph capture (the assert is captured). Only
+#       where torch's kernel asserts are compiled in: CUDA builds. ROCm builds leave them out by
+#       default, so there "device" is "host" (and, during capture, "off").
 #   "host": (min, max) are read back and UnsupportedConfigError names the bad values: one host
 #       synchronization per call on a GPU (while a graph is captured the device check runs
 #       instead). For debugging a device-side assert: RLK_VALUE_CHECKS=host.
 #   "off": no test; the kernels write NaN rows for out-of-range ids / positions (visible, never a
 #       silent fix) and the embedding takes its Triton kernel.
 # On the CPU "device" and "host" are the same host check (reading a CPU tensor costs no sync).
-# Inside common.host_validated() no value check runs: the caller vouches for every value.
+# The embedding backward synchronizes anyway (unique_consecutive's output size), so it always
+# checks the sorted ids on the host, in every mode. Inside common.host_validated() no value check
+# runs: the caller vouches for every value.
 VALUE_CHECK_MODES = ("device", "host", "off")
 # torch's CUDA builds keep CUDA_KERNEL_ASSERT; ROCm builds compile it out unless built otherwise.
 DEVICE_ASSERTS = getattr(torch.version, "hip", None) is None
 
 
-def _mode_from(value) -> str:
+def mode_from(value) -> str:
+    """The mode named by ``value``: a mode name, True ("device") or False ("off")."""
     if value is True:
         return "device"
     if value is False:
@@ -79,18 +84,26 @@ def _mode_from(value) -> str:
     raise UnsupportedConfigError(f"value checks: {value!r} is not one of {VALUE_CHECK_MODES} (or True / False)")
 
 
-VALUE_CHECKS = _mode_from(os.environ.get("RLK_VALUE_CHECKS", "device"))
+VALUE_CHECKS = mode_from(os.environ.get("RLK_VALUE_CHECKS", "device"))
 
 
-def set_value_checks(mode) -> None:
-    """``"device"`` (or True), ``"host"`` or ``"off"`` (or False); see the comment above."""
+def set_value_checks(mode) -> str:
+    """``"device"`` (or True), ``"host"`` or ``"off"`` (or False), see the comment above; returns
+    the previous mode (to restore it)."""
     global VALUE_CHECKS
-    VALUE_CHECKS = _mode_from(mode)
+    prev, VALUE_CHECKS = VALUE_CHECKS, mode_from(mode)
+    return prev
 
 
 def value_checks() -> str:
-    """The current value-check mode."""
+    """The mode set (RLK_VALUE_CHECKS / set_value_checks)."""
     return VALUE_CHECKS
+
+
+def effective_value_checks() -> str:
+    """The mode GPU tensors get outside capture: "device" is "host" where kernel asserts are
+    compiled out (ROCm builds)."""
+    return "host" if VALUE_CHECKS == "device" and not DEVICE_ASSERTS else VALUE_CHECKS
 
 
 def _check_mode(t) -> str:
@@ -113,9 +126,9 @@ def _span(t: torch.Tensor) -> tuple[int, int]:
 
 def _assert_in_range_on_device(t: torch.Tensor, n: int) -> None:
     """Fail the stream (device-side assert) if a value of ``t`` lies outside [0, n); reads nothing
-    back. One launch: ``torch.index_select`` from an n-byte scratch row at ``t`` (its gather
-    asserts every index; the bytes are never looked at; on the CPU it raises IndexError)."""
-    torch.index_select(torch.empty(n, dtype=torch.uint8, device=t.device), 0, t)
+    back. One launch: ``torch.gather`` from an n-byte scratch row at ``t`` (its kernel compares
+    each index with n in int64; the bytes are never looked at; on the CPU it raises RuntimeError)."""
+    torch.gather(torch.empty(n, dtype=torch.uint8, device=t.device), 0, t)
 
 
 def _check_same_device(**tensors) -> None:
@@ -344,7 +357,7 @@ _EMB_DTYPES = (torch.bfloat16, torch.float32, torch.float16)
 _ID_DTYPES = (torch.int64, torch.int32)
 
 
-def _ids_checks(ids, V, copy_asserts=False):
+def _ids_checks(ids, V, copy_asserts):
     """(contiguous ids, in_range): ``in_range`` is True when no out-of-range id can pass silently:
     read back here ("host" mode: one device read on a GPU), vouched for by ``host_validated()``, or
     guarded on the device ("device" mode): by ``torch.index_select``'s own bounds assert when the
@@ -352,7 +365,9 @@ def _ids_checks(ids, V, copy_asserts=False):
     when unchecked (the kernel writes NaN rows for bad ids)."""
     check_tensor("ids", ids, dtype=_ID_DTYPES, dim=1)
     ids = ids.contiguous()
-    mode = _check_mode(ids) if ids.numel() else "none"
+    if ids.numel() == 0:
+        return ids, True
+    mode = _check_mode(ids)
     if mode == "host":
         lo, hi = _span(ids)
         if lo < 0 or hi >= V:
@@ -363,6 +378,12 @@ def _ids_checks(ids, V, copy_asserts=False):
     return ids, mode != "off" or common.host_validated_active()
 
 
+def _device_copy_route(ids) -> bool:
+    """Whether value checks are "device" on a GPU with kernel asserts (index_select then asserts
+    bad ids itself). A function so that CPU tests can drive the short route."""
+    return VALUE_CHECKS == "device" and DEVICE_ASSERTS and ids.is_cuda
+
+
 def _copy_route_short(ids, weight) -> bool:
     """Whether :func:`embedding` may go straight to index_select: the caller vouches
     (``host_validated()``) or "device" checks on a GPU (index_select asserts bad ids itself), and
@@ -370,7 +391,7 @@ def _copy_route_short(ids, weight) -> bool:
     The device's arch was accepted by an earlier call's full checks (``_embedding_copy``)."""
     if not (isinstance(weight, torch.Tensor) and isinstance(ids, torch.Tensor)):
         return False
-    if not (common.host_validated_active() or (VALUE_CHECKS == "device" and DEVICE_ASSERTS and ids.is_cuda)):
+    if not (common.host_validated_active() or _device_copy_route(ids)):
         return False
     return (weight.dtype in _EMB_DTYPES and ids.dtype in _ID_DTYPES and weight.dim() == 2 and ids.dim() == 1
             and weight.stride()[1] == 1 and ids.stride()[0] == 1 and ids.is_cuda == weight.is_cuda
@@ -434,19 +455,32 @@ def _embedding_launch(ids, weight, V, H):
 
 
 def embedding_backward(dy: torch.Tensor, ids: torch.Tensor, num_embeddings: int) -> torch.Tensor:
-    """dW [V, H] (dy's dtype): per id, the sum of its tokens' dy rows in ascending token order."""
+    """dW [V, H] (dy's dtype): per id, the sum of its tokens' dy rows in ascending token order.
+
+    Synchronizes with the device (``unique_consecutive``'s output size), so its range check always
+    reads the smallest and largest sorted id back (UnsupportedConfigError before the launch),
+    whatever the value-check mode; inside ``host_validated()`` it is skipped (the kernel writes
+    row ``id`` of dW unchecked)."""
     check_tensor("dy", dy, dtype=(torch.bfloat16, torch.float32, torch.float16), dim=2)
+    check_tensor("ids", ids, dtype=_ID_DTYPES, dim=1)
     _check_same_device(ids=ids, dy=dy)
-    ids, _ = _ids_checks(ids, num_embeddings)
+    ids = ids.contiguous()
     if dy.shape[0] != ids.shape[0]:
         raise UnsupportedConfigError(f"dy: {dy.shape[0]} rows for {ids.shape[0]} ids")
     dy = dy.contiguous()
     H = dy.shape[1]
-    dw = torch.zeros((num_embeddings, H), dtype=dy.dtype, device=dy.device)
+    V = int(num_embeddings)
+    dw = torch.zeros((V, H), dtype=dy.dtype, device=dy.device)
     if ids.numel() == 0 or H == 0:
         return dw
     sorted_ids, order = torch.sort(ids.to(torch.int64), stable=True)
     uniq, counts = torch.unique_consecutive(sorted_ids, return_counts=True)
+    if not common.host_validated_active():
+        lo, hi = uniq[[0, -1]].tolist()
+        if lo < 0 or hi >= V:
+            bad = uniq[(uniq < 0) | (uniq >= V)][:4].tolist()
+            raise UnsupportedConfigError(f"embedding backward: ids out of range [0, {V}): e.g. {bad} "
+                                         f"(span [{lo}, {hi}])")
     starts = torch.cumsum(counts, 0) - counts
     bh = min(_table_of(dy)["embedding"]["BLOCK_H"], next_pow2(H))
     launch(K.embedding_bwd_kernel, (uniq.shape[0], cdiv(H, bh)),

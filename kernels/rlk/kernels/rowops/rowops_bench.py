@@ -252,11 +252,11 @@ def main(argv=None):
     if a.ops:
         rows = run(sizes, a.quick, only=tuple(a.ops))
         with open(a.out, "w") as f:
-            json.dump({"provenance": provenance(), "meta": {"value_checks": "default ('device')", "rounds": ROUNDS},
+            json.dump({"provenance": provenance(), "meta": {"value_checks": L.effective_value_checks(), "rounds": ROUNDS},
                        "rows": rows}, f, indent=1)
         print(f"wrote {a.out} ({len(rows)} rows)")
         return
-    # Default value checks ("device": range asserts on the device, nothing read back).
+    # The process's value checks (default "device": range asserts on the device, nothing read back).
     rows = run(sizes, a.quick)
     # The ops with range checks (ids / positions), as the trainer, the replay harness and the
     # rollout call them: inside host_validated() (ids and positions built or checked on the host
@@ -268,24 +268,25 @@ def main(argv=None):
             r["op"] += "_validated"
             rows.append(r)
     # "host" value checks (min / max read back: one synchronization per call), the debugging mode.
-    L.set_value_checks("host")
+    prev = L.set_value_checks("host")
     try:
         for r in run(sizes, a.quick, only=("rope_q", "embedding")):
             r["op"] += "_hostcheck"
             rows.append(r)
     finally:
-        L.set_value_checks("device")
+        L.set_value_checks(prev)
     # Value checks off without that promise: the embedding's kernel route (NaN row per bad id),
     # called as L.embedding_kernel so that the CUDA-graph columns (captured inside
     # host_validated(), where L.embedding copies with index_select) time the kernel too.
-    L.set_value_checks("off")
+    prev = L.set_value_checks("off")
     try:
         for r in run(sizes, a.quick, only=("embedding",), embedding=L.embedding_kernel):
             r["op"] += "_nocheck"
             rows.append(r)
     finally:
-        L.set_value_checks("device")
-    meta = {"value_checks": "'device' (the default: range asserts on the device, nothing read back) unless op "
+        L.set_value_checks(prev)
+    meta = {"value_checks": f"{L.effective_value_checks()!r} (the process's mode; 'device', the default: range "
+                            "asserts on the device, nothing read back) unless op "
                             "ends in _validated (inside host_validated(): the production route), _hostcheck "
                             "(set_value_checks('host'): min/max read back, one sync per call) or _nocheck "
                             "(set_value_checks('off'): the embedding's kernel)",

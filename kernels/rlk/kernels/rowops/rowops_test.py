@@ -160,22 +160,23 @@ def test_rope_backward_autograd():
 
 
 def test_rope_backward_reads_no_device_value(monkeypatch):
-    """Positions are range-checked once, in the forward (one device read); the backward reuses
-    the same saved positions without a second read (on GPU the autograd engine runs it on its own
-    thread, outside any host_validated() of the caller)."""
+    """Positions are range-checked once, in the forward (a read-back or a device assert, by mode);
+    the backward reuses the same saved positions without a second check (on GPU the autograd
+    engine runs it on its own thread, outside any host_validated() of the caller)."""
     from rlk.ops import rowops as O
 
-    reads = []
-    real = L._span
-    monkeypatch.setattr(L, "_span", lambda t: reads.append(1) or real(t))
+    checks = []
+    real_span, real_assert = L._span, L._assert_in_range_on_device
+    monkeypatch.setattr(L, "_span", lambda t: checks.append("read") or real_span(t))
+    monkeypatch.setattr(L, "_assert_in_range_on_device", lambda t, n: checks.append("assert") or real_assert(t, n))
     T, nh, D = 5, 2, 16
     x = _data((T, nh, D), 21).requires_grad_(True)
     cos, sin = L.rope_table(32, D, 10000.0, DEV)
     pos = torch.tensor([3, 1, 31, 0, 3], device=DEV)
     y = O.apply_rope(x, pos, cos, sin)
-    assert len(reads) == 1, "the forward's range check did not run"
+    assert len(checks) == 1, f"the forward's range check did not run once: {checks}"
     y.backward(_data((T, nh, D), 22))
-    assert len(reads) == 1, "the backward read the positions again"
+    assert len(checks) == 1, "the backward checked the positions again"
 
 
 def test_swiglu_forward_backward():
@@ -219,21 +220,25 @@ def test_embedding_routes_same_bytes_and_bad_ids(monkeypatch):
     with host_validated():
         vouched = L.embedding(ids.to(torch.int32), w)
     assert launched == [], "ids known in range: the copy route launches no Triton kernel"
-    L.set_value_checks(False)
+    prev = L.set_value_checks(False)
     try:
         kernel = L.embedding(ids, w)
         assert len(launched) == 1, "value checks off: the kernel route"
         bad = torch.tensor([3, -1, V, 7], device=DEV)
         poisoned = L.embedding(bad, w)
     finally:
-        L.set_value_checks(True)
+        L.set_value_checks(prev)
     for got, what in ((checked, "checked copy"), (vouched, "host_validated copy"), (kernel, "kernel"),
                       (L.embedding_kernel(ids, w), "embedding_kernel, checks on")):
         assert_bitwise_equal(got, w[ids], what)
     assert_bitwise_equal(poisoned[[0, 3]], w[[3, 7]], "good rows of a batch with bad ids")
     assert bool(torch.isnan(poisoned[[1, 2]].float()).all()), "bad ids give NaN rows on the kernel route"
-    with pytest.raises(UnsupportedConfigError, match="out of range"):
-        L.embedding(bad, w)
+    prev = L.set_value_checks("host")  # on a GPU "device" mode would end the context instead
+    try:
+        with pytest.raises(UnsupportedConfigError, match="out of range"):
+            L.embedding(bad, w)
+    finally:
+        L.set_value_checks(prev)
     # The host_validated short path accepts nothing the full checks reject.
     with host_validated():
         for call, match in ((lambda: L.embedding(torch.arange(8, device=DEV)[::2], w), "contiguous"),
@@ -284,62 +289,112 @@ def test_bad_input_raises_before_launch(call, match):
 
 
 def test_value_check_modes():
-    """set_value_checks / RLK_VALUE_CHECKS accept the three modes (True / False for device / off)
-    and reject anything else with a clear error."""
+    """set_value_checks accepts the three modes (True / False for device / off), returns the
+    previous one and rejects anything else with a clear error."""
     prev = L.value_checks()
     try:
         for given, mode in ((True, "device"), (False, "off"), ("host", "host"), ("off", "off"), ("device", "device")):
-            L.set_value_checks(given)
+            before = L.value_checks()
+            assert L.set_value_checks(given) == before
             assert L.value_checks() == mode
         for bad in ("on", "sync", 1, None):
             with pytest.raises(UnsupportedConfigError, match="value checks"):
                 L.set_value_checks(bad)
     finally:
         L.set_value_checks(prev)
-    assert L._mode_from("host") == "host"
+
+
+@pytest.mark.parametrize("env, want", [("host", "host"), ("off", "off"), (None, "device"), ("HOST", "error")])
+def test_value_checks_environment_variable(env, want):
+    """RLK_VALUE_CHECKS sets the starting mode (the provenance records it); a wrong value fails
+    the import with the error that names the modes."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("from rlk.kernels.rowops import launch as L; from rlk import provenance as P; "
+            "print(L.value_checks(), P.toolchain()['value_checks'])")
+    envs = {k: v for k, v in os.environ.items() if k != "RLK_VALUE_CHECKS"}
+    if env is not None:
+        envs["RLK_VALUE_CHECKS"] = env
+    envs["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=envs, timeout=300)
+    if want == "error":
+        assert r.returncode != 0 and "is not one of" in r.stderr, r.stderr[-2000:]
+    else:
+        assert r.returncode == 0, r.stderr[-2000:]
+        mode, recorded = r.stdout.split()[-2:]
+        assert mode == want and recorded == (("host" if want == "device" and torch.version.hip else want))
 
 
 def test_device_checks_read_nothing_back_and_fail_closed(monkeypatch):
-    """The "device" route (what a GPU tensor takes by default), driven on the CPU: no (min, max)
-    read back; RoPE and the embedding backward gather from an n-byte scratch row at the values
-    (index_select: a device-side assert on a GPU, IndexError here), the embedding copy relies on
-    its own index_select; in-range results are the bytes of the host-checked route."""
+    """The "device" route (what a GPU tensor takes by default), driven on the CPU (on a GPU the
+    bad values below would end the CUDA context): no (min, max) read back; RoPE gathers from an
+    n-byte scratch row at the positions (a device-side assert on a GPU, RuntimeError here), the
+    embedding copy (its short route too) relies on its own index_select; the embedding backward
+    checks its sorted ids on the host in every mode; in-range results are the host route's bytes."""
+    dev = "cpu"
     T, nh, D, V, H = 5, 2, 16, 40, 24
-    x = _data((T, nh, D), 50)
-    cos, sin = L.rope_table(32, D, 10000.0, DEV)
-    pos = torch.tensor([3, 1, 31, 0, 3], device=DEV)
-    w = _data((V, H), 51)
-    ids = torch.tensor([5, 0, 39, 5], device=DEV)
-    dy = _data((4, H), 52)
+    x = _data((T, nh, D), 50, device=dev)
+    cos, sin = L.rope_table(32, D, 10000.0, dev)
+    pos = torch.tensor([3, 1, 31, 0, 3], device=dev)
+    w = _data((V, H), 51, device=dev)
+    ids = torch.tensor([5, 0, 39, 5], device=dev)
+    dy = _data((4, H), 52, device=dev)
     want = (L.apply_rope(x, pos, cos, sin), L.embedding(ids, w), L.embedding_backward(dy, ids, V))
-    reads, asserts = [], []
-    real_span, real_assert = L._span, L._assert_in_range_on_device
+    L._TABLE_BY_INDEX.setdefault(w.get_device(), L.C.table("cpu-interpreter"))  # the short route's arch memo
+    reads, asserts, short = [], [], []
+    real_span, real_assert, real_short = L._span, L._assert_in_range_on_device, L._copy_route_short
     monkeypatch.setattr(L, "_span", lambda t: reads.append(1) or real_span(t))
     monkeypatch.setattr(L, "_assert_in_range_on_device", lambda t, n: asserts.append(n) or real_assert(t, n))
     monkeypatch.setattr(L, "_check_mode", lambda t: "device")
-    got = (L.apply_rope(x, pos, cos, sin), L.embedding(ids, w), L.embedding_backward(dy, ids, V))
-    for g, e, what in zip(got, want, ("rope", "embedding", "embedding backward")):
-        assert_bitwise_equal(g, e, f"{what}: device-checked vs host-checked")
-    assert reads == [], "device checks read a value back"
-    assert asserts == [32, V], "RoPE and the embedding backward assert once each, the copy relies on its own gather"
-    for bad in ([3, 1, 32, 0, 3], [3, -1, 2, 0, 3]):
-        with pytest.raises(IndexError):
-            L.apply_rope(x, torch.tensor(bad, device=DEV), cos, sin)
-    for bad in ([5, 40], [-1, 2]):
-        with pytest.raises(IndexError):
-            L.embedding(torch.tensor(bad, device=DEV), w)
-        with pytest.raises(IndexError):
-            L.embedding_backward(dy[:2], torch.tensor(bad, device=DEV), V)
-    with pytest.raises(IndexError):
-        L.embedding_kernel(torch.tensor([40], device=DEV), w)
-    assert reads == []
+    for drive_short in (False, True):
+        monkeypatch.setattr(L, "_device_copy_route", lambda t: drive_short)
+        monkeypatch.setattr(L, "_copy_route_short", lambda i, w_: short.append(real_short(i, w_)) or short[-1])
+        reads.clear(), asserts.clear(), short.clear()
+        got = (L.apply_rope(x, pos, cos, sin), L.embedding(ids, w), L.embedding_backward(dy, ids, V))
+        for g, e, what in zip(got, want, ("rope", "embedding", "embedding backward")):
+            assert_bitwise_equal(g, e, f"{what}: device-checked vs host-checked (short route {drive_short})")
+        assert reads == [], "device checks read a value back"
+        assert asserts == [32], "RoPE asserts once; the copy relies on its own gather"
+        assert short == [drive_short], "the short copy route taken exactly when driven"
+        for bad in ([3, 1, 32, 0, 3], [3, -1, 2, 0, 3], [3, 1, 2**32 + 3, 0, 3]):
+            with pytest.raises(RuntimeError, match="out of bounds"):
+                L.apply_rope(x, torch.tensor(bad, device=dev), cos, sin)
+        for bad in ([5, 40], [-1, 2]):
+            with pytest.raises(IndexError):
+                L.embedding(torch.tensor(bad, device=dev), w)
+            with pytest.raises(UnsupportedConfigError, match="embedding backward: ids out of range"):
+                L.embedding_backward(dy[:2], torch.tensor(bad, device=dev), V)
+        with pytest.raises(RuntimeError, match="out of bounds"):
+            L.embedding_kernel(torch.tensor([40], device=dev), w)
+        assert reads == []
+
+
+def test_embedding_backward_checks_ids_in_every_mode():
+    """The backward synchronizes anyway (unique_consecutive), so its host check runs whatever the
+    mode, "off" included (its kernel would write outside dW); only host_validated() skips it."""
+    from rlk.kernels.common import host_validated
+
+    dy = _data((2, 8), 53)
+    prev = L.value_checks()
+    try:
+        for mode in ("device", "host", "off"):
+            L.set_value_checks(mode)
+            for bad in ([1, 4], [-1, 0]):
+                with pytest.raises(UnsupportedConfigError, match="embedding backward: ids out of range"):
+                    L.embedding_backward(dy, torch.tensor(bad, device=DEV), 4)
+    finally:
+        L.set_value_checks(prev)
+    with host_validated():
+        assert L.embedding_backward(dy, torch.tensor([1, 3], device=DEV), 4).shape == (4, 8)
 
 
 def test_assert_in_range_on_device_bounds():
     for dtype in (torch.int64, torch.int32):
         L._assert_in_range_on_device(torch.tensor([0, 9, 4], dtype=dtype), 10)
-        for bad in ([0, 10], [-1, 3], [2**31 - 1]):
-            with pytest.raises(IndexError):
+        for bad in ([0, 10], [-1, 3], [2**31 - 1]) + (([2**32 + 5],) if dtype == torch.int64 else ()):
+            with pytest.raises(RuntimeError, match="out of bounds"):
                 L._assert_in_range_on_device(torch.tensor(bad, dtype=dtype), 10)
 
 
@@ -359,7 +414,8 @@ def test_check_mode_per_build_and_capture(monkeypatch):
         for asserts, mode, cap, want in ((True, "device", False, "device"), (True, "device", True, "device"),
                                          (True, "host", False, "host"), (True, "host", True, "device"),
                                          (False, "device", False, "host"), (False, "device", True, "off"),
-                                         (True, "off", False, "off")):
+                                         (False, "host", False, "host"), (False, "host", True, "off"),
+                                         (True, "off", False, "off"), (False, "off", True, "off")):
             monkeypatch.setattr(L, "DEVICE_ASSERTS", asserts)
             L.set_value_checks(mode)
             capturing[0] = cap
@@ -419,7 +475,11 @@ def test_gpu_embedding_routes_and_graph_capture(monkeypatch):
     V, H, T = 151936, 4096, 257
     w = torch.randn((V, H), device="cuda").to(torch.bfloat16)
     ids = torch.randint(0, V, (T,), device="cuda")
-    assert L.value_checks() == "device", "the default mode"
+    import os
+
+    if "RLK_VALUE_CHECKS" not in os.environ:
+        assert L.value_checks() == "device", "the default mode"
+    start = L.value_checks()
     assert_bitwise_equal(L.embedding(ids, w), w[ids], "checked copy")
     assert_bitwise_equal(L.embedding_kernel(ids, w), w[ids], "kernel")
     for route in ("vouched", "device", "off"):
@@ -439,7 +499,7 @@ def test_gpu_embedding_routes_and_graph_capture(monkeypatch):
                 with ctx(), torch.cuda.graph(g):
                     y = L.embedding(ids, w)
         finally:
-            L.set_value_checks("device")
+            L.set_value_checks(start)
         assert len(launched) == (1 if route == "off" else 0), f"route captured: {route}"
         new = torch.randint(0, V, (T,), device="cuda")
         ids.copy_(new)
@@ -455,8 +515,12 @@ def test_gpu_embedding_routes_and_graph_capture(monkeypatch):
     pos = torch.randint(0, 4096, (T,), device="cuda")
     want = L.apply_rope(q, pos, cos, sin)
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        yq = L.apply_rope(q, pos, cos, sin)
+    L.set_value_checks("device")
+    try:
+        with torch.cuda.graph(g):
+            yq = L.apply_rope(q, pos, cos, sin)
+    finally:
+        L.set_value_checks(start)
     g.replay()
     assert_bitwise_equal(yq, want, "rope captured with device checks")
 
@@ -474,6 +538,8 @@ if case == "good":
     L.embedding_backward(torch.ones(3, 32, device="cuda"), torch.tensor([0, 63, 5], device="cuda"), 64)
 elif case == "rope":
     L.apply_rope(x, torch.tensor([0, 16, 3], device="cuda"), cos, sin)
+elif case == "rope_2pow32":
+    L.apply_rope(x, torch.tensor([0, 2**32 + 3, 3], device="cuda"), cos, sin)
 elif case == "ids_high":
     L.embedding(torch.tensor([0, 64, 5], device="cuda"), w)
 elif case == "ids_negative":
@@ -486,11 +552,11 @@ print("synchronized", flush=True)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", ["good", "rope", "ids_high", "ids_negative", "bwd_ids"])
+@pytest.mark.parametrize("case", ["good", "rope", "rope_2pow32", "ids_high", "ids_negative", "bwd_ids"])
 def test_gpu_device_checks_fail_closed(case, tmp_path):
     """Default ("device") value checks on a GPU: an out-of-range position or id fails the stream
     with a device-side assert (not the host check's UnsupportedConfigError: nothing was read back),
-    never a silent wrong row. Each case in its own process (the assert ends the CUDA context). That
+    never a silent wrong row; the embedding backward raises its host check's error. Each case in its own process (the assert ends the CUDA context). That
     the in-range calls read nothing back is test_gpu_embedding_routes_and_graph_capture's capture."""
     import os
     import subprocess
@@ -503,6 +569,8 @@ def test_gpu_device_checks_fail_closed(case, tmp_path):
     out = r.stdout + r.stderr
     if case == "good":
         assert r.returncode == 0 and "synchronized" in r.stdout, out[-3000:]
+    elif case == "bwd_ids":  # the backward synchronizes anyway: its host check names the ids
+        assert r.returncode != 0 and "embedding backward: ids out of range" in out, out[-3000:]
     else:  # the assert may surface at any later CUDA call (a module load, a sort), not only at the sync
         assert r.returncode != 0 and "synchronized" not in r.stdout, f"bad value passed: {out[-3000:]}"
         assert "device-side assert" in out and "UnsupportedConfigError" not in out, out[-3000:]

@@ -51,14 +51,15 @@ def _table_of(t: torch.Tensor) -> dict:
 # the first; set_value_checks changes it):
 #   "device" (default): on a GPU nothing is read back; an out-of-range value fails the stream with
 #       a device-side assert (the call returns at once, the error surfaces at a later CUDA call and
-#       the CUDA context is lost), as torch's native embedding does. RoPE: one torch.gather from
-#       an n-byte scratch row at the positions (its kernel compares each index in int64). The
-#       embedding forward: its own torch.index_select copy, whose kernel asserts each index too,
-#       but as a 32-bit value when the tensors allow 32-bit indexing: an int64 id at or beyond
-#       2**32 in magnitude can alias a valid row (torch's F.embedding has the same gap; int32 ids
-#       or "host" mode close it). Also inside CUDA-graph capture (the assert is captured). Only
-#       where torch's kernel asserts are compiled in: CUDA builds. ROCm builds leave them out by
-#       default, so there "device" is "host" (and, during capture, "off").
+#       the CUDA context is lost), as torch's native embedding does: the kernel of one
+#       torch.index_select asserts each index in bounds (the embedding's own copy; for RoPE, one
+#       gather from an n-byte scratch row at the positions). It compares the index as a 32-bit
+#       value when the tensors allow 32-bit indexing, so an int64 value at or beyond 2**32 in
+#       magnitude can alias a valid one: the embedding then copies that row (torch's F.embedding
+#       has the same gap; int32 ids or "host" mode close it); RoPE's kernel still writes a NaN
+#       row (it compares in int64). Also inside CUDA-graph capture (the assert is captured).
+#       Only where torch's kernel asserts are compiled in: CUDA builds. ROCm builds leave them
+#       out by default, so there "device" is "host" (and, during capture, "off").
 #   "host": (min, max) are read back and UnsupportedConfigError names the bad values: one host
 #       synchronization per call on a GPU (while a graph is captured the device check runs
 #       instead). For debugging a device-side assert: RLK_VALUE_CHECKS=host.
@@ -126,9 +127,10 @@ def _span(t: torch.Tensor) -> tuple[int, int]:
 
 def _assert_in_range_on_device(t: torch.Tensor, n: int) -> None:
     """Fail the stream (device-side assert) if a value of ``t`` lies outside [0, n); reads nothing
-    back. One launch: ``torch.gather`` from an n-byte scratch row at ``t`` (its kernel compares
-    each index with n in int64; the bytes are never looked at; on the CPU it raises RuntimeError)."""
-    torch.gather(torch.empty(n, dtype=torch.uint8, device=t.device), 0, t)
+    back. One launch: ``torch.index_select`` from an n-byte scratch row at ``t`` (its kernel
+    asserts each index, as a 32-bit value when 32-bit indexing applies: see the comment above; the
+    bytes are never looked at; on the CPU it raises IndexError)."""
+    torch.index_select(torch.empty(n, dtype=torch.uint8, device=t.device), 0, t)
 
 
 def _check_same_device(**tensors) -> None:

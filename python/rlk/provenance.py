@@ -148,18 +148,13 @@ def toolchain() -> dict[str, Any]:
         out["launch_cache"] = out["host_plans"] = out["launch_sites"] = f"unknown: {type(e).__name__}"
     # The row ops' id / position range checks as GPU tensors get them ("device", "host" or "off";
     # ROCm builds run "device" as "host"). Not arithmetic, but "off" routes the embedding through
-    # its Triton kernel (the same bytes but NaN payloads). Read without importing the row ops (an
-    # import registers their contracts).
-    rowops_launch = sys.modules.get("rlk.kernels.rowops.launch")
-    if rowops_launch is not None:
-        out["value_checks"] = rowops_launch.effective_value_checks()
-    else:
-        v = os.environ.get("RLK_VALUE_CHECKS", "device")
-        if v not in ("device", "host", "off"):
-            v = f"invalid: {v!r}"
-        elif v == "device" and torch.version.hip:
-            v = "host"
-        out["value_checks"] = v
+    # its Triton kernel (the same bytes but NaN payloads).
+    try:
+        from rlk.kernels import common
+
+        out["value_checks"] = common.effective_value_checks()
+    except Exception as e:  # noqa: BLE001 - a record is still written
+        out["value_checks"] = f"unknown: {type(e).__name__}"
     return out
 
 

@@ -14,6 +14,7 @@ subnormal bf16 behaviour is checked on the GPU only. Every strict kernel therefo
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 
 import torch
@@ -95,6 +96,44 @@ def check_tensor(name: str, t: torch.Tensor, *, dtype=None, dim=None, device=Non
         raise UnsupportedConfigError(f"{name}: on {t.device}, expected {device}")
     if contiguous_last and nd > 0 and t.stride(-1) != 1 and t.numel() > 0:
         raise UnsupportedConfigError(f"{name}: last dimension must be contiguous (stride {t.stride()})")
+
+
+# The row ops' value-check mode (rlk.kernels.rowops.launch explains the three). Kept here, not
+# in the row ops, so that provenance can read it without importing them.
+VALUE_CHECK_MODES = ("device", "host", "off")
+# torch's CUDA builds keep CUDA_KERNEL_ASSERT; ROCm builds compile it out unless built otherwise.
+DEVICE_ASSERTS = getattr(torch.version, "hip", None) is None
+
+
+def mode_from(value) -> str:
+    """The value-check mode named by ``value``: a mode name, True ("device") or False ("off")."""
+    if value is True:
+        return "device"
+    if value is False:
+        return "off"
+    if value in VALUE_CHECK_MODES:
+        return value
+    raise UnsupportedConfigError(f"value checks: {value!r} is not one of {VALUE_CHECK_MODES} (or True / False)")
+
+
+_VALUE_CHECKS = [mode_from(os.environ.get("RLK_VALUE_CHECKS", "device"))]
+
+
+def set_value_checks(mode) -> str:
+    """``"device"`` (or True), ``"host"`` or ``"off"`` (or False); returns the previous mode."""
+    prev, _VALUE_CHECKS[0] = _VALUE_CHECKS[0], mode_from(mode)
+    return prev
+
+
+def value_checks() -> str:
+    """The mode set (RLK_VALUE_CHECKS / set_value_checks)."""
+    return _VALUE_CHECKS[0]
+
+
+def effective_value_checks() -> str:
+    """The mode GPU tensors get outside capture: "device" is "host" where kernel asserts are
+    compiled out (ROCm builds)."""
+    return "host" if _VALUE_CHECKS[0] == "device" and not DEVICE_ASSERTS else _VALUE_CHECKS[0]
 
 
 # Value checks (token ids, positions, block ids, lengths within range). The attention / KV-cache

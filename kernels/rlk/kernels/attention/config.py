@@ -167,20 +167,22 @@ def schedule(kind: str, device) -> dict:
     own entry (read it, never change it: every launch of ``kind`` shares it), or a copy with the
     active :func:`override` applied (copying it for every launch cost host time for nothing)."""
     arch = arch_of(device)
-    if arch == "cpu-interpreter":
-        out = _CPU[kind]
-    else:
-        out = _table("sm90" if arch == "sm_90" else "gfx942")[kind]
+    out = _CPU[kind] if arch == "cpu-interpreter" else _gpu_table(arch)[kind]
     return _OVERRIDES.apply(kind, out) if _OVERRIDES.active else out
+
+
+def _gpu_table(arch: str) -> dict:
+    return _table("sm90" if arch == "sm_90" else "gfx942")
 
 
 def one_wave_schedule(kind: str, device):
     """The table's ``<kind>_one_wave`` entry (for launches whose whole grid fits in one wave of
     programs, one per SM), or None: no such entry (the CPU table, gfx942), or a sweep overriding
     ``kind`` (it times ``kind``'s own entry). Every field of it is bit-neutral, like ``kind``'s."""
-    if arch_of(device) == "cpu-interpreter" or kind in _OVERRIDES.active:
+    arch = arch_of(device)
+    if arch == "cpu-interpreter" or kind in _OVERRIDES.active:
         return None
-    out = _table("sm90" if arch_of(device) == "sm_90" else "gfx942").get(kind + "_one_wave")
+    out = _gpu_table(arch).get(kind + "_one_wave")
     if out is None:
         return None
     return _OVERRIDES.apply(kind + "_one_wave", out) if _OVERRIDES.active else out

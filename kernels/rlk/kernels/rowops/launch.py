@@ -8,7 +8,6 @@ Contracts: ``rmsnorm.v1``, ``rope.v1``, ``swiglu.v1``, ``embedding.v1`` (see ``c
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 
@@ -69,54 +68,22 @@ def _table_of(t: torch.Tensor) -> dict:
 # The embedding backward synchronizes anyway (unique_consecutive's output size), so it always
 # checks the sorted ids on the host, in every mode. Inside common.host_validated() no value check
 # runs: the caller vouches for every value.
-VALUE_CHECK_MODES = ("device", "host", "off")
-# torch's CUDA builds keep CUDA_KERNEL_ASSERT; ROCm builds compile it out unless built otherwise.
-DEVICE_ASSERTS = getattr(torch.version, "hip", None) is None
-
-
-def mode_from(value) -> str:
-    """The mode named by ``value``: a mode name, True ("device") or False ("off")."""
-    if value is True:
-        return "device"
-    if value is False:
-        return "off"
-    if value in VALUE_CHECK_MODES:
-        return value
-    raise UnsupportedConfigError(f"value checks: {value!r} is not one of {VALUE_CHECK_MODES} (or True / False)")
-
-
-VALUE_CHECKS = mode_from(os.environ.get("RLK_VALUE_CHECKS", "device"))
-
-
-def set_value_checks(mode) -> str:
-    """``"device"`` (or True), ``"host"`` or ``"off"`` (or False), see the comment above; returns
-    the previous mode (to restore it)."""
-    global VALUE_CHECKS
-    prev, VALUE_CHECKS = VALUE_CHECKS, mode_from(mode)
-    return prev
-
-
-def value_checks() -> str:
-    """The mode set (RLK_VALUE_CHECKS / set_value_checks)."""
-    return VALUE_CHECKS
-
-
-def effective_value_checks() -> str:
-    """The mode GPU tensors get outside capture: "device" is "host" where kernel asserts are
-    compiled out (ROCm builds)."""
-    return "host" if VALUE_CHECKS == "device" and not DEVICE_ASSERTS else VALUE_CHECKS
+# The mode itself lives in rlk.kernels.common (provenance reads it without importing the row ops).
+set_value_checks, value_checks, effective_value_checks = (
+    common.set_value_checks, common.value_checks, common.effective_value_checks)
 
 
 def _check_mode(t) -> str:
     """How the values of ``t`` are checked by this call: "host" (read back), "device" (asserted
     on the device) or "off" (not checked: the kernels' NaN rows)."""
-    if VALUE_CHECKS == "off" or common.host_validated_active():
+    mode = common.value_checks()
+    if mode == "off" or common.host_validated_active():
         return "off"
     if not t.is_cuda:
         return "host"
     if torch.cuda.is_current_stream_capturing():
-        return "device" if DEVICE_ASSERTS else "off"
-    return "device" if VALUE_CHECKS == "device" and DEVICE_ASSERTS else "host"
+        return "device" if common.DEVICE_ASSERTS else "off"
+    return "device" if mode == "device" and common.DEVICE_ASSERTS else "host"
 
 
 def _span(t: torch.Tensor) -> tuple[int, int]:
@@ -371,19 +338,23 @@ def _ids_checks(ids, V, copy_asserts):
         return ids, True
     mode = _check_mode(ids)
     if mode == "host":
-        lo, hi = _span(ids)
-        if lo < 0 or hi >= V:
-            bad = ids[(ids < 0) | (ids >= V)][:4].tolist()
-            raise UnsupportedConfigError(f"embedding: ids out of range [0, {V}): e.g. {bad} (span [{lo}, {hi}])")
+        _raise_if_ids_outside("embedding", ids, V, *_span(ids))
     elif mode == "device" and not copy_asserts:
         _assert_in_range_on_device(ids, V)
     return ids, mode != "off" or common.host_validated_active()
 
 
+def _raise_if_ids_outside(what, ids, V, lo, hi) -> None:
+    """UnsupportedConfigError naming up to four ids outside [0, V), given their span [lo, hi]."""
+    if lo < 0 or hi >= V:
+        bad = ids[(ids < 0) | (ids >= V)][:4].tolist()
+        raise UnsupportedConfigError(f"{what}: ids out of range [0, {V}): e.g. {bad} (span [{lo}, {hi}])")
+
+
 def _device_copy_route(ids) -> bool:
     """Whether value checks are "device" on a GPU with kernel asserts (index_select then asserts
     bad ids itself). A function so that CPU tests can drive the short route."""
-    return VALUE_CHECKS == "device" and DEVICE_ASSERTS and ids.is_cuda
+    return common.value_checks() == "device" and common.DEVICE_ASSERTS and ids.is_cuda
 
 
 def _copy_route_short(ids, weight) -> bool:
@@ -478,11 +449,7 @@ def embedding_backward(dy: torch.Tensor, ids: torch.Tensor, num_embeddings: int)
     sorted_ids, order = torch.sort(ids.to(torch.int64), stable=True)
     uniq, counts = torch.unique_consecutive(sorted_ids, return_counts=True)
     if not common.host_validated_active():
-        lo, hi = uniq[[0, -1]].tolist()
-        if lo < 0 or hi >= V:
-            bad = uniq[(uniq < 0) | (uniq >= V)][:4].tolist()
-            raise UnsupportedConfigError(f"embedding backward: ids out of range [0, {V}): e.g. {bad} "
-                                         f"(span [{lo}, {hi}])")
+        _raise_if_ids_outside("embedding backward", uniq, V, *uniq[[0, -1]].tolist())
     starts = torch.cumsum(counts, 0) - counts
     bh = min(_table_of(dy)["embedding"]["BLOCK_H"], next_pow2(H))
     launch(K.embedding_bwd_kernel, (uniq.shape[0], cdiv(H, bh)),

@@ -134,6 +134,7 @@ def test_check_mode_per_build_and_capture(monkeypatch):
     ("off") during capture, where nothing may be read."""
     from types import SimpleNamespace
 
+    from rlk.kernels import common
     from rlk.kernels.common import host_validated
 
     gpu, cpu = SimpleNamespace(is_cuda=True), SimpleNamespace(is_cuda=False)
@@ -146,7 +147,7 @@ def test_check_mode_per_build_and_capture(monkeypatch):
                                          (False, "device", False, "host"), (False, "device", True, "off"),
                                          (False, "host", False, "host"), (False, "host", True, "off"),
                                          (True, "off", False, "off"), (False, "off", True, "off")):
-            monkeypatch.setattr(L, "DEVICE_ASSERTS", asserts)
+            monkeypatch.setattr(common, "DEVICE_ASSERTS", asserts)
             L.set_value_checks(mode)
             capturing[0] = cap
             assert L._check_mode(gpu) == want, (asserts, mode, cap)

@@ -151,6 +151,7 @@ def test_check_mode_per_build_and_capture(monkeypatch):
             L.set_value_checks(mode)
             capturing[0] = cap
             assert L._check_mode(gpu) == want, (asserts, mode, cap)
+            assert L.effective_value_checks() == ("host" if mode == "device" and not asserts else mode)
             assert L._check_mode(cpu) == ("off" if mode == "off" else "host")
             with host_validated():
                 assert L._check_mode(gpu) == "off"

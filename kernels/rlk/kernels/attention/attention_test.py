@@ -173,6 +173,7 @@ def test_pick_prefill_schedule_one_wave_rule(monkeypatch):
     # S=1024, 8 q / 2 kv heads, one sequence: 16 m-tiles x 8 heads = 128 programs.
     assert launch.pick_prefill_schedule(default, one, 1024, 2, 4, 1, lambda: 132) == (one, 1, (16, 8, 1))
     assert launch.pick_prefill_schedule(default, one, 1024, 2, 4, 1, lambda: 127)[0] is default
+    assert launch.pick_prefill_schedule(default, one, 1024, 2, 4, 1, lambda: 128)[0] is one  # exactly one wave
     assert launch.pick_prefill_schedule(default, one, 1025, 2, 4, 1, lambda: 132) == (default, 4, (65, 2, 1))
     assert launch.pick_prefill_schedule(default, one, 512, 2, 4, 2, lambda: 132)[0] is one
     assert launch.pick_prefill_schedule(default, None, 64, 2, 4, 1, lambda: 132) == (default, 4, (4, 2, 1))

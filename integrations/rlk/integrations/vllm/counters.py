@@ -13,6 +13,7 @@ import collections
 import glob
 import json
 import os
+import time
 
 from rlk.errors import ExactnessError
 
@@ -29,12 +30,22 @@ class Counters:
     def __init__(self, meta: dict | None = None):
         self.counts: collections.Counter = collections.Counter()
         self.meta = dict(meta or {})
+        self._flushes = 0
+        self._last_flush = 0.0
 
     def add(self, name: str, n: int = 1) -> None:
         self.counts[name] += n
 
     def snapshot(self) -> dict:
         return {"pid": os.getpid(), "counts": dict(self.counts), **self.meta}
+
+    def flush_throttled(self, every_s: float = 1.0, first: int = 3) -> str | None:
+        """:meth:`flush` for the first ``first`` calls, then at most once per ``every_s`` seconds
+        (a forward runs every few milliseconds; the file only has to show which ops ran)."""
+        now = time.monotonic()
+        if self._flushes < first or now - self._last_flush >= every_s:
+            return self.flush()
+        return None
 
     def flush(self) -> str | None:
         d = os.environ.get(ENV_DIR)
@@ -46,6 +57,8 @@ class Counters:
         with open(tmp, "w") as f:
             json.dump(self.snapshot(), f, sort_keys=True)
         os.replace(tmp, path)
+        self._flushes += 1
+        self._last_flush = time.monotonic()
         return path
 
 

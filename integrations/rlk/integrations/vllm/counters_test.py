@@ -39,3 +39,19 @@ def test_flush_and_read_roundtrip(tmp_path, monkeypatch):
     c.flush()
     (rec,) = counters.read(str(tmp_path))
     assert rec["counts"] == {"linear": 1} and rec["contracts"] == {"gemm": "gemm.bf16.v1"}
+
+
+def test_flush_throttled_writes_the_first_calls_then_once_per_interval(tmp_path, monkeypatch):
+    monkeypatch.setenv(counters.ENV_DIR, str(tmp_path))
+    now = [100.0]
+    monkeypatch.setattr(counters.time, "monotonic", lambda: now[0])
+    c = counters.Counters()
+    written = []
+    for step in range(6):
+        c.add("linear")
+        written.append(c.flush_throttled(every_s=1.0, first=3) is not None)
+    assert written == [True, True, True, False, False, False]
+    now[0] += 1.0
+    c.add("linear")
+    assert c.flush_throttled(every_s=1.0, first=3) is not None
+    assert counters.read(str(tmp_path))[0]["counts"]["linear"] == 7

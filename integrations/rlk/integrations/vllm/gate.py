@@ -65,6 +65,12 @@ def check_sampling_params(sp, strict_temperature: float = 1.0) -> None:
         problems.append("bad_words is set (must be empty)")
     if getattr(sp, "structured_outputs", None) is not None or getattr(sp, "guided_decoding", None) is not None:
         problems.append("structured/guided decoding is set (masks the distribution)")
+    mt = getattr(sp, "min_tokens", 0) or 0
+    if mt and (not getattr(sp, "ignore_eos", False) or getattr(sp, "stop_token_ids", None)):
+        # min_tokens masks the stop tokens (EOS unless ignore_eos, and stop_token_ids) before
+        # sampling: the sampled distribution is then no longer the one the logp describes.
+        problems.append(f"min_tokens={mt} with stop tokens to mask (allowed only with ignore_eos=True and no "
+                        "stop_token_ids, where it masks nothing)")
     if getattr(sp, "logits_processors", None):
         problems.append("per-request logits_processors are set")
     if problems:
@@ -91,9 +97,9 @@ def check_engine_config(vllm_config) -> list[str]:
 
     Checked: bf16 model dtype (rlk's strict kernels are bf16), no quantization, no speculative
     decoding, ``logprobs_mode == "raw_logits"`` (the values leave ``compute_logits`` untouched),
-    eager execution (no CUDA graphs, no torch.compile / custom fusion passes), TP = PP = 1 on the
-    CPU path (NCCL TP is not verified), no LoRA, no prefix-cache-sharing of KV from a different
-    weight generation is possible (the cache is reset on weight updates by the caller).
+    execution mode (:func:`graph_problems`: eager, or full CUDA graphs of uniform decode batches
+    only), TP = PP = 1 (NCCL TP is not verified), no LoRA, no prefix-cache-sharing of KV from a
+    different weight generation is possible (the cache is reset on weight updates by the caller).
     """
     import torch
 
@@ -113,7 +119,7 @@ def check_engine_config(vllm_config) -> list[str]:
     if mode is not None and str(getattr(mode, "value", mode)) != "raw_logits":
         out.append(f"logprobs_mode={mode!r} (needs 'raw_logits' so the reported logp is rlk's)")
     if _get(mc, "enforce_eager") is False:
-        out.append("enforce_eager=False (CUDA graphs / compile passes are not verified)")
+        out += graph_problems(_get(vllm_config, "compilation_config"), cuda=torch.cuda.is_available())
     if _get(vllm_config, "lora_config") is not None:
         out.append("LoRA is on")
     pc = _get(vllm_config, "parallel_config")
@@ -121,4 +127,33 @@ def check_engine_config(vllm_config) -> list[str]:
     pp = _get(pc, "pipeline_parallel_size", 1)
     if tp != 1 or pp != 1:
         out.append(f"tensor_parallel_size={tp}, pipeline_parallel_size={pp} (only 1 is verified)")
+    return out
+
+
+# cudagraph modes the strict model can run under: no graphs, or full graphs of uniform decode
+# batches (one query per request: every shape fixed by the batch bucket, lengths read on the
+# device). Mixed and prefill batches run eagerly: the forward reads host values of the step's
+# metadata (max_query_len, num_actual_tokens) that a captured mixed-batch graph would bake in.
+GRAPH_MODES = ("NONE", "FULL_DECODE_ONLY")
+
+
+def graph_problems(compilation_config, cuda: bool) -> list[str]:
+    """Reasons a non-eager engine config is not covered (``enforce_eager=False``).
+
+    Covered on CUDA: compilation mode NONE (no torch.compile / Inductor passes over the model)
+    with ``cudagraph_mode`` in :data:`GRAPH_MODES`. On CPU every non-eager mode is refused (vLLM's
+    CPU path compiles the model with torch.compile; not verified).
+    """
+    if not cuda:
+        return ["enforce_eager=False on CPU (torch.compile of the model is not verified)"]
+    out = []
+    mode = _get(compilation_config, "mode")
+    if mode is not None and int(getattr(mode, "value", mode)) != 0:
+        out.append(f"compilation mode {getattr(mode, 'name', mode)} (needs NONE: "
+                   "strict_engine_kwargs sets compilation_config={'mode': 0, ...})")
+    cg = _get(compilation_config, "cudagraph_mode")
+    name = getattr(cg, "name", None if cg is None else str(cg))
+    if name is not None and name not in GRAPH_MODES:
+        out.append(f"cudagraph_mode {name} (covered: {', '.join(GRAPH_MODES)}; mixed/prefill graphs would "
+                   "bake one step's host metadata into the graph)")
     return out

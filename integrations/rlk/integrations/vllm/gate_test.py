@@ -81,3 +81,34 @@ def test_engine_config_rejects(kw, what):
 def test_strict_temperature_must_be_positive_finite(t):
     with pytest.raises(UnsupportedConfigError):
         gate.check_strict_temperature(t)
+
+
+def test_gate_min_tokens_only_where_it_masks_nothing():
+    gate.check_sampling_params(_sp(min_tokens=8, ignore_eos=True, stop_token_ids=None))
+    for kw in (dict(min_tokens=8, ignore_eos=False), dict(min_tokens=8, ignore_eos=True, stop_token_ids=[7])):
+        with pytest.raises(UnsupportedConfigError, match="min_tokens"):
+            gate.check_sampling_params(_sp(**kw))
+
+
+def _cc(mode, cg):
+    return types.SimpleNamespace(mode=mode, cudagraph_mode=types.SimpleNamespace(name=cg))
+
+
+@pytest.mark.parametrize("cg", gate.GRAPH_MODES)
+def test_graph_modes_covered_on_cuda(cg):
+    assert gate.graph_problems(_cc(0, cg), cuda=True) == []
+
+
+@pytest.mark.parametrize("mode,cg,what", [
+    (3, "FULL_DECODE_ONLY", "compilation mode"),
+    (0, "PIECEWISE", "cudagraph_mode PIECEWISE"),
+    (0, "FULL_AND_PIECEWISE", "cudagraph_mode FULL_AND_PIECEWISE"),
+    (0, "FULL", "cudagraph_mode FULL"),
+])
+def test_graph_modes_refused(mode, cg, what):
+    probs = gate.graph_problems(_cc(mode, cg), cuda=True)
+    assert len(probs) == 1 and what in probs[0], probs
+
+
+def test_graph_modes_refused_on_cpu():
+    assert "on CPU" in gate.graph_problems(_cc(0, "NONE"), cuda=False)[0]

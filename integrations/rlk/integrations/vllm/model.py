@@ -191,6 +191,8 @@ class RlkStrictQwen3ForCausalLM(nn.Module):
             raise UnsupportedConfigError("rlk strict vLLM: inputs_embeds / pipeline stages are not supported")
         from vllm.forward_context import get_forward_context
 
+        from rlk.kernels.common import host_validated
+
         m = self._get_plan()
         md = get_forward_context().attn_metadata
         if md is not None and not isinstance(md, dict):
@@ -212,20 +214,27 @@ class RlkStrictQwen3ForCausalLM(nn.Module):
             return out
 
         pos = positions.to(torch.int64)
-        h = m._forward(m.w, input_ids.to(torch.int64), pos, attn_fn)
+        # The attention metadata, slots and positions are vLLM's own (its scheduler built them; token
+        # ids were range-checked at admission), as for vLLM's own kernels: the launchers' value
+        # checks would add host read-backs per launch, which a CUDA graph cannot hold.
+        with host_validated():
+            h = m._forward(m.w, input_ids.to(torch.int64), pos, attn_fn)
         if md is not None:
-            self.counters.flush()
+            self.counters.flush_throttled()
         return h
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """``[T, V]`` fp32 log-probabilities of ``logp.v2`` at the strict temperature."""
         from rlk.models.qwen3.routes import logp_segmentation
+        from rlk.kernels.common import host_validated
         from rlk.ops import linear_logp
 
         m = self._get_plan()
         dummy = torch.zeros(hidden_states.shape[0], dtype=torch.int64, device=hidden_states.device)
-        out = linear_logp.linear_logp(hidden_states, m.w["lm_head.weight"], dummy, temperature=self.temperature,
-                                      return_logits=True, segmentation=logp_segmentation(self.rlk_cfg.vocab_size))
+        with host_validated():  # the targets are zeros written here: nothing to check on the device
+            out = linear_logp.linear_logp(hidden_states, m.w["lm_head.weight"], dummy, temperature=self.temperature,
+                                          return_logits=True,
+                                          segmentation=logp_segmentation(self.rlk_cfg.vocab_size))
         self.counters.add("logits_logp")
         # Same fp32 subtraction as the kernel's `logp = x[target] - lse`, for every column.
         return out.logits - out.lse[:, None]

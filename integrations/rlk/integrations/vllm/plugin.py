@@ -51,7 +51,8 @@ def register() -> None:
 def strict_engine_kwargs(**overrides) -> dict:
     """Engine arguments strict mode needs (``LLM(**strict_engine_kwargs(model=...))``).
 
-    ``hf_overrides`` selects :data:`ARCH`; ``rlk_temperature`` (default 1.0) is the strict
+    On CUDA: full CUDA graphs for decode batches (``cudagraph_mode="FULL_DECODE_ONLY"``, no
+    torch.compile); on CPU: eager. ``hf_overrides`` selects :data:`ARCH`; ``rlk_temperature`` (default 1.0) is the strict
     sampling temperature applied inside rlk's fused LM head. The request gate is installed as
     a logits processor (its ``validate_params`` rejects uncovered requests at admission).
     """
@@ -62,10 +63,15 @@ def strict_engine_kwargs(**overrides) -> dict:
         hf_overrides=hf,
         dtype="bfloat16",
         logprobs_mode="raw_logits",
-        enforce_eager=True,
         enable_prefix_caching=False,
         logits_processors=[GATE_PATH],
     )
+    if _cuda_available():
+        # Full CUDA graphs of decode batches (captured by vLLM per batch bucket), mixed and prefill
+        # steps eager; no torch.compile (the graph modes covered: gate.GRAPH_MODES).
+        kw.update(enforce_eager=False, compilation_config={"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"})
+    else:
+        kw["enforce_eager"] = True
     kw.update(overrides)
     return kw
 

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# vLLM 0.26.0 on the H200: the three arms of rlk.integrations.vllm.engine_bench, in stages.
+#
+#   STAGES=stage1 bash ci/h200_vllm.sh                      # call 1 (carry .vllm_bundle/part-aa)
+#   STAGES="stage2 prepare arm_rlk ..." bash ci/h200_vllm.sh  # call 2, right after (carry part-ab)
+#
+# Stages, in this order: stage1 stage2 prepare arm_rlk arm_stock arm_batch_invariant compare report.
+# Everything but stage1 needs the extracted bundle (ci/vllm_bundle.sh). The checkpoint ($CKPT)
+# and results ($R) live under /tmp/rlk_vllm, which survives between calls while the machine stays
+# warm; $OUT/results.tgz (JSON, logs, token files) and $OUT/summary.txt come back after every
+# stage. Variables: WORKLOADS (default W0,W1,W2), CONFIG (qwen3-8b), SEED (0), RECIPE, LAYERS,
+# ARM_LIMIT (s per arm, 420), COMPARE_ARGS.
+set -uo pipefail
+OUT=${OUT:-$PWD/out/h200_vllm}
+DEV=${RLK_VLLM_DIR:-/tmp/rlk_vllm}
+R=${R:-$DEV/results}
+CKPT=${CKPT:-$DEV/ckpt}
+mkdir -p "$OUT" "$R"
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TRITON_CACHE_DIR=/tmp/triton-cache
+STAGES=${STAGES:-"stage2 prepare arm_rlk arm_stock arm_batch_invariant compare report"}
+WORKLOADS=${WORKLOADS:-W0,W1,W2}
+SUMMARY=$OUT/summary.txt
+touch "$SUMMARY"
+
+stage() {  # stage NAME LIMIT_S CMD...
+  local name=$1 limit=$2; shift 2
+  case " $STAGES " in *" $name "*) ;; *) return 0 ;; esac
+  local t0=$SECONDS
+  echo "=== $name (limit ${limit}s): $*"
+  timeout --kill-after=15 "$limit" "$@" > "$R/$name.log" 2>&1
+  local rc=$?
+  echo "$name rc=$rc $((SECONDS - t0))s" | tee -a "$SUMMARY"
+  tail -n 15 "$R/$name.log"
+  tar czf "$OUT/results.tgz" -C "$R" .
+}
+
+stage stage1 120 bash ci/vllm_bundle.sh stage1
+stage stage2 180 bash ci/vllm_bundle.sh stage2
+if [ -f "$DEV/site/.rlk_bundle_sha256" ]; then eval "$(bash ci/vllm_bundle.sh env)"; fi
+BENCH="python3 -m rlk.integrations.vllm.engine_bench"
+stage prepare 300 $BENCH prepare --dir "$CKPT" --config "${CONFIG:-qwen3-8b}" --seed "${SEED:-0}" \
+  ${RECIPE:+--recipe "$RECIPE"} ${LAYERS:+--layers "$LAYERS"}
+[ -f "$CKPT/rlk_checkpoint.json" ] && cp "$CKPT/rlk_checkpoint.json" "$R/checkpoint.json"
+for arm in rlk stock batch_invariant; do
+  stage "arm_$arm" "${ARM_LIMIT:-420}" $BENCH arm --arm "$arm" --dir "$CKPT" --out "$R/arm_$arm.json" \
+    --workloads "$WORKLOADS"
+done
+# Diagnostic, only when named: the rlk arm without CUDA graphs.
+stage arm_rlk_eager "${ARM_LIMIT:-420}" $BENCH arm --arm rlk --eager --dir "$CKPT" --out "$R/arm_rlk_eager.json" \
+  --workloads "$WORKLOADS"
+stage compare 420 $BENCH compare --dir "$CKPT" --arms $(ls "$R"/arm_*.json 2>/dev/null) --out "$R/compare.json" \
+  ${COMPARE_ARGS:-}
+stage report 60 $BENCH report --results "$R" --out "$R/vllm_h200.json"
+tar czf "$OUT/results.tgz" -C "$R" .
+cat "$SUMMARY"

@@ -1,0 +1,370 @@
+"""Three vLLM arms on one GPU, same checkpoint, same requests: stock vLLM, vLLM's batch-invariant
+mode, and vLLM + rlk's strict plugin; tokens/s of each, and every returned logprob against the
+trainers' logp of the same tokens.
+
+    python -m rlk.integrations.vllm.engine_bench prepare --dir CKPT [--config qwen3-8b] [--seed 0]
+    python -m rlk.integrations.vllm.engine_bench arm --arm stock|batch_invariant|rlk --dir CKPT \\
+        --out R/arm_<arm>.json [--workloads W0,W1,W2]
+    python -m rlk.integrations.vllm.engine_bench compare --dir CKPT --arms R/arm_*.json --out R/compare.json
+    python -m rlk.integrations.vllm.engine_bench report --results R --out docs/results/vllm_h200.json
+
+``prepare`` writes the seeded bf16 weights (:func:`rlk.models.qwen3.random_weights`, recipe named
+in the record) as one Hugging Face directory (:mod:`rlk.models.qwen3.checkpoint`); every arm and
+both trainers load those files. Each ``arm`` runs in its own process (the batch-invariant switch
+is an environment variable read when vLLM is imported; each engine owns the GPU): engine start,
+one warm-up generate, then the workloads in order, each timed from submission to the last output
+(``LLM.generate``), ``SamplingParams(temperature=1, max_tokens=min_tokens=r, ignore_eos=True,
+logprobs=0, detokenize=False)``. Returned token ids and logprobs go to ``<out>.safetensors``.
+
+Arms (engine arguments in :func:`engine_kwargs`):
+* ``stock``: vLLM's defaults (torch.compile, CUDA graphs, its FlashAttention backend, its sampler),
+  ``logprobs_mode`` default (``raw_logprobs``).
+* ``batch_invariant``: the same with ``VLLM_BATCH_INVARIANT=1`` (vLLM's own deterministic mode).
+* ``rlk``: ``strict_engine_kwargs``: the strict Qwen3 class, full CUDA graphs of decode batches,
+  ``logprobs_mode="raw_logits"`` (the values leave ``compute_logits`` as rlk's ``logp.v2``).
+
+``compare`` scores every arm's tokens with rlk's trainer pattern (strict route, packed varlen) and,
+when megatron-core is importable, with megatron-core's GPTModel on rlk's spec, and compares the
+raw fp32 bytes. Workloads (:data:`WORKLOADS`): prompt ids and lengths from
+``rlk.replay.harness.make_requests(seed=1)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+WORKLOADS = {
+    "W0": dict(n=16, prompt=(64, 512), response=(64, 256)),
+    "W1": dict(n=64, prompt=(64, 1024), response=(64, 1024)),
+    "W2": dict(n=256, prompt=(64, 1024), response=(64, 1024)),
+}
+ARMS = ("stock", "batch_invariant", "rlk")
+MAX_MODEL_LEN = 2048  # longest prompt + response of every workload
+MAX_NUM_SEQS = 256  # the largest workload fits one batch; the same for every arm
+SEED = 1
+
+
+def say(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def workload(name: str, vocab: int) -> tuple[list[list[int]], list[int]]:
+    """(prompts, response lengths) of workload ``name``."""
+    from rlk.replay.harness import make_requests
+
+    w = WORKLOADS[name]
+    reqs = make_requests(w["n"], w["prompt"], w["response"], vocab, seed=SEED)
+    return [r.prompt for r in reqs], [r.max_new_tokens for r in reqs]
+
+
+# ---- prepare --------------------------------------------------------------------------------------
+def prepare(model_dir: str, config: str, seed: int, layers: int | None = None, recipe: str | None = None) -> dict:
+    """Writes the checkpoint directory (skipped when a record with the same settings exists)."""
+    import dataclasses
+
+    import torch
+
+    from rlk.models.qwen3 import Qwen3Config, random_weights
+    from rlk.models.qwen3 import checkpoint
+
+    cfg = Qwen3Config.named(config)
+    if layers:
+        cfg = dataclasses.replace(cfg, num_hidden_layers=layers)
+    meta = {"generator": "rlk.models.qwen3.random_weights", "seed": seed, "device": "cuda", "config": config,
+            "layers": cfg.num_hidden_layers}
+    kw = {}
+    if recipe:
+        kw["recipe"] = recipe
+        meta["recipe"] = recipe
+    try:
+        rec = checkpoint.read_record(model_dir)
+        if rec.get("meta") == meta:
+            say(f"checkpoint {model_dir} exists ({rec['sha256'][:12]})")
+            return rec
+    except Exception:
+        pass
+    t0 = time.perf_counter()
+    w = random_weights(cfg, seed, device="cuda", **kw)
+    torch.cuda.synchronize()
+    meta["generate_s"] = round(time.perf_counter() - t0, 2)
+    calib = getattr(random_weights, "last_calibration", None)
+    if calib:
+        meta["calibration"] = calib
+    rec = checkpoint.write_hf_dir(cfg, w, model_dir, meta=meta, progress=say)
+    say(f"checkpoint {model_dir}: {rec['bytes'] / 1e9:.1f} GB, sha256 {rec['sha256'][:12]}, "
+        f"write {rec['write_s']} s, hash {rec['hash_s']} s")
+    return rec
+
+
+# ---- one arm --------------------------------------------------------------------------------------
+def arm_env(arm: str, counters_dir: str) -> dict[str, str]:
+    """Variables of one arm's processes. Only the rlk arm loads rlk's plugin (``VLLM_PLUGINS``): the
+    baselines run vLLM as its users do, with no rlk code and no strict environment."""
+    env = {"VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_PLUGINS": "rlk" if arm == "rlk" else ""}
+    if arm == "batch_invariant":
+        env["VLLM_BATCH_INVARIANT"] = "1"
+    if arm == "rlk":
+        from rlk.integrations.vllm.counters import ENV_DIR
+        from rlk.integrations.vllm.plugin import worker_env
+
+        env.update(worker_env())
+        env[ENV_DIR] = counters_dir
+    return env
+
+
+def engine_kwargs(arm: str, model_dir: str, eager: bool = False) -> dict:
+    """Engine arguments of ``arm``; ``eager`` (rlk only, a diagnostic) turns CUDA graphs off."""
+    common = dict(model=model_dir, skip_tokenizer_init=True, dtype="bfloat16", max_model_len=MAX_MODEL_LEN,
+                  max_num_seqs=MAX_NUM_SEQS, gpu_memory_utilization=0.85, enable_prefix_caching=False, seed=0)
+    if arm == "rlk":
+        from rlk.integrations.vllm.plugin import strict_engine_kwargs
+
+        kw = strict_engine_kwargs(**common)
+        if eager:
+            kw.pop("compilation_config", None)
+            kw["enforce_eager"] = True
+        return kw
+    if eager:
+        raise SystemExit("--eager is a diagnostic of the rlk arm; the baselines run with vLLM's defaults")
+    return common
+
+
+def _outputs(outs, lens):
+    """(flat token ids, flat logprobs as float64) of one generate call, lengths checked."""
+    import torch
+
+    toks, lps = [], []
+    for i, (o, r) in enumerate(zip(outs, lens)):
+        c = o.outputs[0]
+        ids = list(c.token_ids)
+        if len(ids) != r:
+            raise RuntimeError(f"request {i}: {len(ids)} tokens generated, {r} asked (ignore_eos, min_tokens)")
+        if c.logprobs is None or len(c.logprobs) != r:
+            raise RuntimeError(f"request {i}: logprobs missing ({None if c.logprobs is None else len(c.logprobs)})")
+        toks += ids
+        lps += [c.logprobs[j][t].logprob for j, t in enumerate(ids)]
+    return torch.tensor(toks, dtype=torch.int32), torch.tensor(lps, dtype=torch.float64)
+
+
+def run_arm(arm: str, model_dir: str, out: str, workloads: list[str], w0_reps: int = 3, eager: bool = False) -> dict:
+    """One engine, every workload in order; writes ``out`` (JSON) and ``<out>.safetensors``."""
+    if arm not in ARMS:
+        raise SystemExit(f"--arm {arm!r}: one of {ARMS}")
+    from rlk import determinism
+
+    counters_dir = os.path.splitext(out)[0] + "_counters"
+    if arm != "rlk":
+        for k in determinism.STRICT_ENV:  # a baseline runs without rlk's environment
+            os.environ.pop(k, None)
+    determinism.export(arm_env(arm, counters_dir))  # before vLLM is imported / EngineCore spawned
+    import importlib.metadata
+
+    import torch
+    from safetensors.torch import save_file
+    from vllm import LLM, SamplingParams
+
+    from rlk.models.qwen3 import Qwen3Config
+
+    cfg = Qwen3Config.from_json(os.path.join(model_dir, "config.json"))
+    kw = engine_kwargs(arm, model_dir, eager)
+    say(f"[{arm}] engine start: {json.dumps({k: v for k, v in kw.items() if k != 'model'}, default=str)}")
+    t0 = time.perf_counter()
+    llm = LLM(**kw)
+    start_s = time.perf_counter() - t0
+    say(f"[{arm}] engine ready in {start_s:.1f} s")
+    vc = llm.llm_engine.vllm_config
+    rec = {"arm": arm + ("_eager" if eager else ""), "engine_start_s": round(start_s, 2), "engine_kwargs": {k: v for k, v in kw.items()},
+           "vllm_version": importlib.metadata.version("vllm"),
+           "cudagraph_mode": str(vc.compilation_config.cudagraph_mode),
+           "compilation_mode": str(vc.compilation_config.mode),
+           "env": {k: v for k, v in arm_env(arm, counters_dir).items() if k.startswith(("VLLM", "RLK"))},
+           "workloads": {}}
+    warm = [list(range(100 + i, 164 + i)) for i in range(4)]
+    t0 = time.perf_counter()
+    llm.generate([{"prompt_token_ids": p} for p in warm],
+                 SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True, logprobs=0, detokenize=False),
+                 use_tqdm=False)
+    rec["warmup_s"] = round(time.perf_counter() - t0, 2)
+    tensors = {}
+    for w in workloads:
+        prompts, lens = workload(w, cfg.vocab_size)
+        sps = [SamplingParams(temperature=1.0, max_tokens=r, min_tokens=r, ignore_eos=True, logprobs=0,
+                              detokenize=False) for r in lens]
+        reps = w0_reps if w == "W0" else 1
+        times = []
+        for k in range(reps):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            outs = llm.generate([{"prompt_token_ids": p} for p in prompts], sps, use_tqdm=False)
+            times.append(time.perf_counter() - t0)
+            toks, lps = _outputs(outs, lens)
+            if k == 0:  # the first repetition's tokens are the ones compared
+                tensors[f"{w}.tokens"], tensors[f"{w}.logp"] = toks, lps
+        n_tok = sum(lens)
+        med = sorted(times)[len(times) // 2]
+        rec["workloads"][w] = {"sequences": len(prompts), "response_tokens": n_tok, "prompt_tokens":
+                               sum(map(len, prompts)), "seconds": [round(t, 4) for t in times],
+                               "median_s": round(med, 4), "tok_per_s": round(n_tok / med, 1)}
+        say(f"[{arm}] {w}: {len(prompts)} seqs, {n_tok} tokens, {med:.2f} s -> {n_tok / med:.0f} tok/s "
+            f"(reps {[round(t, 2) for t in times]})")
+    if arm == "rlk":
+        from rlk.integrations.vllm import counters
+
+        rec["worker_counters"] = counters.check(counters.read(counters_dir))
+    save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.splitext(out)[0] + ".safetensors")
+    rec["provenance"] = _provenance(arm, rec)
+    with open(out, "w") as f:
+        json.dump(rec, f, indent=1, default=str)
+    return rec
+
+
+def _provenance(arm: str, rec: dict) -> dict:
+    extra = {"engine": f"vllm {rec.get('vllm_version')}", "arm": arm,
+             "bundle_sha256": os.environ.get("RLK_VLLM_BUNDLE_SHA256")}
+    try:
+        from rlk import provenance
+
+        ids = sorted(set((rec.get("worker_counters") or {}).get("contracts", {}).values())) or None
+        return provenance.capability_record(route="strict" if arm == "rlk" else "native", contract_ids=ids,
+                                            extra=extra)
+    except Exception as e:  # recorded, never invented
+        import torch
+
+        return {"error": f"capability_record failed: {type(e).__name__}: {e}", "torch": torch.__version__,
+                "extra": extra}
+
+
+# ---- compare --------------------------------------------------------------------------------------
+def compare_logp(engine: list, trainer: list) -> dict:
+    """Bitwise comparison of per-request logp (engine: float64 values that must be exact fp32)."""
+    import torch
+
+    n = bad = 0
+    first, max_abs = None, 0.0
+    for i, (e, t) in enumerate(zip(engine, trainer)):
+        e32 = e.to(torch.float32)
+        if not torch.equal(e32.to(torch.float64), e):
+            raise AssertionError(f"request {i}: engine logp are not fp32 values")
+        t = t.to(torch.float32).cpu()
+        if e32.shape != t.shape:
+            raise AssertionError(f"request {i}: {tuple(e32.shape)} vs {tuple(t.shape)}")
+        neq = e32.view(torch.int32) != t.view(torch.int32)
+        n += e32.numel()
+        bad += int(neq.sum())
+        if neq.any():
+            max_abs = max(max_abs, float((e32.double() - t.double()).abs().max()))
+            if first is None:
+                j = int(torch.nonzero(neq)[0])
+                first = {"request": i, "token": j, "engine": float(e32[j]), "trainer": float(t[j])}
+    return {"compared_elements": n, "mismatch_count": bad, "max_abs_diff": max_abs, "torch_equal": bad == 0,
+            "first_mismatch": first}
+
+
+def _split(flat, lens):
+    out, o = [], 0
+    for r in lens:
+        out.append(flat[o:o + r])
+        o += r
+    return out
+
+
+def compare(model_dir: str, arm_files: list[str], out: str, microbatch_tokens: int = 32768,
+            megatron: bool = True) -> dict:
+    import torch
+    from safetensors.torch import load_file
+
+    from rlk.models.qwen3 import Qwen3, Qwen3Config, load_safetensors
+    from rlk.models.qwen3.layouts import hf_to_fused
+    from rlk.replay import trainer
+
+    cfg = Qwen3Config.from_json(os.path.join(model_dir, "config.json"))
+    t0 = time.perf_counter()
+    fused = hf_to_fused(cfg, load_safetensors(model_dir, cfg, device="cuda"))
+    model = Qwen3(cfg, fused, "strict")
+    say(f"trainer model loaded in {time.perf_counter() - t0:.1f} s")
+    mg = None
+    res = {"trainers": ["rlk trainer pattern (rlk.replay.trainer.score, strict route)"], "arms": {}}
+    if megatron:
+        try:
+            from rlk.integrations.megatron import replay as mreplay
+
+            res["megatron_core_version"] = mreplay.megatron_version()
+            mg = mreplay.build_megatron(cfg, fused, "cuda")
+            res["trainers"].append(f"megatron-core {res['megatron_core_version']} GPTModel, rlk strict spec, TP=1")
+        except Exception as e:
+            res["megatron_error"] = f"{type(e).__name__}: {e}"
+            say(f"megatron-core trainer unavailable: {res['megatron_error']}")
+    for path in arm_files:
+        with open(path) as f:
+            arm = json.load(f)
+        tens = load_file(os.path.splitext(path)[0] + ".safetensors")
+        name = arm["arm"]
+        res["arms"][name] = {}
+        for w in arm["workloads"]:
+            prompts, lens = workload(w, cfg.vocab_size)
+            toks = _split(tens[f"{w}.tokens"].tolist(), lens)
+            elp = _split(tens[f"{w}.logp"], lens)
+            t1 = time.perf_counter()
+            tl, _, _ = trainer.score(model, prompts, toks, microbatch_tokens=microbatch_tokens)
+            r = {"rlk_trainer": compare_logp(elp, tl), "rlk_trainer_s": round(time.perf_counter() - t1, 2)}
+            if mg is not None:
+                from rlk.integrations.megatron import replay as mreplay
+
+                ml, ms, _ = mreplay.megatron_score(mg, cfg, prompts, toks, microbatch_tokens, "cuda")
+                r["megatron"] = compare_logp(elp, ml)
+                r["megatron_vs_rlk_trainer"] = compare_logp([t.double().cpu() for t in tl], ml)
+                r["megatron_s"] = round(ms, 2)
+            res["arms"][name][w] = r
+            say(f"compare {name} {w}: rlk trainer mismatches {r['rlk_trainer']['mismatch_count']} of "
+                f"{r['rlk_trainer']['compared_elements']} (max {r['rlk_trainer']['max_abs_diff']:.3g})"
+                + (f"; megatron {r['megatron']['mismatch_count']}" if "megatron" in r else ""))
+    with open(out, "w") as f:
+        json.dump(res, f, indent=1)
+    return res
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("prepare")
+    p.add_argument("--dir", required=True)
+    p.add_argument("--config", default="qwen3-8b")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--layers", type=int, default=None)
+    p.add_argument("--recipe", default=None)
+    a_ = sub.add_parser("arm")
+    a_.add_argument("--arm", required=True, choices=ARMS)
+    a_.add_argument("--dir", required=True)
+    a_.add_argument("--out", required=True)
+    a_.add_argument("--workloads", default="W0,W1,W2")
+    a_.add_argument("--w0-reps", type=int, default=3)
+    a_.add_argument("--eager", action="store_true", help="rlk arm without CUDA graphs (diagnostic)")
+    c = sub.add_parser("compare")
+    c.add_argument("--dir", required=True)
+    c.add_argument("--arms", nargs="+", required=True)
+    c.add_argument("--out", required=True)
+    c.add_argument("--no-megatron", action="store_true")
+    r = sub.add_parser("report")
+    r.add_argument("--results", required=True)
+    r.add_argument("--out", required=True)
+    a = ap.parse_args(argv)
+    if a.cmd == "prepare":
+        prepare(a.dir, a.config, a.seed, a.layers, a.recipe)
+    elif a.cmd == "arm":
+        run_arm(a.arm, a.dir, a.out, [w for w in a.workloads.split(",") if w], a.w0_reps, a.eager)
+    elif a.cmd == "compare":
+        compare(a.dir, a.arms, a.out, megatron=not a.no_megatron)
+    else:
+        from rlk.integrations.vllm import engine_report
+
+        engine_report.write(a.results, a.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""The GPU engine bench's host-side parts: workloads, arm environments, the bitwise comparison,
+and the report's ratios and targets (synthetic arm files; no engine, no GPU)."""
+
+import json
+
+import pytest
+import torch
+
+from rlk.integrations.vllm import engine_bench, engine_report
+
+
+def test_workloads_are_seeded_and_in_range():
+    for name, w in engine_bench.WORKLOADS.items():
+        p1, l1 = engine_bench.workload(name, 1000)
+        p2, l2 = engine_bench.workload(name, 1000)
+        assert (p1, l1) == (p2, l2) and len(p1) == len(l1) == w["n"]
+        assert all(w["prompt"][0] <= len(p) <= w["prompt"][1] for p in p1)
+        assert all(w["response"][0] <= r <= w["response"][1] for r in l1)
+        assert max(len(p) + r for p, r in zip(p1, l1)) <= engine_bench.MAX_MODEL_LEN
+        assert w["n"] <= engine_bench.MAX_NUM_SEQS
+
+
+def test_only_the_rlk_arm_loads_rlk_and_its_environment(tmp_path):
+    stock = engine_bench.arm_env("stock", str(tmp_path))
+    bi = engine_bench.arm_env("batch_invariant", str(tmp_path))
+    rlk = engine_bench.arm_env("rlk", str(tmp_path))
+    assert stock["VLLM_PLUGINS"] == "" and "VLLM_BATCH_INVARIANT" not in stock
+    assert bi["VLLM_PLUGINS"] == "" and bi["VLLM_BATCH_INVARIANT"] == "1"
+    assert rlk["VLLM_PLUGINS"] == "rlk" and rlk["RLK_VLLM_COUNTERS_DIR"] == str(tmp_path)
+    assert not any(k.startswith("RLK") or k == "CUBLAS_WORKSPACE_CONFIG" for k in stock)
+
+
+def test_compare_logp_counts_bits_and_refuses_non_fp32_values():
+    t = [torch.tensor([-0.5, -3.25, -7.0], dtype=torch.float32), torch.tensor([-1.0], dtype=torch.float32)]
+    e = [x.double() for x in t]
+    ok = engine_bench.compare_logp(e, t)
+    assert ok["mismatch_count"] == 0 and ok["compared_elements"] == 4 and ok["torch_equal"]
+    bumped = t[0].clone()
+    bumped.view(torch.int32)[1] += 1  # one ulp
+    bad = engine_bench.compare_logp([bumped.double(), e[1]], t)
+    assert bad["mismatch_count"] == 1 and bad["first_mismatch"]["token"] == 1 and bad["max_abs_diff"] > 0
+    with pytest.raises(AssertionError, match="not fp32"):
+        engine_bench.compare_logp([torch.tensor([-0.1], dtype=torch.float64)], [torch.tensor([-0.1])])
+
+
+def _arm(tmp_path, arm, tok):
+    rec = {"arm": arm, "vllm_version": "0.26.0", "workloads": {
+        w: {"sequences": 2, "response_tokens": 10, "prompt_tokens": 20, "tok_per_s": v} for w, v in tok.items()},
+        "provenance": {"extra": {"bundle_sha256": "b" * 64}}}
+    with open(tmp_path / f"arm_{arm}.json", "w") as f:
+        json.dump(rec, f)
+
+
+def _cmp(tmp_path, rlk_mismatch):
+    fig = lambda m: {"compared_elements": 10, "mismatch_count": m, "max_abs_diff": 0.0 if m == 0 else 1e-6,
+                     "torch_equal": m == 0}
+    res = {"trainers": ["rlk"], "arms": {"rlk": {"W0": {"rlk_trainer": fig(rlk_mismatch), "megatron": fig(0)}},
+                                         "stock": {"W0": {"rlk_trainer": fig(9)}}}}
+    with open(tmp_path / "compare.json", "w") as f:
+        json.dump(res, f)
+
+
+def test_report_ratios_and_targets(tmp_path):
+    _arm(tmp_path, "stock", {"W0": 1000.0})
+    _arm(tmp_path, "batch_invariant", {"W0": 500.0})
+    _arm(tmp_path, "rlk", {"W0": 960.0})
+    _cmp(tmp_path, 0)
+    rep = engine_report.write(str(tmp_path), str(tmp_path / "out" / "vllm_h200.json"))
+    w = rep["workloads"]["W0"]
+    assert w["stock"] == 1000.0 and w["rlk_vs_stock_tok_per_s"] == 0.96 and w["rlk_vs_batch_invariant_tok_per_s"] == 1.92
+    assert rep["targets"] == {"rlk_ge_0.95x_stock": True, "rlk_faster_than_batch_invariant": True,
+                              "rlk_bitwise_rlk_trainer": True, "rlk_bitwise_megatron": True}
+    assert rep["bitwise"]["stock"]["W0"]["rlk_trainer"]["mismatch_count"] == 9
+    md = (tmp_path / "out" / "vllm_h200.md").read_text()
+    assert sum(line.startswith("| W0 | 2 | 10 | 1000.0 | 500.0 | 960.0 | 0.96 | 1.92 |") for line in md.splitlines()) == 1
+
+
+def test_report_targets_fail_on_slow_arm_or_one_mismatch(tmp_path):
+    _arm(tmp_path, "stock", {"W0": 1000.0})
+    _arm(tmp_path, "batch_invariant", {"W0": 990.0})
+    _arm(tmp_path, "rlk", {"W0": 940.0})
+    _cmp(tmp_path, 1)
+    t = engine_report.build(str(tmp_path))["targets"]
+    assert t["rlk_ge_0.95x_stock"] is False and t["rlk_faster_than_batch_invariant"] is False
+    assert t["rlk_bitwise_rlk_trainer"] is False

@@ -9,7 +9,7 @@
 # and results ($R) live under /tmp/rlk_vllm, which survives between calls while the machine stays
 # warm; $OUT/results.tgz (JSON, logs, token files) and $OUT/summary.txt come back after every
 # stage. Variables: WORKLOADS (default W0,W1,W2), CONFIG (qwen3-8b), SEED (0), RECIPE, LAYERS,
-# ARM_LIMIT (s per arm, 420), COMPARE_ARGS.
+# ARM_LIMIT (s per arm, 420), COMPARE_ARGS, PROFILE (non-empty: attribution of stock and rlk).
 set -uo pipefail
 OUT=${OUT:-$PWD/out/h200_vllm}
 DEV=${RLK_VLLM_DIR:-/tmp/rlk_vllm}
@@ -31,7 +31,7 @@ stage() {  # stage NAME LIMIT_S CMD...
   local rc=$?
   echo "$name rc=$rc $((SECONDS - t0))s" | tee -a "$SUMMARY"
   tail -n 15 "$R/$name.log"
-  tar czf "$OUT/results.tgz" -C "$R" .
+  tar czf "$OUT/results.tgz" --exclude="*_trace" -C "$R" .
 }
 
 stage stage1 120 bash ci/vllm_bundle.sh stage1
@@ -43,7 +43,7 @@ stage prepare 300 $BENCH prepare --dir "$CKPT" --config "${CONFIG:-qwen3-8b}" --
 [ -f "$CKPT/rlk_checkpoint.json" ] && cp "$CKPT/rlk_checkpoint.json" "$R/checkpoint.json"
 for arm in rlk stock batch_invariant; do
   stage "arm_$arm" "${ARM_LIMIT:-420}" $BENCH arm --arm "$arm" --dir "$CKPT" --out "$R/arm_$arm.json" \
-    --workloads "$WORKLOADS"
+    --workloads "$WORKLOADS" ${PROFILE:+--profile}
 done
 # Diagnostic, only when named: the rlk arm without CUDA graphs.
 stage arm_rlk_eager "${ARM_LIMIT:-420}" $BENCH arm --arm rlk --eager --dir "$CKPT" --out "$R/arm_rlk_eager.json" \
@@ -51,5 +51,5 @@ stage arm_rlk_eager "${ARM_LIMIT:-420}" $BENCH arm --arm rlk --eager --dir "$CKP
 stage compare 420 $BENCH compare --dir "$CKPT" --arms $(ls "$R"/arm_*.json 2>/dev/null) --out "$R/compare.json" \
   ${COMPARE_ARGS:-}
 stage report 60 $BENCH report --results "$R" --out "$R/vllm_h200.json"
-tar czf "$OUT/results.tgz" -C "$R" .
+tar czf "$OUT/results.tgz" --exclude="*_trace" -C "$R" .
 cat "$SUMMARY"

@@ -43,6 +43,7 @@ WORKLOADS = {
     "W2": dict(n=256, prompt=(64, 1024), response=(64, 1024)),
 }
 ARMS = ("stock", "batch_invariant", "rlk")
+PROFILE = {"workload": "W0", "tokens": 64}  # the profiled generate (attribution), after the timed ones
 MAX_MODEL_LEN = 2048  # longest prompt + response of every workload
 MAX_NUM_SEQS = 256  # the largest workload fits one batch; the same for every arm
 SEED = 1
@@ -151,8 +152,13 @@ def _outputs(outs, lens):
     return torch.tensor(toks, dtype=torch.int32), torch.tensor(lps, dtype=torch.float64)
 
 
-def run_arm(arm: str, model_dir: str, out: str, workloads: list[str], w0_reps: int = 3, eager: bool = False) -> dict:
-    """One engine, every workload in order; writes ``out`` (JSON) and ``<out>.safetensors``."""
+def run_arm(arm: str, model_dir: str, out: str, workloads: list[str], w0_reps: int = 3, eager: bool = False,
+            profile: bool = False) -> dict:
+    """One engine, every workload in order; writes ``out`` (JSON) and ``<out>.safetensors``.
+
+    ``profile``: after the timed workloads, :data:`PROFILE` runs once under vLLM's torch
+    profiler (armed at engine start, inactive until then) and the record gets ``attribution``
+    (:mod:`rlk.integrations.vllm.engine_profile`)."""
     if arm not in ARMS:
         raise SystemExit(f"--arm {arm!r}: one of {ARMS}")
     from rlk import determinism
@@ -172,6 +178,11 @@ def run_arm(arm: str, model_dir: str, out: str, workloads: list[str], w0_reps: i
 
     cfg = Qwen3Config.from_json(os.path.join(model_dir, "config.json"))
     kw = engine_kwargs(arm, model_dir, eager)
+    trace_dir = os.path.splitext(out)[0] + "_trace"
+    if profile:
+        from rlk.integrations.vllm import engine_profile
+
+        kw.update(engine_profile.profiler_kwargs(trace_dir))
     say(f"[{arm}] engine start: {json.dumps({k: v for k, v in kw.items() if k != 'model'}, default=str)}")
     t0 = time.perf_counter()
     llm = LLM(**kw)
@@ -212,6 +223,18 @@ def run_arm(arm: str, model_dir: str, out: str, workloads: list[str], w0_reps: i
                                "median_s": round(med, 4), "tok_per_s": round(n_tok / med, 1)}
         say(f"[{arm}] {w}: {len(prompts)} seqs, {n_tok} tokens, {med:.2f} s -> {n_tok / med:.0f} tok/s "
             f"(reps {[round(t, 2) for t in times]})")
+    if profile:
+        prompts, _ = workload(PROFILE["workload"], cfg.vocab_size)
+        sp = SamplingParams(temperature=1.0, max_tokens=PROFILE["tokens"], ignore_eos=True, logprobs=0,
+                            detokenize=False)
+        llm.start_profile()
+        t0 = time.perf_counter()
+        llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
+        wall = time.perf_counter() - t0
+        llm.stop_profile()
+        rec["attribution"] = dict(engine_profile.attribution_from_dir(trace_dir), wall_s=round(wall, 4),
+                                  what=f"{PROFILE['workload']} prompts, {PROFILE['tokens']} tokens each, profiled")
+        say(f"[{arm}] attribution: {json.dumps(rec['attribution'])}")
     if arm == "rlk":
         from rlk.integrations.vllm import counters
 
@@ -344,6 +367,7 @@ def main(argv=None) -> int:
     a_.add_argument("--workloads", default="W0,W1,W2")
     a_.add_argument("--w0-reps", type=int, default=3)
     a_.add_argument("--eager", action="store_true", help="rlk arm without CUDA graphs (diagnostic)")
+    a_.add_argument("--profile", action="store_true", help="attribution: one profiled generate after the timed ones")
     c = sub.add_parser("compare")
     c.add_argument("--dir", required=True)
     c.add_argument("--arms", nargs="+", required=True)
@@ -356,7 +380,7 @@ def main(argv=None) -> int:
     if a.cmd == "prepare":
         prepare(a.dir, a.config, a.seed, a.layers, a.recipe)
     elif a.cmd == "arm":
-        run_arm(a.arm, a.dir, a.out, [w for w in a.workloads.split(",") if w], a.w0_reps, a.eager)
+        run_arm(a.arm, a.dir, a.out, [w for w in a.workloads.split(",") if w], a.w0_reps, a.eager, a.profile)
     elif a.cmd == "compare":
         compare(a.dir, a.arms, a.out, megatron=not a.no_megatron)
     else:

@@ -83,3 +83,32 @@ def test_report_targets_fail_on_slow_arm_or_one_mismatch(tmp_path):
     t = engine_report.build(str(tmp_path))["targets"]
     assert t["rlk_ge_0.95x_stock"] is False and t["rlk_faster_than_batch_invariant"] is False
     assert t["rlk_bitwise_rlk_trainer"] is False
+
+
+def test_attribution_classes_union_and_host_idle(tmp_path):
+    import gzip
+
+    from rlk.integrations.vllm import engine_profile
+
+    ev = [{"cat": "kernel", "name": "nvjet_tst_128x256", "ts": 0, "dur": 10},
+          {"cat": "kernel", "name": "_paged_fwd_kernel", "ts": 5, "dur": 10},  # overlaps the first
+          {"cat": "kernel", "name": "rms_norm_kernel", "ts": 40, "dur": 5},
+          {"cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 100}]
+    a = engine_profile.attribution(ev)
+    assert a["kernels"] == 3 and a["span_s"] == 45e-6 and a["gpu_busy_s"] == 20e-6 and a["host_idle_s"] == 25e-6
+    assert a["device_s"] == {"gemm": 10e-6, "attention": 10e-6, "norm": 5e-6}
+    with gzip.open(tmp_path / "worker.pt.trace.json.gz", "wt") as f:
+        json.dump({"traceEvents": ev}, f)
+    with open(tmp_path / "frontend.json", "w") as f:
+        json.dump({"traceEvents": ev[3:]}, f)
+    got = engine_profile.attribution_from_dir(str(tmp_path))
+    assert got["trace"] == "worker.pt.trace.json.gz" and got["kernels"] == 3
+
+
+def test_kernel_classes_of_known_names():
+    from rlk.integrations.vllm.engine_profile import classify
+
+    assert classify("flash_fwd_splitkv_kernel") == "attention" and classify("_linear_logp_fwd") == "lm_head_logp"
+    assert classify("sm90_xmma_gemm_bf16") == "gemm" and classify("fused_add_rms_norm_kernel") == "norm"
+    assert classify("rotary_embedding_kernel") == "rope" and classify("act_and_mul_kernel") == "activation"
+    assert classify("gumbel_sample_kernel") == "sampling" and classify("something_else") == "other"

@@ -72,6 +72,7 @@ def build(results: str) -> dict:
         "engine": {a: {k: arms[a].get(k) for k in ("vllm_version", "engine_start_s", "warmup_s", "cudagraph_mode",
                                                    "compilation_mode", "env")} for a in arms},
         "rlk_worker_counters": (arms.get("rlk") or {}).get("worker_counters"),
+        "attribution": {a: arms[a]["attribution"] for a in arms if arms[a].get("attribution")},
         "checkpoint": {k: ck.get(k) for k in ("sha256", "bytes", "config", "layers", "meta")} if ck else None,
         "bundle_sha256": next((a["provenance"].get("extra", {}).get("bundle_sha256") for a in arms.values()
                                if isinstance(a.get("provenance"), dict)), None),
@@ -97,6 +98,16 @@ def markdown(rep: dict) -> str:
             for k, v in r.items():
                 lines.append(f"| {arm} | {w} | {k} | {v['compared_elements']} | {v['mismatch_count']} | "
                              f"{v['max_abs_diff']:.3g} |")
+    att = rep.get("attribution") or {}
+    if att:
+        classes = sorted({c for a in att.values() for c in a.get("device_s", {})})
+        lines += ["", "Attribution (one profiled generate per arm; seconds of device time per kernel class, "
+                      "host idle = kernel span minus busy time):", "",
+                  "| arm | wall | span | host idle | " + " | ".join(classes) + " |",
+                  "| --- | --- | --- | --- | " + " | ".join("---" for _ in classes) + " |"]
+        for arm, a in att.items():
+            lines.append(f"| {arm} | {a.get('wall_s')} | {a.get('span_s')} | {a.get('host_idle_s')} | "
+                         + " | ".join(str(a.get("device_s", {}).get(c, 0)) for c in classes) + " |")
     lines += ["", f"Targets: `{json.dumps(rep['targets'])}`", ""]
     ck = rep.get("checkpoint") or {}
     lines.append(f"Checkpoint sha256 `{ck.get('sha256')}`; vLLM bundle sha256 `{rep.get('bundle_sha256')}`.")

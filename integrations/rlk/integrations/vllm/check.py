@@ -29,8 +29,12 @@ TINY = {
     "rope_theta": 1000000, "sliding_window": None, "tie_word_embeddings": False,
     "torch_dtype": "bfloat16", "use_cache": True, "use_sliding_window": False, "vocab_size": 256,
 }
-PROMPTS = [[5, 17, 42, 7, 99], [3, 1, 4, 1, 5, 9, 2, 6, 53], [200, 100, 50, 25, 12, 6, 3, 1, 0, 255, 128, 64, 32, 16, 8, 4, 2]]
-MAX_TOKENS = 3
+# Eight requests of different lengths (one batch: max_num_seqs 8), eight sampled tokens each: 64
+# compared tokens, in one prefill step and seven decode steps (the interpreter runs ~8 s a step).
+PROMPTS = [[5, 17, 42, 7, 99], [3, 1, 4, 1, 5, 9, 2, 6, 53], [200, 100, 50, 25, 12, 6, 3, 1, 0, 255, 128, 64, 32, 16, 8, 4, 2],
+           [72, 101, 108, 108, 111], [11, 22, 33, 44, 55, 66, 77, 88, 99, 110, 121], [250], [7, 7, 7, 7, 7, 7, 7],
+           [64, 32, 16, 8, 4, 2, 1, 3, 9, 27, 81, 243, 217, 139, 161, 229, 175, 13, 39]]
+MAX_TOKENS = 8
 
 
 def write_tiny_model(path: str, seed: int = 0) -> str:
@@ -75,7 +79,7 @@ def make_llm(model_dir: str, **kw):
 
     from rlk.integrations.vllm.plugin import strict_engine_kwargs
 
-    args = strict_engine_kwargs(model=model_dir, tokenizer=model_dir, max_model_len=256, max_num_seqs=4,
+    args = strict_engine_kwargs(model=model_dir, tokenizer=model_dir, max_model_len=256, max_num_seqs=8,
                                 max_num_batched_tokens=256, seed=0, **kw)
     return LLM(**args)
 

@@ -92,9 +92,10 @@ def prepare(model_dir: str, config: str, seed: int, layers: int | None = None, r
     w = random_weights(cfg, seed, device="cuda", **kw)
     torch.cuda.synchronize()
     meta["generate_s"] = round(time.perf_counter() - t0, 2)
-    calib = getattr(random_weights, "last_calibration", None)
-    if calib:
-        meta["calibration"] = calib
+    if recipe:
+        from rlk.models.qwen3.weights import calibration_record
+
+        meta["calibration"] = calibration_record(cfg, recipe)
     rec = checkpoint.write_hf_dir(cfg, w, model_dir, meta=meta, progress=say)
     say(f"checkpoint {model_dir}: {rec['bytes'] / 1e9:.1f} GB, sha256 {rec['sha256'][:12]}, "
         f"write {rec['write_s']} s, hash {rec['hash_s']} s")
@@ -288,6 +289,18 @@ def compare_logp(engine: list, trainer: list) -> dict:
             "first_mismatch": first}
 
 
+def sampled_logp_stats(lp) -> dict:
+    """Statistics of the engine's sampled-token logp (one flat tensor): mean, std, p1, p50, p99,
+    the fraction exactly 0.0 and the count of non-finite values."""
+    import torch
+
+    x = lp.double()
+    fin = torch.isfinite(x)
+    q = torch.quantile(x[fin], torch.tensor([0.01, 0.5, 0.99], dtype=torch.float64)).tolist() if fin.any() else [None] * 3
+    return {"n": int(x.numel()), "mean": float(x[fin].mean()), "std": float(x[fin].std()), "p1": q[0], "p50": q[1],
+            "p99": q[2], "frac_logp_zero": float((x == 0).double().mean()), "non_finite": int((~fin).sum())}
+
+
 def _split(flat, lens):
     out, o = [], 0
     for r in lens:
@@ -334,7 +347,8 @@ def compare(model_dir: str, arm_files: list[str], out: str, microbatch_tokens: i
             elp = _split(tens[f"{w}.logp"], lens)
             t1 = time.perf_counter()
             tl, _, _ = trainer.score(model, prompts, toks, microbatch_tokens=microbatch_tokens)
-            r = {"rlk_trainer": compare_logp(elp, tl), "rlk_trainer_s": round(time.perf_counter() - t1, 2)}
+            r = {"rlk_trainer": compare_logp(elp, tl), "rlk_trainer_s": round(time.perf_counter() - t1, 2),
+                 "sampled_logp": sampled_logp_stats(tens[f"{w}.logp"])}
             if mg is not None:
                 from rlk.integrations.megatron import replay as mreplay
 

@@ -112,3 +112,8 @@ def test_kernel_classes_of_known_names():
     assert classify("sm90_xmma_gemm_bf16") == "gemm" and classify("fused_add_rms_norm_kernel") == "norm"
     assert classify("rotary_embedding_kernel") == "rope" and classify("act_and_mul_kernel") == "activation"
     assert classify("gumbel_sample_kernel") == "sampling" and classify("something_else") == "other"
+
+
+def test_sampled_logp_stats():
+    s = engine_bench.sampled_logp_stats(torch.tensor([0.0, -1.0, -2.0, float("-inf")], dtype=torch.float64))
+    assert s["n"] == 4 and s["non_finite"] == 1 and s["frac_logp_zero"] == 0.25 and s["mean"] == -1.0

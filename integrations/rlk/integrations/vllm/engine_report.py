@@ -44,7 +44,7 @@ def build(results: str) -> dict:
             row["rlk_vs_batch_invariant_tok_per_s"] = round(row["rlk"] / row["batch_invariant"], 4)
         per[w] = row
     targets = {}
-    if all("rlk_vs_stock_tok_per_s" in r for r in per.values()) and per:
+    if per and all("rlk_vs_stock_tok_per_s" in r for r in per.values()) and per:
         targets["rlk_ge_0.95x_stock"] = all(r["rlk_vs_stock_tok_per_s"] >= TARGET_VS_STOCK for r in per.values())
     if all("rlk_vs_batch_invariant_tok_per_s" in r for r in per.values()) and per:
         targets["rlk_faster_than_batch_invariant"] = all(r["rlk_vs_batch_invariant_tok_per_s"] > 1.0
@@ -56,6 +56,8 @@ def build(results: str) -> dict:
             bitwise[arm][w] = {k: {f: r[k][f] for f in ("compared_elements", "mismatch_count", "max_abs_diff",
                                                         "torch_equal")}
                                for k in ("rlk_trainer", "megatron", "megatron_vs_rlk_trainer") if k in r}
+            if "sampled_logp" in r:
+                bitwise[arm][w]["sampled_logp"] = r["sampled_logp"]
     if "rlk" in bitwise:
         rl = bitwise["rlk"]
         targets["rlk_bitwise_rlk_trainer"] = all(r["rlk_trainer"]["mismatch_count"] == 0 for r in rl.values())
@@ -96,6 +98,8 @@ def markdown(rep: dict) -> str:
     for arm, ws in rep["bitwise"].items():
         for w, r in ws.items():
             for k, v in r.items():
+                if k == "sampled_logp":
+                    continue
                 lines.append(f"| {arm} | {w} | {k} | {v['compared_elements']} | {v['mismatch_count']} | "
                              f"{v['max_abs_diff']:.3g} |")
     att = rep.get("attribution") or {}

@@ -4,7 +4,8 @@
   check  --fixture DIR [--route strict|native|both] [--diag DIR]   trainer + rollout replay, compare
   h200   --out DIR [--layers N] [--quick]                    Qwen3-8B-shaped replay -> replay_h200.json
 
-Exit status: 0 when the strict route's mismatch_count is 0 everywhere, 1 otherwise.
+Exit status: 0 when the strict route's mismatch_count is 0 everywhere and the fixture's
+distribution is healthy (rlk.replay.health: entropy, sampled logp exactly 0.0, NaN/Inf), 1 otherwise.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import json
 import os
 import sys
 import time
+
+from rlk.models.qwen3.weights import DEFAULT_RECIPE, RECIPES
 
 
 def _setup_env():
@@ -31,10 +34,10 @@ def _say(msg):
 
 
 def cmd_record(a) -> int:
-    from rlk.replay import fixture, harness, rollout
+    from rlk.replay import fixture, harness, health, rollout
 
     spec = harness.ModelSpec(config=a.config, num_layers=a.layers, seed=a.seed, checkpoint=a.checkpoint,
-                             device=a.device, dtype=a.dtype)
+                             device=a.device, dtype=a.dtype, recipe=a.recipe)
     cfg = spec.cfg()
     reqs = harness.make_requests(a.sequences, tuple(a.prompt_range), tuple(a.response_range), cfg.vocab_size,
                                  seed=a.data_seed, arrival_spread=a.arrival_spread)
@@ -44,13 +47,20 @@ def cmd_record(a) -> int:
     st, js = fixture.save(fx, a.out)
     _say(f"recorded {len(reqs)} sequences, {sum(fx.response_lens)} response tokens, {res.steps} steps "
          f"({res.composition_changes} composition changes) in {res.seconds:.1f} s -> {st}, {js}")
+    _say(f"distribution: {health.summary(fx.meta['distribution'])}")
+    for f in health.fixture_failures(fx):
+        _say(f"DEGENERATE fixture: {f}")
     return 0
 
 
 def cmd_check(a) -> int:
-    from rlk.replay import compare, fixture, harness
+    from rlk.replay import compare, fixture, harness, health
 
     fx = fixture.load(a.fixture)
+    degenerate = health.fixture_failures(fx)
+    _say(f"distribution: {health.summary(health.fixture_stats(fx))}")
+    for f in degenerate:
+        _say(f"DEGENERATE fixture (a comparison on it cannot show much): {f}")
     routes = ["strict", "native"] if a.route == "both" else [a.route]
     reports, bad = {}, False
     for r in routes:
@@ -68,20 +78,21 @@ def cmd_check(a) -> int:
         reports["native"]["native_vs_strict"] = compare.compare_logp(
             reports["native"]["_trainer_logp"], reports["strict"]["_trainer_logp"], fx.prompt_lens, ("native", "strict"))
     out = {r: harness.public(v) for r, v in reports.items()}
+    out["health_failures"] = degenerate
     if a.diag:
         p = compare.write_diagnostic(os.path.join(a.diag, "replay_check.json"), out)
         _say(f"report -> {p}")
     elif bad:
         p = compare.write_diagnostic(os.path.join(os.path.dirname(os.path.abspath(a.fixture)), "replay_diag.json"), out)
         _say(f"MISMATCH: diagnostic -> {p}")
-    return 1 if bad else 0
+    return 1 if bad or degenerate else 0
 
 
 def cmd_h200(a) -> int:
     from rlk.replay import h200
 
     summary = h200.run(out_dir=a.out, layers=a.layers, quick=a.quick, sequences=a.sequences, progress=_say)
-    return 0 if summary["mismatch_count"] == 0 else 1
+    return 0 if summary["mismatch_count"] == 0 and not summary["health_failures"] else 1
 
 
 def main(argv=None) -> int:
@@ -93,6 +104,8 @@ def main(argv=None) -> int:
     r.add_argument("--layers", type=int, default=None)
     r.add_argument("--seed", type=int, default=0, help="weight seed")
     r.add_argument("--checkpoint", default=None, help="local safetensors file/folder instead of random weights")
+    r.add_argument("--recipe", default=DEFAULT_RECIPE, choices=RECIPES,
+                   help="random weights' recipe (rlk.models.qwen3.weights; plain.v0: the pre-calibration one)")
     r.add_argument("--device", default="cuda" if _cuda() else "cpu")
     r.add_argument("--dtype", default="bfloat16")
     r.add_argument("--route", default="strict", choices=["strict", "native"])

@@ -11,8 +11,14 @@
   and the rollout with other batch caps, chunk sizes, page layouts and no jitter, all bitwise
   equal to the recorded logp.
 * L4 ``replay.engine``: trainer pattern vs rollout pattern on a frozen fixture: mismatch_count 0;
-  the native route's figures reported beside it (and it must differ from strict, which shows
-  the comparison can fail).
+  the native route's figures reported beside it. Discrimination: on the same fixture the native
+  trainer must differ from the strict trainer and from the native rollout (a fixture or route on
+  which they are equal is "not discriminating": the comparison could not have failed); the
+  counts are in the result.
+
+Every check first applies the fixture's distribution health rule (:mod:`rlk.replay.health`:
+entropy, sampled logp exactly 0.0, NaN/Inf) and fails closed on a degenerate fixture, naming the
+statistic, before any comparison. Fixtures use the ``calibrated.v1`` weight recipe.
 
 ``cpu``: the tiny model under the Triton interpreter. ``h200``: Qwen3-8B shape for L4 (all 36
 layers, 64 sequences: :mod:`rlk.replay.h200`), Qwen3-1.7B shape (28 layers) for L1/L2.
@@ -27,6 +33,7 @@ import os
 import torch
 
 from rlk.gate.registry import CheckResult, register_check
+from rlk.replay import health
 from rlk.testing.asserts import first_difference
 
 _FIXTURES: dict = {}
@@ -62,6 +69,28 @@ def _fixture(profile: str, progress):
     return _FIXTURES[profile]
 
 
+def _degenerate(fx, level: str) -> CheckResult | None:
+    """A failing result when the fixture's distribution is degenerate (fail closed), else None."""
+    bad = health.fixture_failures(fx)
+    if not bad:
+        return None
+    return CheckResult(False, f"{level}: degenerate fixture: " + "; ".join(bad),
+                       {"distribution": health.fixture_stats(fx), "health_failures": bad})
+
+
+def discrimination_failures(native_vs_rollout: dict | None, native_vs_strict: dict | None) -> list[str]:
+    """L4's requirement that the comparison could fail: the native trainer differs from the
+    native rollout and from the strict trainer on the same fixture (``compare_logp`` dicts)."""
+    out = []
+    for name, c in (("native trainer vs native rollout", native_vs_rollout),
+                    ("native trainer vs strict trainer", native_vs_strict)):
+        if not c or not c.get("compared_elements"):
+            out.append(f"not discriminating: {name} not compared")
+        elif c["mismatch_count"] == 0:
+            out.append(f"not discriminating: {name} equal over {c['compared_elements']} elements")
+    return out
+
+
 def _save(ctx, name, obj):
     os.makedirs(ctx.out_dir, exist_ok=True)
     path = os.path.join(ctx.out_dir, name)
@@ -85,16 +114,26 @@ def replay_engine(ctx) -> CheckResult:
 
         s = h200.run(os.path.join(ctx.out_dir, "replay_h200"), progress=ctx.progress)
         nat = s.get("native", {})
-        ok = s["mismatch_count"] == 0 and s["max_abs_diff"] == 0 and s["torch_equal"] and s["compared_elements"] > 0
-        return CheckResult(ok, f"Qwen3-8B shape: mismatch_count={s['mismatch_count']} of {s['compared_elements']}, "
-                               f"native mismatch_count={nat.get('mismatch_count')}", {"strict": s, "native": nat})
+        failures = health.failures(s.get("distribution"), s["model"]["vocab_size"])
+        if not (s["mismatch_count"] == 0 and s["max_abs_diff"] == 0 and s["torch_equal"] and s["compared_elements"] > 0):
+            failures.append(f"strict trainer vs rollout: {s['mismatch_count']} of {s['compared_elements']} differ")
+        failures += discrimination_failures(nat or None, nat.get("vs_strict"))
+        detail = (f"Qwen3-8B shape: mismatch_count={s['mismatch_count']} of {s['compared_elements']}, "
+                  f"native trainer vs rollout: {nat.get('mismatch_count')} differ, native vs strict: "
+                  f"{(nat.get('vs_strict') or {}).get('mismatch_count')} differ; {health.summary(s.get('distribution'))}")
+        return CheckResult(not failures, f"{'; '.join(failures)} ({detail})" if failures else detail,
+                           {"strict": s, "native": nat, "distribution": s.get("distribution")})
     fx, res, p = _fixture(ctx.profile, ctx.progress)
     fixture.save(fx, os.path.join(ctx.out_dir, "replay_fixture"))
+    bad = _degenerate(fx, "L4")
+    if bad is not None:
+        return bad
     strict = harness.check(fx, "strict", progress=ctx.progress)
     native = harness.check(fx, "native", progress=ctx.progress)
     native["native_vs_strict"] = compare.compare_logp(native["_trainer_logp"], strict["_trainer_logp"])
     summary = harness.headline(strict, native, {"rollout_steps": res.steps,
-                                                "composition_changes": res.composition_changes})
+                                                "composition_changes": res.composition_changes,
+                                                "distribution": fx.meta["distribution"]})
     _save(ctx, "replay_l4.json", {"strict": harness.public(strict), "native": harness.public(native),
                                   "summary": summary})
     t = strict["trainer_vs_recorded"]
@@ -104,14 +143,14 @@ def replay_engine(ctx) -> CheckResult:
         failures.append(f"strict trainer vs rollout: {t['mismatch_count']} of {t['compared_elements']} differ")
     if strict["trainer_vs_rollout"]["mismatch_count"]:
         failures.append("strict trainer vs replayed rollout differ")
-    if native["native_vs_strict"]["mismatch_count"] == 0:
-        failures.append("native route equals strict: the comparison shows nothing")
+    failures += discrimination_failures(native["trainer_vs_rollout"], native["native_vs_strict"])
     if len(fx.prompts) < 8 or min(n_lens) < 2:
         failures.append("fixture too uniform")
     n = native["trainer_vs_rollout"]
     detail = (f"strict: mismatch_count={t['mismatch_count']} of {t['compared_elements']} over {len(fx.prompts)} "
               f"sequences; native trainer vs rollout: {n['mismatch_count']} differ (max {n['max_abs_diff']:.3g}); "
-              f"native vs strict: {native['native_vs_strict']['mismatch_count']} differ")
+              f"native vs strict: {native['native_vs_strict']['mismatch_count']} differ; "
+              f"{health.summary(fx.meta['distribution'])}")
     return CheckResult(not failures, "; ".join(failures) or detail, summary)
 
 
@@ -120,6 +159,9 @@ def replay_repeat(ctx) -> CheckResult:
     from rlk.replay import harness, rollout, trainer
 
     fx, res, p = _fixture(ctx.profile, ctx.progress)
+    bad = _degenerate(fx, "L1")
+    if bad is not None:
+        return bad
     model = harness.build_model(harness.spec_of(fx), "strict")
     failures, metrics = [], {}
     a, _, _ = trainer.score(model, fx.prompts, fx.responses)
@@ -181,6 +223,9 @@ def replay_shape_invariance(ctx) -> CheckResult:
     from rlk.replay import harness, rollout, trainer
 
     fx, res, p = _fixture(ctx.profile, ctx.progress)
+    bad = _degenerate(fx, "L2")
+    if bad is not None:
+        return bad
     model = harness.build_model(harness.spec_of(fx), "strict")
     failures, metrics = [], {}
     n = len(fx.prompts)

@@ -6,7 +6,10 @@ Tensors (flat, concatenated in request order; lengths give the split):
   ``logp_mask [sum (p + r)] uint8`` (packed trainer rows that predict a response token),
   ``page_tables [N, max_pages] int32`` (pages each request used, in block order, -1 padded),
   ``rollout_logp [sum r] float32`` (selected-token logp recorded by the rollout).
-Metadata: model config, weights (seed + generation device/dtype, or checkpoint sha256),
+Metadata: model config, weights (seed + generation device/dtype + ``calibration``: the weight
+recipe and its factors, or checkpoint sha256), ``distribution`` (next-token statistics of the
+recorded rollout: entropy of every sampled row and the sampled logp,
+:func:`rlk.models.qwen3.distribution.distribution_stats`; the gate's health rule reads it),
 rollout settings, contract IDs, route, provenance record, step statistics.
 """
 

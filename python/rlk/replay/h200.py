@@ -3,7 +3,9 @@
 
 ``python -m rlk.replay h200 --out DIR`` writes ``DIR/replay_h200.json`` (the summary the issue
 names: provenance, model, sequences, compared_elements, mismatch_count, max_abs_diff,
-torch_equal, native: {...}) and ``DIR/fixture/`` (the frozen fixture).
+torch_equal, native: {...}, distribution: the fixture's next-token statistics, health_failures)
+and ``DIR/fixture/`` (the frozen fixture). Weights: ``calibrated.v1`` (trained-like output
+statistics; ``model.weights.calibration`` has the recipe and the measured statistics).
 """
 
 from __future__ import annotations
@@ -14,9 +16,9 @@ import time
 
 import torch
 
-from rlk.replay import compare, fixture, harness, rollout
+from rlk.replay import compare, fixture, harness, health, rollout
 
-FULL = dict(config="qwen3-8b", sequences=64, prompt_range=(64, 2048), response_range=(16, 1024),
+FULL = dict(config="qwen3-8b", recipe="calibrated.v1", sequences=64, prompt_range=(64, 2048), response_range=(16, 1024),
             max_batch=48, chunk_size=512, token_budget=2048, arrival_spread=256, microbatch_tokens=16384)
 QUICK = dict(FULL, sequences=16, prompt_range=(64, 512), response_range=(8, 128), arrival_spread=32)
 
@@ -51,11 +53,13 @@ def run(out_dir: str, layers: int | None = None, quick: bool = False, sequences:
         raise RuntimeError("the h200 replay needs a CUDA device")
     os.makedirs(out_dir, exist_ok=True)
     t_all = time.perf_counter()
-    spec = harness.ModelSpec(config=p["config"], num_layers=layers, seed=0, device="cuda", dtype="bfloat16")
+    spec = harness.ModelSpec(config=p["config"], num_layers=layers, seed=0, device="cuda", dtype="bfloat16",
+                             recipe=p["recipe"])
     cfg = spec.cfg()
     progress(f"model {cfg.name}: {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, "
              f"heads {cfg.num_attention_heads}/{cfg.num_key_value_heads}x{cfg.head_dim}, vocab {cfg.vocab_size}")
     fx, res, reqs, rc = record_frozen(spec, p, out_dir, progress)
+    progress(f"weights {spec.recipe}: {health.summary(fx.meta['distribution'])}")
     strict = harness.check(fx, "strict", replay_rollout=False, microbatch_tokens=p["microbatch_tokens"],
                            progress=progress)
     s = strict["trainer_vs_recorded"]
@@ -71,7 +75,9 @@ def run(out_dir: str, layers: int | None = None, quick: bool = False, sequences:
                  f"{n['compared_elements']}, max_abs_diff={n['max_abs_diff']:.3g}")
     summary = harness.headline(strict, nat, {
         "provenance": fx.meta["provenance"],
-        "model": {"config": cfg.name, "num_hidden_layers": cfg.num_hidden_layers,
+        "distribution": fx.meta["distribution"],
+        "health_failures": health.fixture_failures(fx),
+        "model": {"config": cfg.name, "num_hidden_layers": cfg.num_hidden_layers, "vocab_size": cfg.vocab_size,
                   "layers_note": "all layers" if layers is None else f"{layers} of the published layers (for time)",
                   "weights": fx.meta["weights"], "dtype": "bfloat16"},
         "workload": {"sequences": len(reqs), "prompt_range": p["prompt_range"], "response_range": p["response_range"],

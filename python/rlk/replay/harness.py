@@ -18,6 +18,8 @@ import time
 import torch
 
 from rlk.models.qwen3 import Qwen3, Qwen3Config, load_safetensors, random_weights
+from rlk.models.qwen3.distribution import distribution_stats
+from rlk.models.qwen3.weights import DEFAULT_RECIPE, calibration_record
 from rlk.models.qwen3.routes import STRICT_CONTRACTS
 from rlk.replay import compare, rollout, trainer
 from rlk.replay.fixture import Fixture
@@ -31,6 +33,9 @@ class ModelSpec:
     checkpoint: str | None = None  # local safetensors file or folder instead of random weights
     device: str = "cpu"
     dtype: str = "bfloat16"
+    # Random weights' recipe (rlk.models.qwen3.weights.RECIPES): calibrated.v1 gives trained-like
+    # output statistics; plain.v0 is the recipe of fixtures recorded before recipes existed.
+    recipe: str = DEFAULT_RECIPE
 
     def cfg(self) -> Qwen3Config:
         c = Qwen3Config.from_json(self.config) if self.config.endswith(".json") else Qwen3Config.named(self.config)
@@ -53,7 +58,7 @@ def build_model(spec: ModelSpec, route: str = "strict") -> Qwen3:
         if spec.checkpoint:
             w = load_safetensors(spec.checkpoint, cfg, dtype=dt, device=spec.device)
         else:
-            w = random_weights(cfg, spec.seed, dtype=dt, device=spec.device)
+            w = random_weights(cfg, spec.seed, dtype=dt, device=spec.device, recipe=spec.recipe)
         from rlk.models.qwen3.layouts import hf_to_fused
 
         _WEIGHTS_CACHE[key] = (cfg, hf_to_fused(cfg, w))
@@ -61,9 +66,12 @@ def build_model(spec: ModelSpec, route: str = "strict") -> Qwen3:
     return Qwen3(cfg, fw, route=route)
 
 
-def weights_record(spec: ModelSpec, model: Qwen3) -> dict:
+def weights_record(spec: ModelSpec, model: Qwen3, stats: dict | None = None) -> dict:
+    """How the weights were made; ``calibration``: the recipe (random weights), its factors and
+    the next-token statistics ``stats`` measured with them (``distribution_stats``)."""
     rec = {"kind": "checkpoint" if spec.checkpoint else "random", "generated_on": model.device.type,
            "dtype": spec.dtype}
+    rec["calibration"] = calibration_record(model.cfg, None if spec.checkpoint else spec.recipe, stats)
     if spec.checkpoint:
         from rlk.models.qwen3.weights import file_sha256
 
@@ -109,9 +117,12 @@ def record(spec: ModelSpec, requests: list[rollout.Request], rc: rollout.Rollout
            progress=None) -> tuple[Fixture, rollout.RolloutResult]:
     model = build_model(spec, route)
     res = rollout.run_rollout(model, requests, rc, progress=progress)
+    # The fixture's distribution health: entropy of every sampled row and the sampled logp.
+    dist = distribution_stats(res.entropy, res.logp)
     meta = {
         "model": {"spec": spec.to_dict(), "config": model.cfg.to_dict()},
-        "weights": weights_record(spec, model),
+        "weights": weights_record(spec, model, dist),
+        "distribution": dist,
         "rollout": rc.to_dict(),
         "route": route,
         "contracts": dict(model.ops.contracts),
@@ -119,7 +130,8 @@ def record(spec: ModelSpec, requests: list[rollout.Request], rc: rollout.Rollout
         "steps": res.steps, "composition_changes": res.composition_changes,
         "max_batch_seen": max(res.batch_sizes), "rollout_seconds": res.seconds,
         "graph_replays": res.graph_replays, "padded_steps": res.padded_steps,
-        "provenance": _provenance(route, {"model": model.cfg.name, "pattern": "rollout"}),
+        "provenance": _provenance(route, {"model": model.cfg.name, "pattern": "rollout",
+                                          "weights_recipe": None if spec.checkpoint else spec.recipe}),
     }
     fx = Fixture(prompts=[r.prompt for r in requests], responses=res.responses,
                  arrival_steps=[r.arrival_step for r in requests], page_tables=res.page_tables,
@@ -128,7 +140,9 @@ def record(spec: ModelSpec, requests: list[rollout.Request], rc: rollout.Rollout
 
 
 def spec_of(fx: Fixture, device: str | None = None) -> ModelSpec:
+    """The fixture's model spec; a fixture recorded before recipes existed used ``plain.v0``."""
     d = dict(fx.meta["model"]["spec"])
+    d.setdefault("recipe", "plain.v0")
     if device:
         d["device"] = device
     return ModelSpec(**d)

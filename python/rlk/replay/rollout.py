@@ -8,7 +8,9 @@ seeded jitter defers some ready requests each step, so batch composition changes
 with a seeded ``torch.Generator`` (Gumbel-max over fp32 softmax of the logits from the route's
 ``logits_for_sampling``, temperature 1.0); the selected-token logp of every sampled token taken
 from the same LM-head pass (strict: ``x_target - lse`` of ``linear_logp``, byte-identical to its
-``logp``; replays with forced tokens call ``linear_logp`` itself, and L1 checks they agree).
+``logp``; replays with forced tokens call ``linear_logp`` itself, and L1 checks they agree),
+and the entropy of each distribution sampled from (``RolloutResult.entropy``: the fixture's
+distribution statistics, :mod:`rlk.models.qwen3.distribution`).
 
 With ``forced`` responses the executor replays given tokens instead of sampling (same
 schedule), which is how a frozen fixture is re-run.
@@ -35,6 +37,7 @@ import time
 import torch
 
 from rlk.errors import UnsupportedConfigError
+from rlk.models.qwen3.distribution import row_entropy
 from rlk.models.qwen3.routes import PagedMeta
 from rlk.replay import decode_graphs
 from rlk.replay.staging import PinnedRing
@@ -87,6 +90,9 @@ class RolloutResult:
     bucket_steps: int = 0  # decode steps run at bucket shapes (graph or eager)
     padded_steps: int = 0  # bucket steps with at least one padding row
     over_bucket_steps: int = 0  # decode steps larger than the largest bucket (eager, unpadded)
+    # Sampling runs only: per request, [len(response)] fp32 entropy (nats) of the distribution
+    # each token was sampled from (rlk.models.qwen3.distribution.row_entropy); None when forced.
+    entropy: list[torch.Tensor] | None = None
 
 
 class _Seq:
@@ -95,6 +101,7 @@ class _Seq:
         self.prompt = list(req.prompt)
         self.generated: list[int] = []
         self.logp: list[torch.Tensor] = []
+        self.entropy: list[torch.Tensor] = []
         self.pages: list[int] = []
         self.computed = 0  # tokens whose K/V are in the cache
         self.forced = forced
@@ -314,6 +321,7 @@ def _run_rollout(model, requests: list[Request], rc: RolloutConfig, forced: list
                 q = torch.empty_like(logits).exponential_(generator=gen)
                 toks = (torch.softmax(logits, dim=-1) / q).argmax(dim=-1)
                 lp = model.logp_of_sampled(logits, stats, toks)
+                ent = row_entropy(logits)  # a statistic of the fixture (never compared bitwise)
                 host_toks = toks.tolist()  # the step's one device read (sampling only)
             else:
                 lp = model.logp(h, toks)
@@ -321,6 +329,8 @@ def _run_rollout(model, requests: list[Request], rc: RolloutConfig, forced: list
             for j, ((_, s), t) in enumerate(zip(samplers, host_toks)):
                 s.generated.append(int(t))
                 s.logp.append(lp[j])
+                if forced is None:
+                    s.entropy.append(ent[j])
         comp = frozenset(s.idx for s, _ in sched)
         changes += prev is not None and comp != prev
         prev = comp
@@ -337,6 +347,7 @@ def _run_rollout(model, requests: list[Request], rc: RolloutConfig, forced: list
     return RolloutResult(
         responses=[s.generated for s in seqs],
         logp=[torch.stack(s.logp) for s in seqs],
+        entropy=[torch.stack(s.entropy) for s in seqs] if forced is None else None,
         page_tables=[s.pages for s in seqs],
         steps=len(batch_sizes), batch_sizes=batch_sizes, step_tokens=step_tokens,
         composition_changes=changes, seconds=time.perf_counter() - t0,

@@ -160,6 +160,22 @@ class Qwen3:
         grads = {k: t.grad for k, t in leaves.items() if not (k == "lm_head.weight" and cfg.tie_word_embeddings)}
         return logp.detach(), grads
 
+    @torch.no_grad()
+    def final_hidden(self, ids, cu_seqlens):
+        """Final-normed hidden ``[T, H]`` of packed sequences (the trainer pattern's forward,
+        without the LM head); for distribution statistics (:mod:`rlk.models.qwen3.distribution`)."""
+        cu = cu_seqlens.to(self.device, torch.int32)
+        host_cu = [int(c) for c in cu.tolist()]
+        max_seqlen = max((b - a for a, b in zip(host_cu, host_cu[1:])), default=0)
+        if max_seqlen > self.cfg.max_position_embeddings or host_cu[-1] != ids.shape[0]:
+            raise UnsupportedConfigError(f"cu_seqlens {host_cu[:4]}... do not fit {ids.shape[0]} rows "
+                                         f"(max_position_embeddings {self.cfg.max_position_embeddings})")
+        lens = (cu[1:] - cu[:-1]).long()
+        starts = torch.repeat_interleave(cu[:-1].long(), lens, output_size=ids.shape[0])
+        positions = torch.arange(ids.shape[0], device=self.device) - starts
+        return self._forward(self.w, ids, positions,
+                             lambda i, q, k, v: self.ops.attn_varlen(q, k, v, cu, max_seqlen, self.scale))
+
     # ---- rollout pattern -----------------------------------------------------------------------
     def new_kv_cache(self, num_blocks: int, block_size: int):
         """Per-layer ``(k_cache, v_cache)``, each ``[num_blocks, block_size, Hk, D]``, zeroed."""

@@ -59,16 +59,83 @@ def hf_shapes(cfg: Qwen3Config) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def random_weights(cfg: Qwen3Config, seed: int, dtype=torch.bfloat16, device="cpu") -> dict[str, torch.Tensor]:
+# Weight recipes (frozen: a change of arithmetic is a new name, as a contract is).
+#
+# ``plain.v0``: every tensor as drawn below. The output distribution is no trained model's:
+# untied LM head N(0, 1/H) gives logits of std ~1 (next-token entropy ~ln V - 0.5, 11.4 nats at
+# V = 151936); a tied LM head is the N(0, 1) embedding, logits of std ~sqrt(H) plus the current
+# token's own logit ~H (its embedding dominates the residual): entropy ~0, every sampled logp
+# exactly 0.0, and a replay comparison of such logp cannot fail.
+#
+# ``calibrated.v1``: the same draws (same generator, order and values), then a closed-form
+# rescale keyed by the config shape, so that every row of logits has std ~LOGIT_BETA * sqrt(2 ln V):
+#   untied: ``lm_head *= c``, c = LOGIT_BETA * sqrt(2 ln V)        (logits ~ N(0, c^2) per row)
+#   tied:   ``embed_tokens *= TIED_EMBED_RHO / sqrt(H)``, ``model.norm *= c / TIED_EMBED_RHO``
+# Why this works: for V iid Gaussian logits of std s, the softmax mass moves from the bulk
+# (entropy ~ln V - s^2/2) to the few largest draws at s = sqrt(2 ln V) (the random-energy-model
+# transition); just past it the entropy is O(1) nats while a sample still lands outside the top
+# few often enough to give logp far below zero (at V = 151936: p1 of sampled logp ~ -12).
+# Scaling with sqrt(2 ln V) keeps the statistics in band from V = 256 to 151936. Tied: the
+# current token's logit is ~sqrt(H) * (its embedding's share of the final residual) standard
+# deviations above the rest; an embedding of row norm TIED_EMBED_RHO (the layers' outputs are
+# O(1) per element) makes that share ~RHO / sqrt(H), so the model does not just repeat its
+# input, and the final norm weight carries the logit scale instead. Measured statistics per
+# config: ``calibration_stats.json`` (``python -m rlk.models.qwen3.calibrate``).
+RECIPES = ("calibrated.v1", "plain.v0")
+DEFAULT_RECIPE = "calibrated.v1"
+LOGIT_BETA = 1.3
+TIED_EMBED_RHO = 0.25
+
+
+def recipe_scales(cfg: Qwen3Config, recipe: str = DEFAULT_RECIPE) -> dict[str, float]:
+    """The factors ``recipe`` applies (after ``plain.v0``'s draw, before the cast), by tensor name."""
+    if recipe not in RECIPES:
+        raise UnsupportedConfigError(f"unknown weight recipe {recipe!r} (known: {', '.join(RECIPES)})")
+    if recipe == "plain.v0":
+        return {}
+    c = LOGIT_BETA * math.sqrt(2.0 * math.log(cfg.vocab_size))
+    if not cfg.tie_word_embeddings:
+        return {"lm_head.weight": c}
+    return {"model.embed_tokens.weight": TIED_EMBED_RHO / math.sqrt(cfg.hidden_size),
+            "model.norm.weight": c / TIED_EMBED_RHO}
+
+
+RECIPE_RULES = {
+    "plain.v0": "projections N(0, 1/fan_in), o/down x 1/sqrt(2L), embedding N(0, 1), norms 1 + 0.1 N(0, 1)",
+    "calibrated.v1": "plain.v0, then untied: lm_head x c; tied: embed_tokens x rho/sqrt(H), model.norm x c/rho; "
+                     "c = beta sqrt(2 ln V)",
+}
+
+
+def calibration_record(cfg: Qwen3Config, recipe: str | None, stats: dict | None = None) -> dict:
+    """The ``weights.calibration`` record of reports: recipe name, rule, constants, the factors
+    applied to this config, and ``stats`` (next-token statistics measured with these weights,
+    :func:`rlk.models.qwen3.distribution.distribution_stats`). ``recipe=None``: a checkpoint."""
+    rec: dict = {"recipe": recipe, "stats": stats}
+    if recipe is not None:
+        rec.update(rule=RECIPE_RULES[recipe], scales=recipe_scales(cfg, recipe),
+                   params={} if recipe == "plain.v0" else {"beta": LOGIT_BETA, "rho": TIED_EMBED_RHO})
+    return rec
+
+
+def random_weights(cfg: Qwen3Config, seed: int, dtype=torch.bfloat16, device="cpu",
+                   recipe: str = DEFAULT_RECIPE) -> dict[str, torch.Tensor]:
     """Seeded random weights in Hugging Face naming.
 
-    Scale keeps bf16 activations sane at any depth: a projection with fan-in ``n`` draws
-    ``N(0, 1/n)`` (unit-variance outputs); ``o_proj``/``down_proj`` are further scaled by
-    ``1/sqrt(2 L)`` so the residual stream grows slowly; the embedding is ``N(0, 1)``; norm
-    weights are ``1 + 0.1 N(0, 1)`` (not all ones, so a wrong norm weight shows).
+    ``plain.v0`` draw: a projection with fan-in ``n`` draws ``N(0, 1/n)`` (unit-variance
+    outputs); ``o_proj``/``down_proj`` are further scaled by ``1/sqrt(2 L)`` so the residual
+    stream grows slowly; the embedding is ``N(0, 1)``; norm weights are ``1 + 0.1 N(0, 1)`` (not
+    all ones, so a wrong norm weight shows). ``recipe`` (``RECIPES``; default
+    ``calibrated.v1``) then multiplies a few tensors by the factors of :func:`recipe_scales`
+    (see the notes above ``RECIPES``), in fp32 before the one cast to ``dtype``.
     Tensors are drawn in the order of :func:`hf_shapes` from one ``torch.Generator`` on
     ``device`` (the same seed on another device type gives other values: record both).
+
+    Determinism: the same (config, seed, device type, dtype, recipe) gives the same bytes;
+    ``plain.v0`` gives the bytes this function gave before recipes existed. Cost: one draw per
+    tensor on ``device`` (no loop over the vocabulary; nothing measured at build time).
     """
+    scales = recipe_scales(cfg, recipe)
     dev = torch.device(device)
     g = torch.Generator(device=dev)
     g.manual_seed(int(seed))
@@ -82,6 +149,8 @@ def random_weights(cfg: Qwen3Config, seed: int, dtype=torch.bfloat16, device="cp
             t = t / math.sqrt(shape[1])
             if name.endswith(("o_proj.weight", "down_proj.weight")):
                 t = t * resid_scale
+        if name in scales:
+            t = t * scales[name]
         out[name] = t.to(dtype).contiguous()
     return out
 

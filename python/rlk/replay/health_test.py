@@ -1,0 +1,138 @@
+"""Distribution health and discrimination in the gate's replay checks.
+
+* the health rule names the statistic it fails on;
+* a degenerate fixture (the old tied recipe ``plain.v0``: every sampled logp exactly 0.0) is
+  rejected by the L1, L2 and L4 replay checks, with the statistic named;
+* a fixture recorded with ``calibrated.v1`` (the gate's own workload) is healthy and records
+  the recipe and its statistics;
+* L4 fails as "not discriminating" when the native route is made to equal the strict route.
+"""
+
+import copy
+import json
+import os
+
+import pytest
+
+from rlk.gate.registry import GateContext, checks_for
+from rlk.models.qwen3.config import CONFIG_DIR
+from rlk.replay import checks, fixture, harness, health, rollout
+
+
+def _stats(**kw):
+    s = {"rows": 100, "nonfinite": 0, "entropy_mean": 2.0, "frac_logp_zero": 0.0}
+    s.update(kw)
+    return s
+
+
+@pytest.mark.parametrize("kw,needle", [
+    (dict(entropy_mean=0.05), "entropy_mean=0.05 nats < 0.1"),
+    (dict(entropy_mean=4.5), "entropy_mean=4.5 nats > 0.8 ln V"),
+    (dict(frac_logp_zero=0.02), "frac_logp_zero=0.02 > 0.01"),
+    (dict(nonfinite=3), "nonfinite=3"),
+    (dict(entropy_mean=float("nan")), "entropy_mean=nan"),
+    (dict(rows=0), "0 sampled tokens"),
+])
+def test_rule_names_the_statistic(kw, needle):
+    assert health.failures(_stats(), 256) == []
+    got = health.failures(_stats(**kw), 256)
+    assert any(needle in f for f in got), got
+
+
+def test_missing_statistics_fail_closed():
+    assert health.failures(None, 256) and health.failures({}, 256)
+
+
+def test_discrimination_rule():
+    diff = {"compared_elements": 10, "mismatch_count": 3}
+    same = {"compared_elements": 10, "mismatch_count": 0}
+    assert checks.discrimination_failures(diff, diff) == []
+    assert checks.discrimination_failures(same, diff) == [
+        "not discriminating: native trainer vs native rollout equal over 10 elements"]
+    assert checks.discrimination_failures(diff, same) == [
+        "not discriminating: native trainer vs strict trainer equal over 10 elements"]
+    assert len(checks.discrimination_failures(None, {"compared_elements": 0, "mismatch_count": 0})) == 2
+
+
+def _tied_tiny(tmp_path) -> str:
+    with open(os.path.join(CONFIG_DIR, "tiny.json")) as f:
+        d = json.load(f)
+    d["tie_word_embeddings"] = True
+    path = str(tmp_path / "tiny-tied.json")
+    with open(path, "w") as f:
+        json.dump(d, f)
+    return path
+
+
+def _record(spec, n=8, route="native"):
+    reqs = harness.make_requests(n, (3, 20), (2, 12), spec.cfg().vocab_size, seed=0, arrival_spread=6)
+    return harness.record(spec, reqs, rollout.RolloutConfig(), route=route)
+
+
+def _gate_checks():
+    import rlk.replay.checks  # noqa: F401  (registers)
+
+    return {c.name: c for c in checks_for("cpu") if c.name.startswith("replay.")}
+
+
+def test_gate_rejects_degenerate_fixture(tmp_path, monkeypatch):
+    spec = harness.ModelSpec(config=_tied_tiny(tmp_path), recipe="plain.v0")
+    fx, res = _record(spec)
+    st = fx.meta["distribution"]
+    assert st["frac_logp_zero"] > 0.9 and st["entropy_mean"] < 0.1, st
+    assert fx.meta["weights"]["calibration"]["recipe"] == "plain.v0"
+    # The statistics survive a save / load, and the loaded fixture is rejected the same way.
+    fixture.save(fx, str(tmp_path / "fx"))
+    fx = fixture.load(str(tmp_path / "fx"))
+    monkeypatch.setitem(checks._FIXTURES, "cpu", (fx, res, checks._params("cpu")))
+    ctx = GateContext("cpu", str(tmp_path / "gate"), progress=lambda s: None)
+    got = {name: c.fn(ctx) for name, c in _gate_checks().items()}
+    assert set(got) == {"replay.engine", "replay.repeat", "replay.shape_invariance"}
+    for name, r in got.items():
+        assert not r.passed, name
+        assert "degenerate fixture" in r.detail and "entropy_mean=" in r.detail and "frac_logp_zero=" in r.detail, \
+            (name, r.detail)
+
+
+def test_calibrated_gate_workload_is_healthy(tmp_path):
+    """The cpu gate's workload and model (native route here, for time): healthy, recipe recorded."""
+    p = checks._params("cpu")
+    spec = harness.ModelSpec(config=p["config"], seed=0, device=p["device"])
+    reqs = harness.make_requests(p["sequences"], p["prompt_range"], p["response_range"], spec.cfg().vocab_size,
+                                 seed=0, arrival_spread=p["arrival_spread"])
+    fx, _ = harness.record(spec, reqs, rollout.RolloutConfig(block_size=p["block_size"], max_batch=p["max_batch"],
+                                                             chunk_size=p["chunk_size"]), route="native")
+    assert health.fixture_failures(fx) == [], fx.meta["distribution"]
+    cal = fx.meta["weights"]["calibration"]
+    assert cal["recipe"] == "calibrated.v1" and cal["stats"] == fx.meta["distribution"]
+    assert fx.meta["provenance"]["extra"]["weights_recipe"] == "calibrated.v1"
+    # A fixture recorded before recipes existed (no "recipe" in its spec) replays plain.v0.
+    old = copy.deepcopy(fx)
+    del old.meta["model"]["spec"]["recipe"]
+    assert harness.spec_of(old).recipe == "plain.v0" and harness.spec_of(fx).recipe == "calibrated.v1"
+
+
+def test_l4_fails_when_native_equals_strict(tmp_path, monkeypatch):
+    """Strict fixture (one layer, three short sequences: the interpreter is slow); the native
+    route's check is replaced by the strict one's figures, so native equals strict everywhere."""
+    spec = harness.ModelSpec(num_layers=1)
+    reqs = harness.make_requests(3, (2, 5), (1, 3), 256, seed=0, arrival_spread=0)
+    fx, res = harness.record(spec, reqs, rollout.RolloutConfig(), route="strict")
+    assert health.fixture_failures(fx) == [], fx.meta["distribution"]
+    real_check = harness.check
+    strict_reports = {}
+
+    def check(fx_, route="strict", **kw):
+        if route == "native":
+            return dict(strict_reports["strict"], route="native")
+        strict_reports[route] = real_check(fx_, route, **kw)
+        return strict_reports[route]
+
+    monkeypatch.setattr(harness, "check", check)
+    monkeypatch.setitem(checks._FIXTURES, "cpu", (fx, res, checks._params("cpu")))
+    r = _gate_checks()["replay.engine"].fn(GateContext("cpu", str(tmp_path), progress=lambda s: None))
+    assert not r.passed
+    assert "not discriminating: native trainer vs native rollout equal" in r.detail, r.detail
+    assert "not discriminating: native trainer vs strict trainer equal" in r.detail, r.detail
+    assert "strict trainer vs rollout" not in r.detail, r.detail  # the strict route itself is exact
+    assert r.metrics["native"]["vs_strict"]["mismatch_count"] == 0

@@ -1,7 +1,8 @@
 """Qwen3 dense decoder over rlk ops (strict route) or torch (native route).
 
-``Qwen3Config`` (``config.py``), weights (``weights.py``: seeded random or local safetensors, in
-Hugging Face naming), exact layout converters (``layouts.py``: fused internal = vLLM,
+``Qwen3Config`` (``config.py``), weights (``weights.py``: seeded random by a named recipe, or
+local safetensors, in Hugging Face naming), next-token statistics (``distribution.py``), exact
+layout converters (``layouts.py``: fused internal = vLLM,
 megatron-core interleaved QKV), the two routes (``routes.py``) and the model (``model.py``).
 """
 

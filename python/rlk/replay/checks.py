@@ -115,12 +115,14 @@ def replay_engine(ctx) -> CheckResult:
         s = h200.run(os.path.join(ctx.out_dir, "replay_h200"), progress=ctx.progress)
         nat = s.get("native", {})
         failures = health.failures(s.get("distribution"), s["model"]["vocab_size"])
-        if not (s["mismatch_count"] == 0 and s["max_abs_diff"] == 0 and s["torch_equal"] and s["compared_elements"] > 0):
+        exact = s["mismatch_count"] == 0 and s["max_abs_diff"] == 0 and s["torch_equal"]
+        if not (exact and s["compared_elements"] > 0):
             failures.append(f"strict trainer vs rollout: {s['mismatch_count']} of {s['compared_elements']} differ")
         failures += discrimination_failures(nat or None, nat.get("vs_strict"))
         detail = (f"Qwen3-8B shape: mismatch_count={s['mismatch_count']} of {s['compared_elements']}, "
                   f"native trainer vs rollout: {nat.get('mismatch_count')} differ, native vs strict: "
-                  f"{(nat.get('vs_strict') or {}).get('mismatch_count')} differ; {health.summary(s.get('distribution'))}")
+                  f"{(nat.get('vs_strict') or {}).get('mismatch_count')} differ; "
+                  f"{health.summary(s.get('distribution'))}")
         return CheckResult(not failures, f"{'; '.join(failures)} ({detail})" if failures else detail,
                            {"strict": s, "native": nat, "distribution": s.get("distribution")})
     fx, res, p = _fixture(ctx.profile, ctx.progress)

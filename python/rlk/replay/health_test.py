@@ -86,9 +86,10 @@ def test_gate_rejects_degenerate_fixture(tmp_path, monkeypatch):
     fx = fixture.load(str(tmp_path / "fx"))
     monkeypatch.setitem(checks._FIXTURES, "cpu", (fx, res, checks._params("cpu")))
     ctx = GateContext("cpu", str(tmp_path / "gate"), progress=lambda s: None)
-    got = {name: c.fn(ctx) for name, c in _gate_checks().items()}
+    got = _gate_checks()
     assert set(got) == {"replay.engine", "replay.repeat", "replay.shape_invariance"}
-    for name, r in got.items():
+    for name, c in got.items():
+        r = c.fn(ctx)
         assert not r.passed, name
         assert "degenerate fixture" in r.detail and "entropy_mean=" in r.detail and "frac_logp_zero=" in r.detail, \
             (name, r.detail)
@@ -113,26 +114,47 @@ def test_calibrated_gate_workload_is_healthy(tmp_path):
 
 
 def test_l4_fails_when_native_equals_strict(tmp_path, monkeypatch):
-    """Strict fixture (one layer, three short sequences: the interpreter is slow); the native
-    route's check is replaced by the strict one's figures, so native equals strict everywhere."""
+    """Strict fixture (one layer, eight short sequences in few steps: the interpreter is slow);
+    the native route's check is replaced by the strict one's figures, so native equals strict
+    everywhere and discrimination is the only thing L4 can fail on."""
     spec = harness.ModelSpec(num_layers=1)
-    reqs = harness.make_requests(3, (2, 5), (1, 3), 256, seed=0, arrival_spread=0)
-    fx, res = harness.record(spec, reqs, rollout.RolloutConfig(), route="strict")
+    reqs = harness.make_requests(8, (2, 4), (1, 2), 256, seed=0, arrival_spread=0)
+    fx, res = harness.record(spec, reqs, rollout.RolloutConfig(max_batch=8, chunk_size=4), route="strict")
     assert health.fixture_failures(fx) == [], fx.meta["distribution"]
     real_check = harness.check
-    strict_reports = {}
+    reports = {}
 
     def check(fx_, route="strict", **kw):
         if route == "native":
-            return dict(strict_reports["strict"], route="native")
-        strict_reports[route] = real_check(fx_, route, **kw)
-        return strict_reports[route]
+            return dict(reports["strict"], route="native")
+        reports[route] = real_check(fx_, route, **kw)
+        return reports[route]
 
     monkeypatch.setattr(harness, "check", check)
     monkeypatch.setitem(checks._FIXTURES, "cpu", (fx, res, checks._params("cpu")))
     r = _gate_checks()["replay.engine"].fn(GateContext("cpu", str(tmp_path), progress=lambda s: None))
+    n = r.metrics["native"]
+    assert n["mismatch_count"] == 0 and n["vs_strict"]["mismatch_count"] == 0 and n["compared_elements"] > 0
     assert not r.passed
-    assert "not discriminating: native trainer vs native rollout equal" in r.detail, r.detail
-    assert "not discriminating: native trainer vs strict trainer equal" in r.detail, r.detail
-    assert "strict trainer vs rollout" not in r.detail, r.detail  # the strict route itself is exact
-    assert r.metrics["native"]["vs_strict"]["mismatch_count"] == 0
+    assert r.detail == (f"not discriminating: native trainer vs native rollout equal over {n['compared_elements']} "
+                        f"elements; not discriminating: native trainer vs strict trainer equal over "
+                        f"{n['compared_elements']} elements"), r.detail
+
+
+def test_h200_l4_requires_health_and_discrimination(tmp_path, monkeypatch):
+    """The h200 branch of L4 on a summary as rlk.replay.h200.run writes it (no GPU needed)."""
+    from rlk.replay import h200
+
+    exact = {"compared_elements": 50, "mismatch_count": 0, "max_abs_diff": 0.0, "torch_equal": True}
+    good = dict(exact, model={"vocab_size": 151936}, distribution=_stats(),
+                native=dict(exact, mismatch_count=40, vs_strict=dict(exact, mismatch_count=45)))
+    l4 = _gate_checks()["replay.engine"].fn
+    ctx = GateContext("h200", str(tmp_path), progress=lambda s: None)
+    monkeypatch.setattr(h200, "run", lambda *a, **k: good)
+    assert l4(ctx).passed
+    bad = dict(good, distribution=_stats(frac_logp_zero=1.0), native=dict(exact, vs_strict=exact))
+    monkeypatch.setattr(h200, "run", lambda *a, **k: bad)
+    r = l4(ctx)
+    assert not r.passed and "frac_logp_zero=1 > 0.01" in r.detail
+    assert "not discriminating: native trainer vs native rollout" in r.detail
+    assert "not discriminating: native trainer vs strict trainer" in r.detail

@@ -1,9 +1,10 @@
 """Qwen3 dense decoder over rlk ops (strict route) or torch (native route).
 
-``Qwen3Config`` (``config.py``), weights (``weights.py``: seeded random or local safetensors, in
-Hugging Face naming), exact layout converters (``layouts.py``: fused internal = vLLM,
-megatron-core interleaved QKV), the two routes (``routes.py``), the model (``model.py``) and the
-checked-in trained ``tiny`` checkpoint (``trained.py``).
+``Qwen3Config`` (``config.py``), weights (``weights.py``: seeded random by a named recipe, or
+local safetensors, in Hugging Face naming), next-token statistics (``distribution.py``), exact
+layout converters (``layouts.py``: fused internal = vLLM, megatron-core interleaved QKV), the two
+routes (``routes.py``), the model (``model.py``), the checked-in trained ``tiny`` checkpoint
+(``trained.py``) and the Hugging Face checkpoint directory writer (``checkpoint.py``).
 """
 
 from rlk.models.qwen3.config import Qwen3Config

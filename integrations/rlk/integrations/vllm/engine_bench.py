@@ -325,6 +325,11 @@ def compare(model_dir: str, arm_files: list[str], out: str, microbatch_tokens: i
     say(f"trainer model loaded in {time.perf_counter() - t0:.1f} s")
     mg = None
     res = {"trainers": ["rlk trainer pattern (rlk.replay.trainer.score, strict route)"], "arms": {}}
+    from rlk.models.qwen3.distribution import measure, random_prompts
+
+    # The checkpoint's next-token statistics, computed as the weight recipes' are (weights.calibration).
+    res["distribution"] = measure(model, random_prompts(cfg.vocab_size, 4, 64, seed=0), seed=0)
+    say(f"checkpoint distribution: {json.dumps(res['distribution'])}")
     if megatron:
         try:
             from rlk.integrations.megatron import replay as mreplay

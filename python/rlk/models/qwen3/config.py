@@ -1,7 +1,9 @@
 """Qwen3 dense model configuration, read from a Hugging Face ``config.json``.
 
 Checked-in configs (``configs/``): ``qwen3-0.6b``, ``qwen3-1.7b``, ``qwen3-4b``, ``qwen3-8b``
-(published values) and ``tiny`` (the CPU-interpreter test model).
+(published values), ``tiny`` (the CPU-interpreter test model, head_dim 16) and ``tiny-hd64``
+(head_dim 64: the smallest head size vLLM's CPU attention backend takes; the CPU engine check's
+model).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import os
 from rlk.errors import UnsupportedConfigError
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
-NAMED = ("tiny", "qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b")
+NAMED = ("tiny", "tiny-hd64", "qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b")
 
 
 @dataclasses.dataclass(frozen=True)

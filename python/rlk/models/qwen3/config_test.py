@@ -30,6 +30,9 @@ def test_published_values(name):
 def test_tiny_and_overrides():
     c = Qwen3Config.named("tiny")
     assert (c.hidden_size, c.num_hidden_layers, c.q_size, c.kv_size, c.group_size) == (64, 2, 64, 32, 2)
+    h = Qwen3Config.named("tiny-hd64")  # vLLM's CPU attention backend needs head_dim >= 64
+    assert (h.hidden_size, h.num_hidden_layers, h.head_dim, h.q_size, h.kv_size, h.intermediate_size,
+            h.vocab_size, h.max_position_embeddings, h.name) == (128, 2, 64, 128, 64, 256, 256, 512, "tiny-hd64")
     assert Qwen3Config.named("qwen3-8b", num_hidden_layers=4).num_hidden_layers == 4
     assert set(NAMED) == {os.path.splitext(f)[0] for f in os.listdir(CONFIG_DIR)}
 

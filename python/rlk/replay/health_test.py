@@ -84,10 +84,11 @@ def test_gate_rejects_degenerate_fixture(tmp_path, monkeypatch):
     # The statistics survive a save / load, and the loaded fixture is rejected the same way.
     fixture.save(fx, str(tmp_path / "fx"))
     fx = fixture.load(str(tmp_path / "fx"))
-    monkeypatch.setitem(checks._FIXTURES, "cpu", (fx, res, checks._params("cpu")))
+    for weights in ("random", "trained"):
+        monkeypatch.setitem(checks._FIXTURES, ("cpu", weights), (fx, res, checks._params("cpu")))
     ctx = GateContext("cpu", str(tmp_path / "gate"), progress=lambda s: None)
     got = _gate_checks()
-    assert set(got) == {"replay.engine", "replay.repeat", "replay.shape_invariance"}
+    assert set(got) == {"replay.engine", "replay.engine_trained", "replay.repeat", "replay.shape_invariance"}
     for name, c in got.items():
         r = c.fn(ctx)
         assert not r.passed, name

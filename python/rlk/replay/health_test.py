@@ -132,7 +132,7 @@ def test_l4_fails_when_native_equals_strict(tmp_path, monkeypatch):
         return reports[route]
 
     monkeypatch.setattr(harness, "check", check)
-    monkeypatch.setitem(checks._FIXTURES, "cpu", (fx, res, checks._params("cpu")))
+    monkeypatch.setitem(checks._FIXTURES, ("cpu", "random"), (fx, res, checks._params("cpu")))
     r = _gate_checks()["replay.engine"].fn(GateContext("cpu", str(tmp_path), progress=lambda s: None))
     n = r.metrics["native"]
     assert n["mismatch_count"] == 0 and n["vs_strict"]["mismatch_count"] == 0 and n["compared_elements"] > 0

@@ -116,6 +116,9 @@ def arm_env(arm: str, counters_dir: str) -> dict[str, str]:
 
         env.update(worker_env())
         env[ENV_DIR] = counters_dir
+        # rlk's kernel modules query the device when imported (in this process too): the engine
+        # processes must then be spawned, not forked (CUDA cannot be re-initialized after fork).
+        env["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
     return env
 
 
@@ -393,7 +396,8 @@ def main(argv=None) -> int:
     c.add_argument("--out", required=True)
     c.add_argument("--no-megatron", action="store_true")
     r = sub.add_parser("report")
-    r.add_argument("--results", required=True)
+    r.add_argument("--results", required=True, nargs="+",
+                   help="results folders; several = process-level repetitions (medians over them)")
     r.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     if a.cmd == "prepare":

@@ -117,3 +117,20 @@ def test_kernel_classes_of_known_names():
 def test_sampled_logp_stats():
     s = engine_bench.sampled_logp_stats(torch.tensor([0.0, -1.0, -2.0, float("-inf")], dtype=torch.float64))
     assert s["n"] == 4 and s["non_finite"] == 1 and s["frac_logp_zero"] == 0.25 and s["mean"] == -1.0
+
+
+def test_report_over_process_repetitions_takes_medians_and_checks_the_checkpoint(tmp_path):
+    a, b, c = tmp_path / "r1", tmp_path / "r2", tmp_path / "r3"
+    for d, rlk, stock in ((a, 900.0, 1000.0), (b, 980.0, 1000.0), (c, 1000.0, 1100.0)):
+        d.mkdir()
+        _arm(d, "stock", {"W0": stock})
+        _arm(d, "rlk", {"W0": rlk})
+        (d / "checkpoint.json").write_text(json.dumps({"sha256": "c" * 64}))
+    _cmp(a, 0)
+    rep = engine_report.build([str(a), str(b), str(c)])
+    w = rep["workloads"]["W0"]
+    assert w["rlk"] == 980.0 and w["stock"] == 1000.0 and w["rlk_vs_stock_tok_per_s"] == 0.98
+    assert w["per_process"]["rlk"] == [900.0, 980.0, 1000.0] and rep["targets"]["rlk_bitwise_rlk_trainer"]
+    (c / "checkpoint.json").write_text(json.dumps({"sha256": "d" * 64}))
+    with pytest.raises(ValueError, match="different checkpoints"):
+        engine_report.build([str(a), str(b), str(c)])

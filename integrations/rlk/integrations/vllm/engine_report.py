@@ -13,6 +13,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import statistics
 
 TARGET_VS_STOCK = 0.95
 
@@ -22,22 +23,49 @@ def _load(path):
         return json.load(f)
 
 
-def build(results: str) -> dict:
-    arms = {}
-    for p in sorted(glob.glob(os.path.join(results, "arm_*.json"))):
-        a = _load(p)
-        arms[a["arm"]] = a
-    cmp_path = os.path.join(results, "compare.json")
-    cmp = _load(cmp_path) if os.path.exists(cmp_path) else {}
-    ck_path = os.path.join(results, "checkpoint.json")
-    ck = _load(ck_path) if os.path.exists(ck_path) else {}
-    names = sorted({w for a in arms.values() for w in a["workloads"]})
+def build(results) -> dict:
+    """The report of one results folder or several (``results``: a path or a list of paths).
+
+    Several folders are process-level repetitions of the same arms on the same checkpoint (each
+    arm ran in a fresh process per folder): tokens/s per arm and workload is the median over the
+    folders that ran it (``per_process`` lists each), and the ratios are ratios of medians. The
+    comparison with the trainers, the statistics and the attribution come from the folders that
+    hold them. Raises ``ValueError`` when the folders' checkpoints differ.
+    """
+    dirs = [results] if isinstance(results, str) else list(results)
+    reps = []
+    for d in dirs:
+        arms_d = {}
+        for p in sorted(glob.glob(os.path.join(d, "arm_*.json"))):
+            a = _load(p)
+            arms_d[a["arm"]] = a
+        reps.append(arms_d)
+    cmp, ck = {}, {}
+    for d in dirs:
+        cp, kp = os.path.join(d, "compare.json"), os.path.join(d, "checkpoint.json")
+        if os.path.exists(cp) and not cmp:
+            cmp = _load(cp)
+        if os.path.exists(kp):
+            k = _load(kp)
+            if ck and k.get("sha256") != ck.get("sha256"):
+                raise ValueError(f"results folders hold different checkpoints: {ck.get('sha256')} vs {k.get('sha256')}")
+            ck = ck or k
+    arms = {}  # the first record of each arm (engine settings, provenance, attribution)
+    for arms_d in reps:
+        for a, rec in arms_d.items():
+            arms.setdefault(a, rec)
+    for a, rec in list(arms.items()):
+        if not rec.get("attribution"):
+            arms[a] = next((r[a] for r in reps if a in r and r[a].get("attribution")), rec)
+    names = sorted({w for arms_d in reps for a in arms_d.values() for w in a["workloads"]})
     per = {}
     for w in names:
-        row = {a: arms[a]["workloads"][w]["tok_per_s"] for a in arms if w in arms[a]["workloads"]}
+        runs = {a: [r[a]["workloads"][w]["tok_per_s"] for r in reps if a in r and w in r[a]["workloads"]]
+                for a in arms}
+        row = {a: round(statistics.median(v), 1) for a, v in runs.items() if v}
         any_arm = next(a for a in arms.values() if w in a["workloads"])["workloads"][w]
         row.update(sequences=any_arm["sequences"], response_tokens=any_arm["response_tokens"],
-                   prompt_tokens=any_arm["prompt_tokens"])
+                   prompt_tokens=any_arm["prompt_tokens"], per_process={a: v for a, v in runs.items() if v})
         if "rlk" in row and "stock" in row:
             row["rlk_vs_stock_tok_per_s"] = round(row["rlk"] / row["stock"], 4)
         if "rlk" in row and "batch_invariant" in row:
@@ -80,14 +108,16 @@ def build(results: str) -> dict:
         "bundle_sha256": next((a["provenance"].get("extra", {}).get("bundle_sha256") for a in arms.values()
                                if isinstance(a.get("provenance"), dict)), None),
         "provenance": {a: arms[a].get("provenance") for a in arms},
-        "raw": {a: arms[a]["workloads"] for a in arms},
+        "raw": [{a: r[a]["workloads"] for a in r} for r in reps],
+        "results_dirs": [os.path.basename(os.path.normpath(d)) for d in dirs],
     }
 
 
 def markdown(rep: dict) -> str:
     lines = ["# vLLM on the GPU: stock, batch-invariant, rlk strict plugin", "",
-             "Written by `python -m rlk.integrations.vllm.engine_bench report`; tokens/s of responses "
-             "(median of 3 runs for W0, one run otherwise).", "",
+             "Written by `python -m rlk.integrations.vllm.engine_bench report`; tokens/s of responses: "
+             "per process, the median of 3 runs for W0 and one run otherwise; over processes, the median "
+             f"({len(rep['results_dirs'])} results folders: {', '.join(rep['results_dirs'])}).", "",
              "| workload | seqs | response tokens | stock | batch_invariant | rlk | rlk / stock | rlk / batch_invariant |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for w, r in rep["workloads"].items():
@@ -119,7 +149,7 @@ def markdown(rep: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write(results: str, out: str) -> dict:
+def write(results, out: str) -> dict:
     rep = build(results)
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with open(out, "w") as f:

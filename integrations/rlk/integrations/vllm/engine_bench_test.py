@@ -92,17 +92,18 @@ def test_attribution_classes_union_and_host_idle(tmp_path):
 
     ev = [{"cat": "kernel", "name": "nvjet_tst_128x256", "ts": 0, "dur": 10},
           {"cat": "kernel", "name": "_paged_fwd_kernel", "ts": 5, "dur": 10},  # overlaps the first
+          {"cat": "kernel", "name": "nvjet_small", "ts": 6, "dur": 2},  # inside the second
           {"cat": "kernel", "name": "rms_norm_kernel", "ts": 40, "dur": 5},
           {"cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 100}]
     a = engine_profile.attribution(ev)
-    assert a["kernels"] == 3 and a["span_s"] == 45e-6 and a["gpu_busy_s"] == 20e-6 and a["host_idle_s"] == 25e-6
-    assert a["device_s"] == {"gemm": 10e-6, "attention": 10e-6, "norm": 5e-6}
+    assert a["kernels"] == 4 and a["span_s"] == 45e-6 and a["gpu_busy_s"] == 20e-6 and a["host_idle_s"] == 25e-6
+    assert a["device_s"] == {"gemm": 12e-6, "attention": 10e-6, "norm": 5e-6}
     with gzip.open(tmp_path / "worker.pt.trace.json.gz", "wt") as f:
         json.dump({"traceEvents": ev}, f)
     with open(tmp_path / "frontend.json", "w") as f:
-        json.dump({"traceEvents": ev[3:]}, f)
+        json.dump({"traceEvents": ev[4:]}, f)
     got = engine_profile.attribution_from_dir(str(tmp_path))
-    assert got["trace"] == "worker.pt.trace.json.gz" and got["kernels"] == 3
+    assert got["trace"] == "worker.pt.trace.json.gz" and got["kernels"] == 4
 
 
 def test_kernel_classes_of_known_names():

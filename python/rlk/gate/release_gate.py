@@ -90,6 +90,7 @@ def run_gate(profile: str, out_dir: str, levels=None, progress=print) -> dict:
         "partial": bool(levels),
         "counts": {k: sum(r["result"] == k for r in rows) for k in ("PASS", "FAIL", "MISSING")},
         "rows": rows,
+        "levels_not_run": dict(registry.NOT_RUN.get(profile, {})),
         "provenance": provenance.capability_record(route="strict", extra={"gate_profile": profile}),
     }
     with open(os.path.join(out_dir, "release_gate.json"), "w") as f:
@@ -112,10 +113,14 @@ def render_markdown(report: dict) -> str:
         "| --- | --- | --- | --- | --- |",
     ]
     for r in report["rows"]:
-        detail = r["detail"].replace("|", "\\|").replace("\n", " ")[:200]
+        detail = r["detail"].replace("|", "\\|").replace("\n", " ")  # whole: a report never cuts a detail
         lines.append(f"| {r['level']} | {r['check']} | {r['result']} | {r['seconds']:.1f} | {detail} |")
     c = report["counts"]
     lines += ["", f"{c['PASS']} passed, {c['FAIL']} failed, {c['MISSING']} missing.", ""]
+    not_run = report.get("levels_not_run") or {}
+    if not_run:
+        lines += [f"Levels this profile does not run ({', '.join(sorted(not_run))}):", ""]
+        lines += [f"- {lvl}: {why}" for lvl, why in sorted(not_run.items())] + [""]
     return "\n".join(lines)
 
 
@@ -128,11 +133,13 @@ def _print_table(report: dict) -> None:
         for col in ("level", "check", "result", "time (s)", "detail"):
             t.add_column(col, overflow="fold")
         for r in report["rows"]:
-            t.add_row(r["level"], r["check"], r["result"], f"{r['seconds']:.1f}", r["detail"][:120])
+            t.add_row(r["level"], r["check"], r["result"], f"{r['seconds']:.1f}", r["detail"])  # folded, not cut
         Console(width=160).print(t)
     except ImportError:  # rich is pinned; plain text if it is absent anyway
         for r in report["rows"]:
-            print(f"{r['level']:3} {r['check']:40} {r['result']:8} {r['seconds']:7.1f}  {r['detail'][:100]}")
+            print(f"{r['level']:3} {r['check']:40} {r['result']:8} {r['seconds']:7.1f}  {r['detail']}")
+    for lvl, why in sorted((report.get("levels_not_run") or {}).items()):
+        print(f"not run by profile {report['profile']}: {lvl}: {why}")
 
 
 def main(argv) -> int:
@@ -141,8 +148,10 @@ def main(argv) -> int:
     report = run_gate(FLAGS.profile, out, levels=FLAGS.levels)
     _print_table(report)
     c = report["counts"]
+    not_run = ", ".join(sorted(report.get("levels_not_run") or {}))
     print(f"gate {'PASSED' if report['passed'] else 'FAILED'}: {c['PASS']} passed, {c['FAIL']} failed, "
-          f"{c['MISSING']} missing; reports in {out}")
+          f"{c['MISSING']} missing{f'; levels not run by this profile: {not_run}' if not_run else ''}; "
+          f"reports in {out}")
     return 0 if report["passed"] else 1
 
 

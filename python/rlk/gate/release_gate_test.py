@@ -70,3 +70,24 @@ def test_checks_are_filtered_by_profile(fake_checks):
     assert [c.name for c in registry.checks_for("h200")] == ["gpu-only"]
     with pytest.raises(ValueError):
         registry.register_check("L9", "x")
+
+
+def test_report_keeps_whole_details_and_names_the_levels_not_run(fake_checks, tmp_path, capsys):
+    long = "CUDA graphs not exercised (no GPU: padded decode buckets ran eagerly); " + "x" * 300 + " END"
+    fake_checks.register_check("L0", "a")(lambda ctx: registry.CheckResult(True, long))
+    fake_checks.register_check("L1", "b")(lambda ctx: registry.CheckResult(True, "ok"))
+    rep = _run(tmp_path)
+    assert rep["levels_not_run"] == registry.NOT_RUN["cpu"] and set(rep["levels_not_run"]) == {"L5", "L6"}
+    md = open(os.path.join(tmp_path, "release_gate.md")).read()
+    assert long in md
+    assert "Levels this profile does not run (L5, L6):" in md and registry.NOT_RUN["cpu"]["L6"] in md
+    release_gate._print_table(rep)
+    out = capsys.readouterr().out
+    assert "END" in out and "not run by profile cpu: L5" in out
+
+
+def test_every_level_is_required_or_named_as_not_run():
+    for profile in registry.PROFILES:
+        required, not_run = set(registry.REQUIRED_LEVELS[profile]), set(registry.NOT_RUN[profile])
+        assert not required & not_run and required | not_run == set(registry.LEVELS), profile
+        assert all(registry.NOT_RUN[profile].values())

@@ -81,7 +81,30 @@ def build_args(argv: list[str], workspace: str) -> tuple[str, list[str]]:
     return variant, args
 
 
+STACK = ("torch", "triton", "pytest")
+
+
+def missing_stack() -> str | None:
+    """A message naming the fix when the interpreter Bazel picked lacks rlk's stack, else None.
+
+    Bazel 4 runs tests with the first ``python3`` on PATH: after ``bash ci/bootstrap.sh`` that is
+    the project's ``.venv`` only when ``ci/bazel`` (or an activated venv) put it first.
+    """
+    import importlib.util
+
+    miss = [m for m in STACK if importlib.util.find_spec(m) is None]
+    if not miss:
+        return None
+    return (f"pytest_runner: {sys.executable} has no {', '.join(miss)}: rlk's tests run in the project's .venv. "
+            "Use ./ci/bazel test ... (it bootstraps and puts .venv/bin first on PATH), or run "
+            "`bash ci/bootstrap.sh && . .venv/bin/activate` before plain `bazel-4 test ...`.")
+
+
 def main(argv: list[str]) -> int:
+    msg = missing_stack()
+    if msg:
+        print(msg, file=sys.stderr, flush=True)
+        return 2
     workspace = _workspace_dir()
     variant, args = build_args(argv, workspace)
     _prepare_env(variant)

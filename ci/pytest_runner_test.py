@@ -54,3 +54,16 @@ def test_rlk_comes_from_runfiles_under_bazel():
 
     assert all(os.path.abspath(p).startswith(os.path.abspath(srcdir)) for p in rlk.__path__), rlk.__path__
     assert not any("__editable__" in str(getattr(f, "__module__", "")) for f in sys.meta_path)
+
+
+def test_a_python_without_the_stack_gets_a_clear_message(monkeypatch, capsys):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
+    msg = pytest_runner.missing_stack()
+    assert "no torch" in msg and "./ci/bazel test" in msg and ".venv/bin/activate" in msg
+    assert pytest_runner.main(["--rlk-variant=cpu", "x_test.py"]) == 2
+    assert "no torch" in capsys.readouterr().err
+    monkeypatch.setattr(importlib.util, "find_spec", real)
+    assert pytest_runner.missing_stack() is None

@@ -17,13 +17,16 @@ import sys
 import time
 
 CATEGORIES = (
-    ("logp", r"logp|log_softmax|logsumexp|softmax|cross_entropy|lse|fwd_stats|(?<!attn_)merge_kernel|bwd_grad|"
+    ("logp", r"logp|log_softmax|logsumexp|softmax|cross_entropy|\blse\b|_lse|lse_|fwd_stats|(?<!attn_)merge_kernel|bwd_grad|"
              r"grad_from_logits|(?<!_)scale_kernel"),
-    ("gemm", r"gemm|matmul|_mm_|sm90_xmma|nvjet|cutlass|cublas|splitk|_linear"),
+    # Not FlashAttention: FA3's kernels are CUTLASS device kernels ("cutlass::device_kernel<flash::
+    # FlashAttnFwdSm90...>") and its split-KV ones say "splitkv".
+    ("gemm", r"^(?!.*(flash|fmha)).*(gemm|matmul|_mm_|sm90_xmma|nvjet|cutlass|cublas|splitk|_linear)"),
     ("attention", r"attn|attention|flash|fmha|sdpa|_paged|prefill|decode|bwd_dkdv|bwd_dq|bwd_delta"),
     ("norm", r"rms|norm|fold_partials"),
     ("rope", r"rope|rotary"),
-    ("swiglu", r"swiglu|silu|sigmoid"),
+    ("swiglu", r"swiglu|silu|sigmoid|act_and_mul"),
+    ("sampling", r"sample|gumbel|topk|top_k|argmax|penalt|temperature"),
     ("embedding", r"embed|index_select|gather"),
     ("copy", r"copy|memcpy|memset|cat_|catarray|fill|scatter|index|write_kv|reshape_and_cache"),
     ("elementwise", r"elementwise|vectorized|reduce_kernel|unrolled"),

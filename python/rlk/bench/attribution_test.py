@@ -16,6 +16,10 @@ from rlk.bench.attribution import categorize
     ("rmsnorm_fwd_kernel", "norm"), ("fold_partials_kernel", "norm"), ("gemm_segment_kernel", "gemm"),
     ("gemm_tiled_kernel", "gemm"), ("gemm_kernel", "gemm"), ("embedding_fwd_kernel", "embedding"),
     ("grad_from_logits_kernel", "logp"), ("scale_kernel", "logp"),
+    # vLLM's kernels: FlashAttention 3 (CUTLASS device kernels), its sampler; "else" is no "lse".
+    ("void cutlass::device_kernel<flash::enable_sm90_or_later<flash::FlashAttnFwdSm90<>>>", "attention"),
+    ("flash_fwd_splitkv_kernel", "attention"), ("gumbel_sample_kernel", "sampling"),
+    ("act_and_mul_kernel", "swiglu"), ("something_else", "other"),
 ])
 def test_kernel_names_map_to_categories(name, cat):
     assert categorize(name) == cat

@@ -109,10 +109,12 @@ def test_attribution_classes_union_and_host_idle(tmp_path):
 def test_kernel_classes_of_known_names():
     from rlk.integrations.vllm.engine_profile import classify
 
-    assert classify("flash_fwd_splitkv_kernel") == "attention" and classify("_linear_logp_fwd") == "lm_head_logp"
+    assert classify("flash_fwd_splitkv_kernel") == "attention" and classify("_linear_logp_fwd") == "logp"
     assert classify("sm90_xmma_gemm_bf16") == "gemm" and classify("fused_add_rms_norm_kernel") == "norm"
-    assert classify("rotary_embedding_kernel") == "rope" and classify("act_and_mul_kernel") == "activation"
+    assert classify("rotary_embedding_kernel") == "rope" and classify("act_and_mul_kernel") == "swiglu"
     assert classify("gumbel_sample_kernel") == "sampling" and classify("something_else") == "other"
+    assert classify("void cutlass::device_kernel<flash::enable_sm90_or_later<flash::FlashAttnFwdSm90<...>>>") \
+        == "attention"
 
 
 def test_sampled_logp_stats():

@@ -1,10 +1,10 @@
 """Where a vLLM arm's time goes: device time per kernel class and host idle, from the worker's
 torch.profiler trace (vLLM's ``profiler_config``; ``LLM.start_profile`` / ``stop_profile``).
 
-Kernel classes (:data:`CLASSES`, first match of the kernel name, lower case, wins): GEMM (cuBLAS,
-CUTLASS and rlk's strict GEMM), attention (FlashAttention and rlk's paged / write_kv / merge
-kernels), norms, RoPE, activation (SwiGLU / silu-and-mul), LM head + logp (rlk's linear_logp),
-sampling (vLLM's sampler and softmax-type kernels), copies / fills, other. ``host_idle_s``: the
+Kernel classes: those of the e2e attribution (:data:`rlk.bench.attribution.CATEGORIES`, first
+match of the lower-case kernel name wins): logp (LM head + log-softmax, rlk's linear_logp and the
+samplers' logprob kernels), GEMM, attention, norm, RoPE, SwiGLU (silu-and-mul), sampling,
+embedding, copies, elementwise, other. ``host_idle_s``: the
 span from the first to the last GPU kernel minus the union of kernel intervals (the GPU waited
 for the host).
 """
@@ -15,26 +15,13 @@ import glob
 import gzip
 import json
 import os
-import re
 
-CLASSES = (
-    ("attention", r"flash|fmha|attn|paged|write_kv|merge_kernel|reshape_and_cache"),
-    ("lm_head_logp", r"linear_logp|logp"),
-    ("gemm", r"gemm|matmul|cutlass|xmma|nvjet|cublas|sm90_|_mm_|wgmma"),
-    ("norm", r"rms|norm"),
-    ("rope", r"rotary|rope"),
-    ("activation", r"silu|swiglu|act_and_mul|gelu"),
-    ("sampling", r"sample|gumbel|topk|top_k|softmax|argmax|logprob|sort|penalt|temperature"),
-    ("copy_fill", r"copy|fill|memset|memcpy|cat|index|gather|scatter|embedding"),
-)
-
+from rlk.bench.attribution import categorize
 
 def classify(name: str) -> str:
-    n = name.lower()
-    for cls, pat in CLASSES:
-        if re.search(pat, n):
-            return cls
-    return "other"
+    """The kernel class of ``name``: the categories of the e2e attribution
+    (:func:`rlk.bench.attribution.categorize`), one classifier for every report."""
+    return categorize(name)
 
 
 def profiler_kwargs(trace_dir: str) -> dict:

@@ -25,17 +25,8 @@ STAGES=${STAGES:-"env tests actor_lm_head host_profile overhead logp_variants at
 SUMMARY=$OUT/summary.txt
 : > "$SUMMARY"
 
-stage() {  # stage NAME LIMIT_S CMD...
-  local name=$1 limit=$2; shift 2
-  case " $STAGES " in *" $name "*) ;; *) return 0 ;; esac
-  local t0=$SECONDS
-  echo "=== $name (limit ${limit}s): $*"
-  timeout --kill-after=10 "$limit" "$@" > "$R/$name.log" 2>&1
-  local rc=$?
-  echo "$name rc=$rc $((SECONDS - t0))s" | tee -a "$SUMMARY"
-  tail -n 25 "$R/$name.log"
-  tar czf "$OUT/results.tgz" --exclude="*.safetensors" -C "$R" .  # refreshed after every stage
-}
+STAGE_EXCLUDE="*.safetensors" STAGE_TAIL=25
+. "$(dirname "${BASH_SOURCE[0]}")/h200_stages.sh"
 
 stage env 60 bash -c 'nvidia-smi; python3 -c "import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name())"'
 stage tests ${TESTS_LIMIT:-420} python3 -m pytest -m gpu -q -p no:cacheprovider ${TEST_PATHS:-kernels python} --timeout=400

@@ -22,17 +22,8 @@ WORKLOADS=${WORKLOADS:-W0,W1,W2}
 SUMMARY=$OUT/summary.txt
 touch "$SUMMARY"
 
-stage() {  # stage NAME LIMIT_S CMD...
-  local name=$1 limit=$2; shift 2
-  case " $STAGES " in *" $name "*) ;; *) return 0 ;; esac
-  local t0=$SECONDS
-  echo "=== $name (limit ${limit}s): $*"
-  timeout --kill-after=15 "$limit" "$@" > "$R/$name.log" 2>&1
-  local rc=$?
-  echo "$name rc=$rc $((SECONDS - t0))s" | tee -a "$SUMMARY"
-  tail -n 15 "$R/$name.log"
-  tar czf "$OUT/results.tgz" --exclude="*_trace" -C "$R" .
-}
+STAGE_EXCLUDE="*_trace" STAGE_TAIL=15
+. "$(dirname "${BASH_SOURCE[0]}")/h200_stages.sh"
 
 stage stage1 120 bash ci/vllm_bundle.sh stage1
 stage stage2 180 bash ci/vllm_bundle.sh stage2

@@ -63,8 +63,13 @@ def workload(name: str, vocab: int) -> tuple[list[list[int]], list[int]]:
 
 
 # ---- prepare --------------------------------------------------------------------------------------
-def prepare(model_dir: str, config: str, seed: int, layers: int | None = None, recipe: str | None = None) -> dict:
-    """Writes the checkpoint directory (skipped when a record with the same settings exists)."""
+IDENTITY = ("generator", "seed", "device", "config", "layers", "recipe")  # what makes two checkpoints the same
+
+
+def prepare(model_dir: str, config: str, seed: int, layers: int | None = None, recipe: str | None = None,
+            device: str = "cuda") -> dict:
+    """Writes the checkpoint directory; reused when its record has the same :data:`IDENTITY` fields
+    (generator, seed, device, config, layers, recipe; timings and the like may differ)."""
     import dataclasses
 
     import torch
@@ -75,7 +80,7 @@ def prepare(model_dir: str, config: str, seed: int, layers: int | None = None, r
     cfg = Qwen3Config.named(config)
     if layers:
         cfg = dataclasses.replace(cfg, num_hidden_layers=layers)
-    meta = {"generator": "rlk.models.qwen3.random_weights", "seed": seed, "device": "cuda", "config": config,
+    meta = {"generator": "rlk.models.qwen3.random_weights", "seed": seed, "device": device, "config": config,
             "layers": cfg.num_hidden_layers}
     kw = {}
     if recipe:
@@ -83,14 +88,15 @@ def prepare(model_dir: str, config: str, seed: int, layers: int | None = None, r
         meta["recipe"] = recipe
     try:
         rec = checkpoint.read_record(model_dir)
-        if rec.get("meta") == meta:
-            say(f"checkpoint {model_dir} exists ({rec['sha256'][:12]})")
-            return rec
-    except Exception:
-        pass
+    except Exception:  # no record: write one
+        rec = None
+    if rec is not None and all(rec.get("meta", {}).get(k) == meta.get(k) for k in IDENTITY):
+        say(f"checkpoint {model_dir} exists ({rec['sha256'][:12]}): reused")
+        return rec
     t0 = time.perf_counter()
-    w = random_weights(cfg, seed, device="cuda", **kw)
-    torch.cuda.synchronize()
+    w = random_weights(cfg, seed, device=device, **kw)
+    if device == "cuda":
+        torch.cuda.synchronize()
     meta["generate_s"] = round(time.perf_counter() - t0, 2)
     if recipe:
         from rlk.models.qwen3.weights import calibration_record

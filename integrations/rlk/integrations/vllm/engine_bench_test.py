@@ -137,3 +137,17 @@ def test_report_over_process_repetitions_takes_medians_and_checks_the_checkpoint
     (c / "checkpoint.json").write_text(json.dumps({"sha256": "d" * 64}))
     with pytest.raises(ValueError, match="different checkpoints"):
         engine_report.build([str(a), str(b), str(c)])
+
+
+def test_prepare_reuses_a_checkpoint_of_the_same_identity_only(tmp_path, monkeypatch):
+    from rlk.models.qwen3 import checkpoint
+
+    d = str(tmp_path / "ckpt")
+    a = engine_bench.prepare(d, "tiny", 0, recipe="calibrated.v1", device="cpu")
+    assert a["meta"]["recipe"] == "calibrated.v1" and a["meta"]["calibration"]["recipe"] == "calibrated.v1"
+    writes = []
+    real = checkpoint.write_hf_dir
+    monkeypatch.setattr(checkpoint, "write_hf_dir", lambda *x, **k: writes.append(1) or real(*x, **k))
+    assert engine_bench.prepare(d, "tiny", 0, recipe="calibrated.v1", device="cpu") == a and writes == []
+    b = engine_bench.prepare(d, "tiny", 1, recipe="calibrated.v1", device="cpu")
+    assert writes == [1] and b["sha256"] != a["sha256"]

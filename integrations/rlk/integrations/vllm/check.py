@@ -182,7 +182,7 @@ def run(workdir: str, llm=None, weights: str = "trained") -> tuple[dict, object]
 
     from rlk import determinism
     from rlk.integrations.vllm import counters
-    from rlk.integrations.vllm.engine_bench import sampled_logp_stats
+    from rlk.integrations.vllm.engine_compare import sampled_logp_stats
 
     model_dir = os.path.join(workdir, "model")
     cdir = os.path.join(workdir, "counters")

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from rlk.integrations.vllm import engine_bench, engine_report
+from rlk.integrations.vllm import engine_bench, engine_compare, engine_report
 
 
 def test_workloads_are_seeded_and_in_range():
@@ -33,14 +33,14 @@ def test_only_the_rlk_arm_loads_rlk_and_its_environment(tmp_path):
 def test_compare_logp_counts_bits_and_refuses_non_fp32_values():
     t = [torch.tensor([-0.5, -3.25, -7.0], dtype=torch.float32), torch.tensor([-1.0], dtype=torch.float32)]
     e = [x.double() for x in t]
-    ok = engine_bench.compare_logp(e, t)
+    ok = engine_compare.compare_logp(e, t)
     assert ok["mismatch_count"] == 0 and ok["compared_elements"] == 4 and ok["torch_equal"]
     bumped = t[0].clone()
     bumped.view(torch.int32)[1] += 1  # one ulp
-    bad = engine_bench.compare_logp([bumped.double(), e[1]], t)
+    bad = engine_compare.compare_logp([bumped.double(), e[1]], t)
     assert bad["mismatch_count"] == 1 and bad["first_mismatch"]["token"] == 1 and bad["max_abs_diff"] > 0
     with pytest.raises(AssertionError, match="not fp32"):
-        engine_bench.compare_logp([torch.tensor([-0.1], dtype=torch.float64)], [torch.tensor([-0.1])])
+        engine_compare.compare_logp([torch.tensor([-0.1], dtype=torch.float64)], [torch.tensor([-0.1])])
 
 
 def _arm(tmp_path, arm, tok):
@@ -118,7 +118,7 @@ def test_kernel_classes_of_known_names():
 
 
 def test_sampled_logp_stats():
-    s = engine_bench.sampled_logp_stats(torch.tensor([0.0, -1.0, -2.0, float("-inf")], dtype=torch.float64))
+    s = engine_compare.sampled_logp_stats(torch.tensor([0.0, -1.0, -2.0, float("-inf")], dtype=torch.float64))
     assert s["n"] == 4 and s["non_finite"] == 1 and s["frac_logp_zero"] == 0.25 and s["mean"] == -1.0
 
 

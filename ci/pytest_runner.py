@@ -81,6 +81,41 @@ def build_args(argv: list[str], workspace: str) -> tuple[str, list[str]]:
     return variant, args
 
 
+class _Deselected:
+    """pytest plugin: counts the cases the variant's marker expression deselected."""
+
+    def __init__(self):
+        self.n = 0
+
+    def pytest_deselected(self, items):
+        self.n += len(items)
+
+
+DESELECTED = "rlk_deselected"  # JUnit testsuite property read by ci/test_summary.py
+
+
+def record_deselected(xml_path: str, n: int) -> bool:
+    """Adds ``<property name="rlk_deselected" value="n"/>`` to the first testsuite of a JUnit file
+    (pytest's XML has no record of deselected cases). False when the file is missing or unreadable."""
+    import xml.etree.ElementTree as ET
+
+    try:
+        tree = ET.parse(xml_path)
+    except (OSError, ET.ParseError):
+        return False
+    root = tree.getroot()
+    suite = root if root.tag == "testsuite" else root.find("testsuite")
+    if suite is None:
+        return False
+    props = suite.find("properties")
+    if props is None:
+        props = ET.Element("properties")
+        suite.insert(0, props)
+    ET.SubElement(props, "property", name=DESELECTED, value=str(int(n)))
+    tree.write(xml_path, encoding="utf-8", xml_declaration=True)
+    return True
+
+
 STACK = ("torch", "triton", "pytest")
 
 
@@ -115,7 +150,13 @@ def main(argv: list[str]) -> int:
     import pytest
 
     print(f"pytest_runner: variant={variant} workspace={workspace}", flush=True)
-    rc = int(pytest.main(args))
+    counter = _Deselected()
+    rc = int(pytest.main(args, plugins=[counter]))
+    if counter.n:
+        print(f"pytest_runner: {counter.n} cases deselected by -m {VARIANTS[variant]!r} (not run here)")
+        xml = os.environ.get("XML_OUTPUT_FILE")
+        if xml:
+            record_deselected(xml, counter.n)
     if rc == int(pytest.ExitCode.NO_TESTS_COLLECTED):
         print(f"pytest_runner: no test selected by -m {VARIANTS[variant]!r} in {variant} variant: 0 run")
         return 0

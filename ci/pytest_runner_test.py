@@ -67,3 +67,12 @@ def test_a_python_without_the_stack_gets_a_clear_message(monkeypatch, capsys):
     assert "no torch" in capsys.readouterr().err
     monkeypatch.setattr(importlib.util, "find_spec", real)
     assert pytest_runner.missing_stack() is None
+
+
+def test_deselected_cases_are_counted(tmp_path):
+    f = tmp_path / "sample_test.py"
+    f.write_text("import pytest\n\ndef test_a():\n    pass\n\n@pytest.mark.gpu\ndef test_b():\n    pass\n")
+    counter = pytest_runner._Deselected()
+    rc = pytest.main([str(f), "-q", "-m", "not gpu", "-p", "no:cacheprovider", "--rootdir", str(tmp_path),
+                      "-W", "ignore::pytest.PytestUnknownMarkWarning"], plugins=[counter])
+    assert rc == 0 and counter.n == 1

@@ -10,7 +10,9 @@ without a usable XML (crash, timeout, failed build) counts as one failure; one t
 although its XML shows no failing case (a crash after the last test) adds one failure too.
 A target that passed without XML (not a pytest target) counts as one pass.
 
-Output: one line per failing target, then the closing line
+Output: one line per failing target and per target that ran no case (all its cases skipped or
+deselected: it passed without testing anything here), the number of cases the variant's marker
+deselected (ci/pytest_runner.py records it in the XML), then the closing line
 `N passed, N failed, N skipped` (`N targets` details before it).
 """
 
@@ -31,11 +33,17 @@ class Counts:
     passed: int = 0
     failed: int = 0
     skipped: int = 0
+    deselected: int = 0  # cases the variant's marker deselected (GPU cases on a CPU run): not run
 
     def add(self, other: "Counts") -> None:
         self.passed += other.passed
         self.failed += other.failed
         self.skipped += other.skipped
+        self.deselected += other.deselected
+
+    @property
+    def ran(self) -> int:
+        return self.passed + self.failed
 
 
 def _uri_path(uri: str) -> str | None:
@@ -51,6 +59,9 @@ def count_junit(path: str) -> Counts | None:
     except (OSError, ET.ParseError):
         return None
     c = Counts()
+    for prop in root.iter("property"):
+        if prop.get("name") == "rlk_deselected":
+            c.deselected += int(prop.get("value") or 0)
     for case in root.iter("testcase"):
         tags = {child.tag for child in case}
         if tags & {"failure", "error"}:
@@ -119,15 +130,21 @@ def summarize(bep_path: str, out=None) -> Counts:
     out = sys.stdout if out is None else out
     targets = read_bep(bep_path)
     total = Counts()
-    bad = []
+    bad, empty = [], []
     for label, info in sorted(targets.items()):
         c, failed = count_target(info)
         total.add(c)
         if failed:
             bad.append(label)
+        elif c.ran == 0:
+            empty.append(label)
     for label in bad:
         print(f"FAILED target: {label}", file=out)
-    print(f"{len(targets)} test targets, {len(bad)} failing", file=out)
+    for label in empty:
+        print(f"ran no case: {label}", file=out)
+    print(f"{len(targets)} test targets, {len(bad)} failing, {len(empty)} that ran no case", file=out)
+    if total.deselected:
+        print(f"{total.deselected} cases deselected (marked for another variant, e.g. GPU): not run here", file=out)
     line = f"{total.passed} passed, {total.failed} failed"
     if total.skipped:
         line += f", {total.skipped} skipped"

@@ -70,3 +70,22 @@ def test_main_exit_code(tmp_path, capsys):
     assert test_summary.main([bep]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == "1 passed, 0 failed"
     assert test_summary.main([str(tmp_path / "missing.json")]) == 1
+
+
+def test_deselected_cases_and_targets_that_ran_no_case_are_shown(tmp_path, capsys):
+    import pytest_runner
+
+    a, b = tmp_path / "a.xml", tmp_path / "b.xml"
+    a.write_text(XML)
+    b.write_text('<?xml version="1.0"?><testsuites><testsuite name="pytest">'
+                 '<testcase classname="g" name="t"><skipped message="gpu"/></testcase></testsuite></testsuites>')
+    assert pytest_runner.record_deselected(str(a), 3) and pytest_runner.record_deselected(str(b), 4)
+    assert not pytest_runner.record_deselected(str(tmp_path / "missing.xml"), 1)
+    bep = _bep(tmp_path, [_result("//a:t", "PASSED", str(a)), _result("//b:gpu_only", "PASSED", str(b))])
+    total = test_summary.summarize(bep)
+    assert total.deselected == 7 and total.skipped == 2
+    out = capsys.readouterr().out.splitlines()
+    assert "ran no case: //b:gpu_only" in out and "ran no case: //a:t" not in out
+    assert "2 test targets, 0 failing, 1 that ran no case" in out
+    assert "7 cases deselected (marked for another variant, e.g. GPU): not run here" in out
+    assert out[-1].startswith("2 passed, 2 failed")

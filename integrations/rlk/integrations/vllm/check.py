@@ -155,24 +155,11 @@ def trainer_logp(model_dir: str, prompts, responses):
 
 
 def compare(engine: list, train: list) -> dict:
-    """Bitwise comparison; the engine's float64 values must be exact fp32 values first."""
-    import torch
+    """Bitwise comparison (:func:`rlk.integrations.vllm.engine_compare.compare_logp`); the engine's
+    float64 values must be exact fp32 values first."""
+    from rlk.integrations.vllm.engine_compare import compare_logp
 
-    n = bad = 0
-    first = None
-    for i, (e, t) in enumerate(zip(engine, train)):
-        e32 = e.to(torch.float32)
-        if not torch.equal(e32.to(torch.float64), e):
-            raise AssertionError(f"request {i}: engine logp {e.tolist()} are not fp32 values")
-        if e32.shape != t.shape:
-            raise AssertionError(f"request {i}: {e32.shape} vs {t.shape}")
-        neq = e32.view(torch.int32) != t.view(torch.int32)
-        n += e32.numel()
-        bad += int(neq.sum())
-        if first is None and bool(neq.any()):
-            j = int(torch.nonzero(neq)[0])
-            first = {"request": i, "token": j, "engine": float(e32[j]), "trainer": float(t[j])}
-    return {"compared_elements": n, "mismatch_count": bad, "first_mismatch": first}
+    return compare_logp(engine, train)
 
 
 def run(workdir: str, llm=None, weights: str = "trained") -> tuple[dict, object]:

@@ -41,15 +41,14 @@ def compare_logp(engine: list, trainer: list) -> dict:
 
 
 def sampled_logp_stats(lp) -> dict:
-    """Statistics of the engine's sampled-token logp (one flat tensor): mean, std, p1, p50, p99,
-    the fraction exactly 0.0 and the count of non-finite values."""
-    import torch
+    """Statistics of the engine's sampled-token logp (one flat tensor), computed by
+    :func:`rlk.models.qwen3.distribution.distribution_stats` (one definition for every report):
+    mean, std, p1, p50, p99, the fraction exactly 0.0 and the count of non-finite values."""
+    from rlk.models.qwen3.distribution import distribution_stats
 
-    x = lp.double()
-    fin = torch.isfinite(x)
-    q = torch.quantile(x[fin], torch.tensor([0.01, 0.5, 0.99], dtype=torch.float64)).tolist() if fin.any() else [None] * 3
-    return {"n": int(x.numel()), "mean": float(x[fin].mean()), "std": float(x[fin].std()), "p1": q[0], "p50": q[1],
-            "p99": q[2], "frac_logp_zero": float((x == 0).double().mean()), "non_finite": int((~fin).sum())}
+    s = distribution_stats([], lp)
+    return {"n": s["rows"], "mean": s["logp_mean"], "std": s["logp_std"], "p1": s["logp_p1"], "p50": s["logp_p50"],
+            "p99": s["logp_p99"], "frac_logp_zero": s["frac_logp_zero"], "non_finite": s["nonfinite"]}
 
 
 def _split(flat, lens):

@@ -12,9 +12,13 @@ trainers' logp of the same tokens.
 in the record) as one Hugging Face directory (:mod:`rlk.models.qwen3.checkpoint`); every arm and
 both trainers load those files. Each ``arm`` runs in its own process (the batch-invariant switch
 is an environment variable read when vLLM is imported; each engine owns the GPU): engine start,
-one warm-up generate, then the workloads in order, each timed from submission to the last output
-(``LLM.generate``), ``SamplingParams(temperature=1, max_tokens=min_tokens=r, ignore_eos=True,
-logprobs=0, detokenize=False)``. Returned token ids and logprobs go to ``<out>.safetensors``.
+one short warm-up generate, then the workloads in order. Warm-up rule, the same for every arm:
+each workload first runs ``warmup_runs`` times untimed (first-use compilations: Triton kernels
+of batch shapes the engine's own warm-up did not meet, torch.compile shapes, allocator growth),
+then its timed runs, each from submission to the last output (``LLM.generate``),
+``SamplingParams(temperature=1, max_tokens=min_tokens=r, ignore_eos=True, logprobs=0,
+detokenize=False)``. Returned token ids and logprobs of the first timed run go to
+``<out>.safetensors``.
 
 Arms (engine arguments in :func:`engine_kwargs`):
 * ``stock``: vLLM's defaults (torch.compile, CUDA graphs, its FlashAttention backend, its sampler),
@@ -163,8 +167,10 @@ def _outputs(outs, lens):
 
 
 def run_arm(arm: str, model_dir: str, out: str, workloads: list[str], w0_reps: int = 3, eager: bool = False,
-            profile: bool = False) -> dict:
+            profile: bool = False, warmup_runs: int = 1) -> dict:
     """One engine, every workload in order; writes ``out`` (JSON) and ``<out>.safetensors``.
+
+    ``warmup_runs``: untimed runs of each workload before its timed ones (the module's rule).
 
     ``profile``: after the timed workloads, :data:`PROFILE` runs once under vLLM's torch
     profiler (armed at engine start, inactive until then) and the record gets ``attribution``
@@ -204,7 +210,7 @@ def run_arm(arm: str, model_dir: str, out: str, workloads: list[str], w0_reps: i
            "cudagraph_mode": str(vc.compilation_config.cudagraph_mode),
            "compilation_mode": str(vc.compilation_config.mode),
            "env": {k: v for k, v in arm_env(arm, counters_dir).items() if k.startswith(("VLLM", "RLK"))},
-           "workloads": {}}
+           "warmup_runs_per_workload": warmup_runs, "workloads": {}}
     warm = [list(range(100 + i, 164 + i)) for i in range(4)]
     t0 = time.perf_counter()
     llm.generate([{"prompt_token_ids": p} for p in warm],
@@ -217,6 +223,11 @@ def run_arm(arm: str, model_dir: str, out: str, workloads: list[str], w0_reps: i
         sps = [SamplingParams(temperature=1.0, max_tokens=r, min_tokens=r, ignore_eos=True, logprobs=0,
                               detokenize=False) for r in lens]
         reps = w0_reps if w == "W0" else 1
+        warm_s = []
+        for _ in range(warmup_runs):
+            t0 = time.perf_counter()
+            llm.generate([{"prompt_token_ids": p} for p in prompts], sps, use_tqdm=False)
+            warm_s.append(round(time.perf_counter() - t0, 4))
         times = []
         for k in range(reps):
             torch.cuda.synchronize()
@@ -229,10 +240,11 @@ def run_arm(arm: str, model_dir: str, out: str, workloads: list[str], w0_reps: i
         n_tok = sum(lens)
         med = sorted(times)[len(times) // 2]
         rec["workloads"][w] = {"sequences": len(prompts), "response_tokens": n_tok, "prompt_tokens":
-                               sum(map(len, prompts)), "seconds": [round(t, 4) for t in times],
+                               sum(map(len, prompts)), "warmup_seconds": warm_s,
+                               "seconds": [round(t, 4) for t in times],
                                "median_s": round(med, 4), "tok_per_s": round(n_tok / med, 1)}
         say(f"[{arm}] {w}: {len(prompts)} seqs, {n_tok} tokens, {med:.2f} s -> {n_tok / med:.0f} tok/s "
-            f"(reps {[round(t, 2) for t in times]})")
+            f"(reps {[round(t, 2) for t in times]}, untimed warm-up {warm_s})")
     if profile:
         prompts, _ = workload(PROFILE["workload"], cfg.vocab_size)
         sp = SamplingParams(temperature=1.0, max_tokens=PROFILE["tokens"], ignore_eos=True, logprobs=0,
@@ -287,6 +299,7 @@ def main(argv=None) -> int:
     a_.add_argument("--out", required=True)
     a_.add_argument("--workloads", default="W0,W1,W2")
     a_.add_argument("--w0-reps", type=int, default=3)
+    a_.add_argument("--warmup-runs", type=int, default=1, help="untimed runs of each workload before its timed ones")
     a_.add_argument("--eager", action="store_true", help="rlk arm without CUDA graphs (diagnostic)")
     a_.add_argument("--profile", action="store_true", help="attribution: one profiled generate after the timed ones")
     c = sub.add_parser("compare")
@@ -302,7 +315,10 @@ def main(argv=None) -> int:
     if a.cmd == "prepare":
         prepare(a.dir, a.config, a.seed, a.layers, a.recipe)
     elif a.cmd == "arm":
-        run_arm(a.arm, a.dir, a.out, [w for w in a.workloads.split(",") if w], a.w0_reps, a.eager, a.profile)
+        if a.warmup_runs < 0 or a.w0_reps < 1:
+            raise SystemExit("--warmup-runs must be >= 0 and --w0-reps >= 1")
+        run_arm(a.arm, a.dir, a.out, [w for w in a.workloads.split(",") if w], a.w0_reps, a.eager, a.profile,
+                a.warmup_runs)
     elif a.cmd == "compare":
         from rlk.integrations.vllm import engine_compare
 

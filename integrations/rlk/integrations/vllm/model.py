@@ -208,9 +208,12 @@ class RlkStrictQwen3ForCausalLM(nn.Module):
                                         self.rlk_cfg.num_key_value_heads, self.rlk_cfg.head_dim)
             meta.block_size = kc.shape[1]
             m.ops.write_kv(k[:n], v[:n], kc, vc, meta)
-            out = m.ops.attn_paged(q[:n], kc, vc, meta, m.scale)
-            if n < q.shape[0]:
-                out = torch.cat([out, torch.zeros_like(q[n:])], 0)
+            if n == q.shape[0]:
+                return m.ops.attn_paged(q, kc, vc, meta, m.scale)
+            # A padded batch (CUDA-graph bucket): real rows written in place, padding rows zero.
+            out = torch.empty_like(q)
+            out[n:].zero_()
+            m.ops.attn_paged(q[:n], kc, vc, meta, m.scale, out=out[:n])
             return out
 
         pos = positions.to(torch.int64)

@@ -204,7 +204,7 @@ def _launch_fwd(plan, out, lse, ws, q, k, v, bt, cu_q, kv_len):
 
 
 def paged(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens_kv, scale, *,
-          max_seqlen_q=None, contract="attn.v2", validate=None):
+          max_seqlen_q=None, contract="attn.v2", validate=None, out=None):
     """Attention of new queries against a paged KV cache (chunked prefill / decode).
 
     Args: q [Tq, Hq, D] bf16; k_cache/v_cache [num_blocks, block_size, Hk, D] bf16
@@ -213,11 +213,18 @@ def paged(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens_kv, scale, *
       whose K/V must already be written); max_seqlen_q (int; read back from the device if None).
       Query i of sequence b sits at position seq_lens_kv[b] - q_len_b + i.
       A sequence with kv length 0 (padding slot) gives out 0 and lse -inf for its rows.
+      out: optional buffer shaped and typed like q (any token/head strides, last dim
+      contiguous) that receives the output, e.g. the leading rows of an engine's padded batch.
     Returns: out [Tq, Hq, D] bf16, lse [Tq, Hq] fp32.
     Determinism: contract ``attn.v2``: rows byte-identical to ``prefill`` at the same position,
     whatever the batch, page size, page order, chunking or split; run-to-run bitwise.
     """
     val = _should_validate(validate)
+    if out is not None:
+        check_tensor("out", out, dtype=q.dtype, dim=3, device=q.device)
+        if tuple(out.shape) != tuple(q.shape) or out.stride(-1) != 1:
+            raise UnsupportedConfigError(f"attention: out {tuple(out.shape)} (strides {out.stride()}) must be "
+                                         f"shaped like q {tuple(q.shape)} with a contiguous last dim")
     pk = _plan_key("paged", (q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens_kv),
                    (max_seqlen_q, scale, contract), val)
     plan = _PLANS.get(pk) if pk is not None else None
@@ -226,7 +233,10 @@ def paged(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens_kv, scale, *
                            max_seqlen_q, contract, val)
         if pk is not None:
             _PLANS.put(pk, plan)
-    out, lse = _outputs(q)
+    if out is None:
+        out, lse = _outputs(q)
+    else:
+        lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
     if plan is _EMPTY:
         return out, lse
     fwd, n_seg, merge = plan

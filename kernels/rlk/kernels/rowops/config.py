@@ -91,7 +91,9 @@ RMSNORM = contracts.register(contracts.Contract(
                     "ascending, tl.sum over FOLD_ROWS slots, one rounding; no atomics",
     },
     targets=("sm_90", "cpu-interpreter"),
-    kernels=("rowops.rmsnorm_fwd", "rowops.rmsnorm_bwd", "rowops.fold_partials"),
+    # rowops.qk_norm_rope: the QK-norm of this contract followed by rope.v1 in one pass (the
+    # norm's tile, tree and roundings unchanged); inference only.
+    kernels=("rowops.rmsnorm_fwd", "rowops.rmsnorm_bwd", "rowops.fold_partials", "rowops.qk_norm_rope"),
 ))
 
 ROPE = contracts.register(contracts.Contract(
@@ -199,6 +201,12 @@ def _register_kernels() -> None:
           "n_rows": "i64", "NH": "i32", "stride_xt": "i64", "stride_xh": "i64", "max_pos": "i64"},
          tuple(_flags(HALF=64, BLOCK_HALF=64, BLOCK_ROWS=t["rope"]["TILE_ELEMS"] // 64, BACKWARD=b,
                       num_warps=t["rope"]["num_warps"], num_stages=1) for b in (False, True))),
+        ("rowops.qk_norm_rope", "rmsnorm.v1", K.qk_norm_rope_kernel,
+         {"q_ptr": "*bf16", "k_ptr": "*bf16", "x_ptr": "*bf16", "wq_ptr": "*bf16", "wk_ptr": "*bf16",
+          "pos_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "n_rows": "i64", "NQ": "i32",
+          "NH": "i32", "stride_xt": "i64", "stride_xh": "i64", "H_F": "fp32", "eps": "fp32", "max_pos": "i64"},
+         tuple(_flags(H=int(h), HALF=int(h) // 2, BLOCK_H=c["BLOCK_H"], BLOCK_ROWS=c["BLOCK_ROWS"],
+                      num_warps=c["num_warps"], num_stages=1) for h, c in t["norm"].items() if int(h) in (64, 128))),
         ("rowops.swiglu_fwd", "swiglu.v1", K.swiglu_fwd_kernel,
          {"y_ptr": "*bf16", "gu_ptr": "*bf16", "n_elem": "i64", "F": "i64", "stride_gt": "i64"},
          (_flags(BLOCK=t["swiglu"]["BLOCK"], num_warps=t["swiglu"]["num_warps"], num_stages=1),)),

@@ -170,6 +170,67 @@ def rope_kernel(
     tl.store(out_ptr + o_off + HALF, _round_out(o2, OUT_BF16, INTERPRET), mask=mask)
 
 
+@triton.jit
+def qk_norm_rope_kernel(
+    q_ptr, k_ptr, x_ptr, wq_ptr, wk_ptr, pos_ptr, cos_ptr, sin_ptr,
+    n_rows, NQ, NH, stride_xt, stride_xh, H_F, eps, max_pos,
+    H: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_ROWS: tl.constexpr,
+    OUT_BF16: tl.constexpr, INTERPRET: tl.constexpr,
+):
+    """QK-norm then RoPE of the q and k heads of one fused QKV output, in one pass.
+
+    Row r is (token t = r // NH, head h = r % NH) of x, heads 0..NQ-1 being q (weight wq, out
+    q[t, h]) and NQ..NH-1 being k (weight wk, out k[t, h - NQ]). The bytes are those of
+    ``rope_kernel(rmsnorm_fwd_kernel(x))``: the norm lines are rmsnorm_fwd_kernel's (same
+    [BLOCK_ROWS, BLOCK_H] tile from norm_config(H), same tl.sum, same roundings), and the rotation
+    pairs each lane with its partner lane (d + HALF) % H of the same tile, normed the same way,
+    so no value changes layout; o = y*c - yp*s below HALF, y*c + yp*s from HALF, one rounding.
+    """
+    pid = tl.program_id(0).to(tl.int64)
+    rows = pid * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS).to(tl.int64)
+    cols = tl.arange(0, BLOCK_H)
+    rmask = rows < n_rows
+    cmask = cols < H
+    mask = rmask[:, None] & cmask[None, :]
+    t = rows // NH
+    h = rows % NH
+    x_off = t * stride_xt + h * stride_xh
+    x = tl.load(x_ptr + x_off[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    ss = tl.sum(x * x, axis=1)
+    rstd = tl.math.div_rn(1.0, tl.math.sqrt_rn(tl.math.div_rn(ss, H_F) + eps))
+    is_q = (h < NQ)[:, None]
+    wq = tl.load(wq_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+    wk = tl.load(wk_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+    w = tl.where(is_q, wq[None, :], wk[None, :])
+    n = _round_out(x * rstd[:, None], OUT_BF16, INTERPRET).to(tl.float32)
+    y = _round_out(n * w, OUT_BF16, INTERPRET).to(tl.float32)
+    # The partner lane of the rotation, normed exactly as its own lane is.
+    pcols = (cols + HALF) % H
+    xp = tl.load(x_ptr + x_off[:, None] + pcols[None, :], mask=mask, other=0.0).to(tl.float32)
+    wqp = tl.load(wq_ptr + pcols, mask=cmask, other=0.0).to(tl.float32)
+    wkp = tl.load(wk_ptr + pcols, mask=cmask, other=0.0).to(tl.float32)
+    wp = tl.where(is_q, wqp[None, :], wkp[None, :])
+    n_p = _round_out(xp * rstd[:, None], OUT_BF16, INTERPRET).to(tl.float32)
+    yp = _round_out(n_p * wp, OUT_BF16, INTERPRET).to(tl.float32)
+    pos = tl.load(pos_ptr + t, mask=rmask, other=0).to(tl.int64)
+    valid = (pos >= 0) & (pos < max_pos)
+    pos = tl.where(valid, pos, 0)
+    d = cols % HALF
+    cs_off = (pos * HALF)[:, None] + d[None, :]
+    c = tl.load(cos_ptr + cs_off, mask=mask, other=0.0)
+    s = tl.load(sin_ptr + cs_off, mask=mask, other=0.0)
+    c = tl.where(valid[:, None], c, float("nan"))
+    first = (cols < HALF)[None, :]
+    o = tl.where(first, y * c - yp * s, y * c + yp * s)
+    o = _round_out(o, OUT_BF16, INTERPRET)
+    hq = tl.where(h < NQ, h, 0)
+    hk = tl.where(h < NQ, 0, h - NQ)
+    q_off = (t * NQ + hq) * H
+    k_off = (t * (NH - NQ) + hk) * H
+    tl.store(q_ptr + q_off[:, None] + cols[None, :], o, mask=mask & is_q)
+    tl.store(k_ptr + k_off[:, None] + cols[None, :], o, mask=mask & (h >= NQ)[:, None])
+
+
 # ------------------------------------------------------------------------------------ SwiGLU
 @triton.jit
 def swiglu_fwd_kernel(

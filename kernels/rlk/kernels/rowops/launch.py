@@ -284,6 +284,61 @@ def apply_rope(x, positions, cos, sin, backward: bool = False):
     return out
 
 
+def qk_norm_rope(x, q_weight, k_weight, eps, n_q_heads, positions, cos, sin):
+    """QK-norm then RoPE of the q and k heads of a fused QKV output, one launch, no autograd.
+
+    Args: x [T, Hq + Hk, D] (strided token/head dims allowed: the ``[:, :q_size + kv_size]``
+      columns of a fused QKV output viewed as heads); q_weight, k_weight [D]; eps; n_q_heads =
+      Hq; positions [T] int64/int32; cos/sin [max_pos, D/2] fp32 (``rope_table``).
+    Returns: (q [T, Hq, D], k [T, Hk, D]), contiguous.
+    Determinism: byte-identical to ``apply_rope(qk_norm(x[:, :Hq], q_weight), ...)`` and the same
+    for k (contracts ``rmsnorm.v1`` then ``rope.v1``; same tile, reduction and roundings).
+    """
+    check_tensor("x", x, dtype=ACT_DTYPES, dim=3)
+    check_tensor("positions", positions, dtype=(torch.int64, torch.int32), dim=1)
+    check_tensor("cos", cos, dtype=torch.float32, dim=2)
+    check_tensor("sin", sin, dtype=torch.float32, dim=2)
+    T, nh, D = x.shape
+    nq = int(n_q_heads)
+    if not 0 < nq < nh:
+        raise UnsupportedConfigError(f"qk_norm_rope: n_q_heads {nq} must lie in (0, {nh}) (x holds q and k heads)")
+    if D % 2:
+        raise UnsupportedConfigError(f"qk_norm_rope: head_dim {D} must be even")
+    if x.stride(2) != 1:
+        raise UnsupportedConfigError("qk_norm_rope: x's last dim must be contiguous")
+    _check_weight(q_weight, D, x)
+    _check_weight(k_weight, D, x)
+    eps = _check_eps(eps)
+    if positions.shape[0] != T:
+        raise UnsupportedConfigError(f"positions: {positions.shape[0]} entries for {T} tokens")
+    if cos.shape != sin.shape or cos.shape[1] != D // 2 or not cos.is_contiguous() or not sin.is_contiguous():
+        raise UnsupportedConfigError(
+            f"cos/sin: contiguous [max_pos, {D // 2}] expected, got {tuple(cos.shape)}, {tuple(sin.shape)}")
+    _check_same_device(x=x, positions=positions, cos=cos, sin=sin)
+    max_pos = cos.shape[0]
+    positions = positions.contiguous()
+    mode = _check_mode(positions) if T else "off"
+    if mode == "host":
+        lo, hi = _span(positions)
+        if lo < 0 or hi >= max_pos:
+            raise UnsupportedConfigError(f"qk_norm_rope: positions span [{lo}, {hi}], table holds [0, {max_pos})")
+    elif mode == "device":
+        _assert_in_range_on_device(positions, max_pos)
+    q = torch.empty((T, nq, D), dtype=x.dtype, device=x.device)
+    k = torch.empty((T, nh - nq, D), dtype=x.dtype, device=x.device)
+    n_rows = T * nh
+    if n_rows == 0:
+        return q, k
+    cfg = C.norm_config(D, arch_for(x.device))  # the norm's tile: the same reduction tree
+    launch(K.qk_norm_rope_kernel, (cdiv(n_rows, cfg["BLOCK_ROWS"]),),
+        q, k, x, q_weight, k_weight, positions, cos, sin, n_rows, nq, nh, x.stride(0), x.stride(1),
+        float(D), eps, max_pos,
+        H=D, HALF=D // 2, BLOCK_H=cfg["BLOCK_H"], BLOCK_ROWS=cfg["BLOCK_ROWS"],
+        OUT_BF16=x.dtype == torch.bfloat16, INTERPRET=interpret_flag(),
+        num_warps=cfg["num_warps"], **launch_options())
+    return q, k
+
+
 # ------------------------------------------------------------------------------------ SwiGLU
 def _swiglu_checks(gate_up):
     check_tensor("gate_up", gate_up, dtype=ACT_DTYPES, dim=2)

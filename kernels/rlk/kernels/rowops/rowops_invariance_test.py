@@ -70,6 +70,15 @@ def _norm_cases(dev, T, H, D, nh, F, V, sizes):
     pos = torch.randint(0, 4096, (T,), generator=torch.Generator().manual_seed(9)).to(dev)
     check_rows(lambda a, p: L.apply_rope(a, p, cos, sin), [q, pos], sizes, "rope")
     check_rows(lambda a, p: L.apply_rope(a, p, cos, sin), [qv, pos], sizes, "rope strided")
+    # Fused QK-norm + RoPE over the q and k heads of a strided QKV view: the bytes of the parts.
+    nk = max(1, nh // 4)
+    qkv3 = _rand((T, (nh + 2 * nk) * D), 14, dev, 2.0)
+    qk = qkv3[:, : (nh + nk) * D].view(T, nh + nk, D)
+    wk = (1 + 0.2 * _rand((D,), 15, dev).float()).bfloat16()
+    fq, fk = L.qk_norm_rope(qk, wq, wk, EPS, nh, pos, cos, sin)
+    assert_bitwise_equal(fq, L.apply_rope(L.qk_norm(qk[:, :nh], wq, EPS), pos, cos, sin), "fused q vs parts")
+    assert_bitwise_equal(fk, L.apply_rope(L.qk_norm(qk[:, nh:], wk, EPS), pos, cos, sin), "fused k vs parts")
+    check_rows(lambda a, p: L.qk_norm_rope(a, wq, wk, EPS, nh, p, cos, sin), [qk, pos], sizes, "qk_norm_rope")
     # The same token at another place in a packed batch, same position: same bytes.
     y = L.apply_rope(q, pos, cos, sin)
     rev = torch.arange(T - 1, -1, -1, device=dev)

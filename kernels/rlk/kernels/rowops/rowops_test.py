@@ -146,6 +146,42 @@ def test_rope_matches_fp32_spec_bitwise(D):
     assert_bitwise_equal(L.apply_rope(x, pos, cos, sin), y, "run to run")
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("D,nq,nk", [(16, 4, 2), (64, 2, 1), (128, 3, 1)])
+def test_qk_norm_rope_equals_norm_then_rope(D, nq, nk, dtype):
+    T = 9
+    qkv = _data((T, (nq + 2 * nk) * D), 40, 2.0, dtype=dtype)
+    qk = qkv[:, : (nq + nk) * D].view(T, nq + nk, D)
+    wq = (1 + 0.2 * _data((D,), 41, dtype=torch.float32)).to(dtype)
+    wk = (1 + 0.2 * _data((D,), 42, dtype=torch.float32)).to(dtype)
+    cos, sin = L.rope_table(64, D, 1_000_000.0, DEV)
+    pos = torch.tensor([0, 1, 5, 63, 7, 7, 30, 2, 11], device=DEV)
+    q, k = L.qk_norm_rope(qk, wq, wk, EPS, nq, pos, cos, sin)
+    assert q.shape == (T, nq, D) and k.shape == (T, nk, D) and q.is_contiguous() and k.is_contiguous()
+    assert_bitwise_equal(q, L.apply_rope(L.qk_norm(qk[:, :nq], wq, EPS), pos, cos, sin), "q: fused vs parts")
+    assert_bitwise_equal(k, L.apply_rope(L.qk_norm(qk[:, nq:], wk, EPS), pos, cos, sin), "k: fused vs parts")
+    assert_bitwise_equal(L.qk_norm_rope(qk, wq, wk, EPS, nq, pos, cos, sin)[0], q, "run to run")
+    # A swapped weight or head split changes the bytes: the comparison above can fail.
+    q2, _ = L.qk_norm_rope(qk, wk, wq, EPS, nq, pos, cos, sin)
+    assert not torch.equal(q2, q)
+
+
+def test_qk_norm_rope_bad_input():
+    x, w = torch.ones(2, 3, 8, device=DEV), torch.ones(8, device=DEV)
+    cos, sin = L.rope_table(16, 8, 1e6, DEV)
+    pos = torch.zeros(2, dtype=torch.long, device=DEV)
+    for call, match in [
+        (lambda: L.qk_norm_rope(x, w, w, EPS, 3, pos, cos, sin), "n_q_heads"),
+        (lambda: L.qk_norm_rope(x, w, w, EPS, 0, pos, cos, sin), "n_q_heads"),
+        (lambda: L.qk_norm_rope(x, w[:4], w, EPS, 2, pos, cos, sin), "weight"),
+        (lambda: L.qk_norm_rope(x, w, w, EPS, 2, pos[:1], cos, sin), "positions"),
+        (lambda: L.qk_norm_rope(x, w, w, EPS, 2, pos + 16, cos, sin), "positions span"),
+        (lambda: L.qk_norm_rope(torch.ones(2, 3, 7, device=DEV), w[:7], w[:7], EPS, 2, pos, cos, sin), "even"),
+    ]:
+        with pytest.raises(UnsupportedConfigError, match=match):
+            call()
+
+
 def test_rope_backward_autograd():
     from rlk.ops import rowops as O
 

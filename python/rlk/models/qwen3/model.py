@@ -60,11 +60,11 @@ class Qwen3:
             else:
                 x, residual = ops.add_rms_norm(x, residual, w[p + "input_layernorm.weight"], eps)
             qkv = ops.linear(x, w[p + "self_attn.qkv_proj.weight"])
-            q = qkv[:, :qs].contiguous().view(T, Hq, D)
-            k = qkv[:, qs:qs + kvs].contiguous().view(T, Hk, D)
-            v = qkv[:, qs + kvs:].contiguous().view(T, Hk, D)
-            q = ops.apply_rope(ops.qk_norm(q, w[p + "self_attn.q_norm.weight"], eps), positions, self.rope)
-            k = ops.apply_rope(ops.qk_norm(k, w[p + "self_attn.k_norm.weight"], eps), positions, self.rope)
+            # Strided views of the fused output, no copies: the q/k norms, write_kv and the
+            # attention kernels take any token/head strides (last dim contiguous).
+            q, k = ops.qk_norm_rope(qkv[:, :qs + kvs].view(T, Hq + Hk, D), w[p + "self_attn.q_norm.weight"],
+                                    w[p + "self_attn.k_norm.weight"], eps, positions, self.rope, Hq)
+            v = qkv[:, qs + kvs:].view(T, Hk, D)
             o = attn(i, q, k, v)
             x = ops.linear(o.reshape(T, qs), w[p + "self_attn.o_proj.weight"])
             if probes is not None:

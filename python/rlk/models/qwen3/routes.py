@@ -50,6 +50,13 @@ class PagedMeta:
     native: dict | None = None  # gather indices, built once per step by the native route
 
 
+def _qk_norm_rope_parts(ops, qk, q_weight, k_weight, eps, positions, table, n_q):
+    """(q, k) of ``qk_norm_rope`` from the separate ops (``qk_norm``, then ``apply_rope``)."""
+    q = ops.apply_rope(ops.qk_norm(qk[:, :n_q], q_weight, eps), positions, table)
+    k = ops.apply_rope(ops.qk_norm(qk[:, n_q:], k_weight, eps), positions, table)
+    return q, k
+
+
 class StrictOps:
     """rlk ops (docs/API.md). Contract IDs: ``STRICT_CONTRACTS``."""
 
@@ -60,7 +67,10 @@ class StrictOps:
         from rlk.kernels.attention import launch as attn_launch
         from rlk.ops import attention, gemm, linear_logp, rowops
 
+        from rlk.kernels.rowops import launch as rowops_launch
+
         self._gemm, self._rowops, self._attn, self._alaunch = gemm, rowops, attention, attn_launch
+        self._rlaunch = rowops_launch
         self._logp = linear_logp
         self.logp_segmentation = logp_segmentation(vocab_size)
 
@@ -86,6 +96,16 @@ class StrictOps:
         cos, sin = table
         return self._rowops.apply_rope(x, positions, cos, sin)
 
+    def qk_norm_rope(self, qk, q_weight, k_weight, eps, positions, table, n_q):
+        """(q, k): QK-norm then RoPE of the first ``n_q`` heads (q) and the rest (k) of ``qk``.
+
+        Without autograd one fused launch (``rowops.qk_norm_rope``, the same bytes); with
+        autograd (the actor) the two differentiable ops per part."""
+        cos, sin = table
+        if torch.is_grad_enabled() and (qk.requires_grad or q_weight.requires_grad or k_weight.requires_grad):
+            return _qk_norm_rope_parts(self, qk, q_weight, k_weight, eps, positions, table, n_q)
+        return self._rlaunch.qk_norm_rope(qk, q_weight, k_weight, eps, n_q, positions, cos, sin)
+
     def swiglu(self, gate_up):
         return self._rowops.swiglu(gate_up)
 
@@ -98,9 +118,10 @@ class StrictOps:
     def write_kv(self, k, v, k_cache, v_cache, meta: PagedMeta):
         self._alaunch.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
 
-    def attn_paged(self, q, k_cache, v_cache, meta: PagedMeta, scale):
+    def attn_paged(self, q, k_cache, v_cache, meta: PagedMeta, scale, out=None):
+        """``out``: optional buffer like ``q`` that receives the rows (an engine's padded batch)."""
         out, _lse = self._alaunch.paged(q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q,
-                                        meta.seq_lens_kv, scale, max_seqlen_q=meta.max_seqlen_q)
+                                        meta.seq_lens_kv, scale, max_seqlen_q=meta.max_seqlen_q, out=out)
         return out
 
     def logp(self, hidden, w, targets, vocab_real=None):
@@ -169,6 +190,9 @@ class NativeOps:
         emb = torch.cat((freqs, freqs), dim=-1)
         cos, sin = emb.cos().to(x.dtype)[:, None, :], emb.sin().to(x.dtype)[:, None, :]
         return x * cos + _rotate_half(x) * sin
+
+    def qk_norm_rope(self, qk, q_weight, k_weight, eps, positions, table, n_q):
+        return _qk_norm_rope_parts(self, qk, q_weight, k_weight, eps, positions, table, n_q)
 
     def swiglu(self, gate_up):
         g, u = gate_up.chunk(2, dim=-1)

@@ -17,6 +17,10 @@ Checks, each failure one line (exit 1 when any):
     ci/ lies in a Bazel package whose BUILD.bazel covers it (a srcs name or a glob pattern);
     BUILD files load Python rules from @rules_python or //:rlk.bzl, never the native ones;
   * kernels/rlk/kernels/BUILD.bazel's KERNEL_OPS equals the op folders that have a BUILD.bazel;
+  * imports point down the layers of ARCHITECTURE.md (LAYERS below): no upward import, no import
+    cycle, function-level imports included; tests and tools (LEAF_PATTERNS) are leaves; the
+    known exceptions are IMPORT_ALLOWLIST's, each with its reason; ARCHITECTURE.md's layer table
+    matches LAYERS;
   * buildifier (npm's @bazel/buildifier, pinned in third_party/buildifier) reports no format or
     lint warning on BUILD.bazel, *.bzl, WORKSPACE and MODULE.bazel files.
 """
@@ -24,6 +28,7 @@ Checks, each failure one line (exit 1 when any):
 from __future__ import annotations
 
 import argparse
+import ast
 import fnmatch
 import os
 import re
@@ -250,6 +255,230 @@ def check_kernel_ops(root: str) -> list[str]:
     return errs
 
 
+# --- import layers -------------------------------------------------------------------------
+# The layer order of ARCHITECTURE.md ("Layers"), lowest first. A module belongs to the layer of
+# the longest entry that names it (an entry names a module and everything below it; the root
+# entry "rlk" names only rlk/__init__.py). A module may import its own layer and the layers below
+# it, never one above. Every `import rlk...` / `from rlk... import` counts, at any depth (a lazy
+# import inside a function is still a dependency).
+ROOT_PACKAGE = "rlk"
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("base", (ROOT_PACKAGE, "rlk.errors", "rlk.contracts", "rlk.determinism", "rlk.strict", "rlk.testing")),
+    ("kernels", ("rlk.kernels", "rlk.testing.timing")),
+    ("ops", ("rlk.ops",)),
+    ("collectives", ("rlk.collectives",)),
+    ("model", ("rlk.nn", "rlk.models")),
+    ("provenance", ("rlk.provenance",)),
+    ("harness", ("rlk.replay", "rlk.bench", "rlk.gate", "rlk.collectives.checks")),
+    ("integrations", ("rlk.integrations",)),
+)
+# Tests and tools are leaves, above every layer: they may import any module; a library module
+# that imports one is an upward import. A file is a leaf when its name matches one of these.
+LEAF_PATTERNS = ("*_test.py", "conftest.py", "__main__.py", "*_bench.py", "*_sweep.py", "*_tune.py",
+                 "*_variants.py", "*_probe.py", "*_scenarios.py")
+LEAVES = "tools"
+# Imports that break the order and stay for now: (importer, imported) -> why. Only ever shrinks;
+# an entry that no longer matches an import is itself an error.
+IMPORT_ALLOWLIST: dict[tuple[str, str], str] = {
+    ("rlk.integrations.vllm.engine_compare", "rlk.integrations.vllm.engine_bench"):
+        "engine_compare is engine_bench's `compare` step and reuses its say()/workload(); both are "
+        "tools that leave the library together (engine_bench.py is being edited elsewhere)",
+    ("rlk.models.train_tiny", "rlk.replay.rollout"):
+        "train_tiny is a tool (python -m rlk.models.train_tiny, the command its results record "
+        "names) that samples through the replay executor; it leaves models/ with the other tools",
+    ("rlk.models.train_tiny", "rlk.provenance"):
+        "train_tiny (a tool, see above) records provenance in the checkpoint's results file",
+}
+
+
+def module_name(rel: str) -> str:
+    """``python/rlk/a/b.py`` -> ``rlk.a.b``; a package's ``__init__.py`` -> the package."""
+    parts = rel[:-3].split("/")[1:]
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def is_leaf(rel: str) -> bool:
+    return any(fnmatch.fnmatch(os.path.basename(rel), p) for p in LEAF_PATTERNS)
+
+
+def layer_of(module: str, rel: str | None = None) -> tuple[int, str] | None:
+    """(rank, name) of `module`'s layer; leaves rank above every layer; None when unmapped."""
+    if rel is not None and is_leaf(rel):
+        return len(LAYERS), LEAVES
+    best = None
+    for rank, (name, prefixes) in enumerate(LAYERS):
+        for p in prefixes:
+            hit = module == p or (p != ROOT_PACKAGE and module.startswith(p + "."))
+            if hit and (best is None or len(p) > best[0]):
+                best = (len(p), rank, name)
+    return None if best is None else (best[1], best[2])
+
+
+def rlk_modules(root: str) -> dict[str, str]:
+    """Every module under the source roots: dotted name -> path relative to `root`."""
+    out = {}
+    for top in SOURCE_ROOTS:
+        for cur, files in _walk(root, top):
+            for f in sorted(files):
+                if f.endswith(".py"):
+                    rel = os.path.relpath(os.path.join(cur, f), root).replace(os.sep, "/")
+                    if rel.count("/") >= 2:  # <root>/rlk/...
+                        out.setdefault(module_name(rel), rel)
+    return out
+
+
+def rlk_imports(module: str, rel: str, tree: ast.AST, known: dict[str, str]) -> list[tuple[str, int]]:
+    """(imported module, line) for every rlk import in `tree`, at any nesting depth.
+    ``from pkg import name`` counts as an import of ``pkg.name`` when that is a module."""
+    pkg = module if rel.endswith("__init__.py") else module.rpartition(".")[0]
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(a.name, node.lineno) for a in node.names if a.name.split(".")[0] == "rlk"]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = pkg.split(".")[:len(pkg.split(".")) - (node.level - 1)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            if mod.split(".")[0] != "rlk":
+                continue
+            for a in node.names:
+                sub = f"{mod}.{a.name}"
+                out.append((sub if sub in known else mod, node.lineno))
+    return out
+
+
+def import_graph(root: str) -> tuple[dict[str, str], dict[str, list[tuple[str, int]]], list[str]]:
+    """(modules, edges, parse errors): edges[m] lists (imported module, line) per rlk import of m."""
+    known = rlk_modules(root)
+    edges, errs = {}, []
+    for mod, rel in known.items():
+        try:
+            tree = ast.parse(_read(os.path.join(root, rel)) or "", filename=rel)
+        except SyntaxError as e:
+            errs.append(f"{rel}:{e.lineno}: cannot parse ({e.msg}), so its imports are unchecked")
+            tree = ast.Module(body=[], type_ignores=[])
+        edges[mod] = sorted({(t, n) for t, n in rlk_imports(mod, rel, tree, known) if t != mod},
+                            key=lambda x: (x[1], x[0]))
+    return known, edges, errs
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan, iterative), sorted."""
+    index, low, on, stack, out = {}, {}, set(), [], []
+    counter = [0]
+    for start in sorted(edges):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(edges.get(start, ()))))]
+        index[start] = low[start] = counter[0]
+        counter[0] += 1
+        stack.append(start)
+        on.add(start)
+        while work:
+            v, it = work[-1]
+            nxt = next(it, None)
+            if nxt is not None:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = counter[0]
+                    counter[0] += 1
+                    stack.append(nxt)
+                    on.add(nxt)
+                    work.append((nxt, iter(sorted(edges.get(nxt, ())))))
+                elif nxt in on:
+                    low[v] = min(low[v], index[nxt])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    out.append(sorted(comp))
+    return sorted(out)
+
+
+def _cycle_path(comp: list[str], graph: dict[str, set[str]]) -> list[str]:
+    """One cycle through the first module of the strongly connected `comp`, as a closed path."""
+    start, inside = comp[0], set(comp)
+    prev, queue = {start: None}, [start]
+    for v in queue:  # breadth first: the shortest way back to `start`
+        for w in sorted(graph.get(v, ())):
+            if w == start:
+                path = [v]
+                while prev[path[-1]] is not None:
+                    path.append(prev[path[-1]])
+                return path[::-1] + [start]
+            if w in inside and w not in prev:
+                prev[w] = v
+                queue.append(w)
+    return comp + comp[:1]
+
+
+def check_layers(root: str, allowlist: dict[tuple[str, str], str] | None = None) -> list[str]:
+    """Upward imports between the layers of LAYERS, imports of leaves (tests, tools) from the
+    library, unmapped modules and import cycles; `allowlist` entries are skipped (and reported
+    when stale)."""
+    allow = IMPORT_ALLOWLIST if allowlist is None else allowlist
+    known, edges, errs = import_graph(root)
+    used, graph = set(), {}
+    for mod, rel in sorted(known.items()):
+        src = layer_of(mod, rel)
+        if src is None:
+            errs.append(f"{rel}: module {mod} is in no layer (ci/check_build.py LAYERS)")
+            continue
+        for target, line in edges[mod]:
+            if (mod, target) in allow:
+                used.add((mod, target))
+                continue
+            graph.setdefault(mod, set()).add(target)
+            dst = layer_of(target, known.get(target))
+            if dst is None:
+                continue  # not a module of the tree (reported for its own file when it is one)
+            if dst[0] > src[0]:
+                errs.append(f"{rel}:{line}: upward import {mod} ({src[1]}) -> {target} ({dst[1]})")
+    for comp in _cycles(graph):
+        errs.append("import cycle: " + " -> ".join(_cycle_path(comp, graph)))
+    for key in sorted(set(allow) - used):
+        errs.append(f"IMPORT_ALLOWLIST entry {key[0]} -> {key[1]} no longer matches an import: remove it")
+    return errs
+
+
+def check_architecture_doc(root: str) -> list[str]:
+    """ARCHITECTURE.md's "Layers" table names the layers of LAYERS in order, each with exactly its
+    module entries, and the text names every leaf pattern: the document and the check agree."""
+    text = _read(os.path.join(root, "ARCHITECTURE.md"))
+    if text is None:
+        return ["ARCHITECTURE.md is missing (it documents the layer order check_layers enforces)"]
+    m = re.search(r"^## Layers.*?$(.*?)(?=^## |\Z)", text, re.M | re.S)
+    if not m:
+        return ["ARCHITECTURE.md has no '## Layers' section"]
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")]
+            for line in m.group(1).splitlines() if re.match(r"\|\s*`", line)]
+    errs = []
+    names = [r[0].strip("`") for r in rows]
+    want = [n for n, _ in LAYERS] + [LEAVES]
+    if names != want:
+        errs.append(f"ARCHITECTURE.md's layer table lists {names}, ci/check_build.py LAYERS {want}")
+    for (name, prefixes), row in zip(LAYERS, rows):
+        doc = set(re.findall(r"`(rlk(?:\.\w+)*)`", row[1])) if len(row) > 1 else set()
+        if row[0].strip("`") == name and doc != set(prefixes):
+            errs.append(f"ARCHITECTURE.md's layer {name} lists {sorted(doc)}, LAYERS {sorted(prefixes)}")
+    for pat in LEAF_PATTERNS:
+        if f"`{pat}`" not in m.group(1):
+            errs.append(f"ARCHITECTURE.md's Layers section does not name the leaf pattern `{pat}`")
+    return errs
+
+
 # --- buildifier ----------------------------------------------------------------------------
 
 def find_buildifier(root: str) -> str | None:
@@ -282,7 +511,8 @@ def check_buildifier(root: str, exe: str) -> list[str]:
 def check(root: str, buildifier: str | None = None, use_buildifier: bool = True) -> list[str]:
     """Every problem found under the repository `root` (empty list when consistent)."""
     errs = (check_repositories(root) + check_bzlmod(root) + check_requirements(root)
-            + check_coverage(root) + check_kernel_ops(root))
+            + check_coverage(root) + check_kernel_ops(root) + check_layers(root)
+            + check_architecture_doc(root))
     if use_buildifier:
         exe = buildifier or find_buildifier(root)
         if exe is None:

@@ -24,8 +24,10 @@ def _write(root, rel, text):
 
 
 @pytest.fixture
-def repo(tmp_path):
+def repo(tmp_path, monkeypatch):
     r = str(tmp_path)
+    # The real allowlist names modules of the real tree; a synthetic tree starts with none.
+    monkeypatch.setattr(check_build, "IMPORT_ALLOWLIST", {})
     ws = "".join(f'local_repository(\n    name = "{n}",\n    path = "third_party/{n}",\n)\n'
                  for n in check_build.STANDINS)
     _write(r, "WORKSPACE", 'workspace(name = "x")\n' + ws)
@@ -57,7 +59,18 @@ def repo(tmp_path):
     _write(r, "kernels/rlk/kernels/common.py", "")
     _write(r, "kernels/rlk/kernels/gemm/BUILD.bazel", 'rlk_py_library(name = "gemm", srcs = glob(["**/*.py"]))\n')
     _write(r, "kernels/rlk/kernels/gemm/sub/kernel.py", "")
+    _write(r, "ARCHITECTURE.md", architecture_doc())
     return r
+
+
+def architecture_doc(layers=None) -> str:
+    """An ARCHITECTURE.md whose layer table matches `layers` (default: check_build.LAYERS)."""
+    rows = "".join(f"| `{name}` | {', '.join(f'`{p}`' for p in prefixes)} | why |\n"
+                   for name, prefixes in (layers or check_build.LAYERS))
+    leaves = ", ".join(f"`{p}`" for p in check_build.LEAF_PATTERNS)
+    return ("# Architecture\n\n## Layers (imports point down only)\n\n| layer | modules | why |\n"
+            f"| --- | --- | --- |\n{rows}| `{check_build.LEAVES}` | every test and tool | leaves |\n\n"
+            f"Leaves: {leaves}.\n\n## Next\n\n| `other` | table |\n")
 
 
 def test_consistent_repo_passes(repo):
@@ -142,3 +155,105 @@ def test_glob_matcher():
     assert check_build._glob_match("c.py", "**/*.py")
     assert not check_build._glob_match("a/c.py", "*.py")
     assert check_build._glob_match("testing/x_test.py", "testing/*_test.py")
+
+
+# --- import layers ---------------------------------------------------------------------------
+
+def _layer_errors(repo, allowlist=None):
+    return check_build.check_layers(repo, allowlist={} if allowlist is None else allowlist)
+
+
+@pytest.fixture
+def layered(repo):
+    """The synthetic repository with imports that follow the layer order (base, kernels, ops),
+    lazy and relative ones included, and a test that imports the top layer."""
+    _write(repo, "python/rlk/__init__.py", "from rlk.errors import RlkError\n")
+    _write(repo, "python/rlk/errors.py", "class RlkError(Exception):\n    pass\n")
+    _write(repo, "kernels/rlk/kernels/common.py", "from rlk import errors\n")
+    _write(repo, "kernels/rlk/kernels/gemm/sub/kernel.py", """\
+        from rlk.kernels import common
+
+
+        def f():
+            from ...common import cdiv  # relative: rlk.kernels.common
+        """)
+    _write(repo, "python/rlk/ops/BUILD.bazel", 'rlk_py_library(name = "ops", srcs = glob(["*.py"]))\n')
+    _write(repo, "python/rlk/ops/gemm.py", "def g():\n    import rlk.kernels.gemm.sub.kernel\n")
+    _write(repo, "python/rlk/ops/rowops.py", "from rlk.kernels import common\n")
+    _write(repo, "kernels/rlk/kernels/gemm/sub/kernel_test.py", "from rlk.integrations import vllm\n")
+    return repo
+
+
+def test_layered_tree_passes(layered):
+    assert _layer_errors(layered) == []
+    assert check_build.check(layered, use_buildifier=False) == []
+
+
+def test_upward_import_fails(layered):
+    _write(layered, "kernels/rlk/kernels/gemm/sub/kernel.py", "from rlk import errors\nfrom rlk.ops import rowops\n")
+    errs = _layer_errors(layered)
+    assert errs == ["kernels/rlk/kernels/gemm/sub/kernel.py:2: upward import rlk.kernels.gemm.sub.kernel (kernels) "
+                    "-> rlk.ops.rowops (ops)"], errs
+
+
+def test_function_level_upward_import_fails(layered):
+    _write(layered, "kernels/rlk/kernels/common.py", """\
+        class K:
+            def run(self):
+                if True:
+                    from rlk.models.qwen3 import model
+        """)
+    errs = _layer_errors(layered)
+    assert errs == ["kernels/rlk/kernels/common.py:4: upward import rlk.kernels.common (kernels) -> "
+                    "rlk.models.qwen3 (model)"], errs
+
+
+def test_relative_upward_import_fails(layered):
+    _write(layered, "python/rlk/testing/asserts.py", "def a():\n    from ..ops import gemm\n")
+    errs = _layer_errors(layered)
+    assert errs == ["python/rlk/testing/asserts.py:2: upward import rlk.testing.asserts (base) -> "
+                    "rlk.ops.gemm (ops)"], errs
+
+
+def test_import_cycle_fails(layered):
+    # Same layer, so no upward import: only the cycle check can catch it.
+    _write(layered, "kernels/rlk/kernels/common.py", "def f():\n    from rlk.kernels.gemm.sub import kernel\n")
+    errs = _layer_errors(layered)
+    assert errs == ["import cycle: rlk.kernels.common -> rlk.kernels.gemm.sub.kernel -> rlk.kernels.common"], errs
+
+
+def test_library_must_not_import_a_tool(layered):
+    _write(layered, "kernels/rlk/kernels/gemm/sub/gemm_bench.py", "from rlk.integrations import vllm\n")
+    assert _layer_errors(layered) == []  # a tool may import any layer
+    _write(layered, "python/rlk/ops/gemm.py", "from rlk.kernels.gemm.sub import gemm_bench\n")
+    errs = _layer_errors(layered)
+    assert errs == ["python/rlk/ops/gemm.py:1: upward import rlk.ops.gemm (ops) -> "
+                    "rlk.kernels.gemm.sub.gemm_bench (tools)"], errs
+
+
+def test_module_in_no_layer_fails(layered):
+    _write(layered, "python/rlk/newpkg/thing.py", "")
+    _write(layered, "python/rlk/BUILD.bazel", 'rlk_py_library(name = "core", srcs = glob(["**/*.py"]))\n')
+    errs = _layer_errors(layered)
+    assert errs == ["python/rlk/newpkg/thing.py: module rlk.newpkg.thing is in no layer (ci/check_build.py LAYERS)"]
+
+
+def test_allowlist_skips_an_entry_and_must_shrink(layered):
+    _write(layered, "kernels/rlk/kernels/common.py", "from rlk.ops import gemm\n")
+    assert _layer_errors(layered, {("rlk.kernels.common", "rlk.ops.gemm"): "why"}) == []
+    stale = {("rlk.kernels.common", "rlk.ops.gemm"): "why", ("rlk.ops.gemm", "rlk.errors"): "gone"}
+    errs = _layer_errors(layered, stale)
+    assert errs == ["IMPORT_ALLOWLIST entry rlk.ops.gemm -> rlk.errors no longer matches an import: remove it"]
+
+
+def test_architecture_doc_must_match_layers(repo):
+    assert check_build.check_architecture_doc(repo) == []
+    swapped = list(check_build.LAYERS)
+    swapped[1], swapped[2] = swapped[2], swapped[1]
+    _write(repo, "ARCHITECTURE.md", architecture_doc(swapped))
+    _one_error(repo, "ARCHITECTURE.md's layer table lists")
+    moved = [(n, p + ("rlk.extra",) if n == "ops" else p) for n, p in check_build.LAYERS]
+    _write(repo, "ARCHITECTURE.md", architecture_doc(moved))
+    _one_error(repo, "ARCHITECTURE.md's layer ops lists ['rlk.extra', 'rlk.ops'], LAYERS ['rlk.ops']")
+    os.remove(os.path.join(repo, "ARCHITECTURE.md"))
+    _one_error(repo, "ARCHITECTURE.md is missing")

@@ -17,6 +17,7 @@ import json
 import os
 import platform
 import sys
+from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from rlk.errors import ProvenanceError
@@ -71,14 +72,40 @@ def kernel_source_hashes() -> dict[str, str]:
     return out
 
 
+# The compiled-code fingerprints the gate qualified (written and checked by rlk.gate.crosstarget,
+# which sits above this module and imports it; the record only reads the file).
+GOLDEN_PATH = Path(__file__).parent / "gate" / "crosstarget_golden.json"
+_NO_GOLDEN = {"triton_version": None, "normalization": None, "fingerprints": {}}
+
+
+def load_golden(path: str | os.PathLike = GOLDEN_PATH) -> dict | None:
+    p = Path(path)
+    return json.loads(p.read_text()) if p.exists() else None
+
+
+def fingerprints_by_kernel(golden: Mapping[str, Any] | None, kernels: Iterable[str] | None = None,
+                           source: str = "golden") -> dict:
+    """A golden file's fingerprints (``{"target|contract|kernel|config": sha}``) regrouped per kernel
+    for ``kernels`` (names; all if None): ``{"triton_version", "normalization", "source",
+    "kernels": {name: {"contract_id", "fingerprints": {"target|config": sha}}}}``."""
+    g = golden or _NO_GOLDEN
+    want = set(kernels) if kernels is not None else None
+    out: dict[str, dict] = {}
+    for key, sha in g["fingerprints"].items():
+        target, cid, name, cfg = key.split("|", 3)
+        if want is None or name in want:
+            e = out.setdefault(name, {"contract_id": cid, "fingerprints": {}})
+            e["fingerprints"][f"{target}|{cfg}"] = sha
+    return {"triton_version": g["triton_version"], "normalization": g["normalization"], "source": source,
+            "kernels": out}
+
+
 def compiled_kernel_fingerprints(contract_ids: Iterable[str] | None = None) -> dict[str, Any]:
     """Per kernel, a sha256 over its compiled-code fingerprints (every target and config) from the
     golden file ``rlk/gate/crosstarget_golden.json``. The gate's L0 check proves the current
     toolchain compiles to exactly these; a toolchain or kernel change shows up here by name."""
     try:
-        from rlk.gate.crosstarget import kernel_fingerprints
-
-        fp = kernel_fingerprints()
+        fp = fingerprints_by_kernel(load_golden())
     except Exception as e:  # recorded, never invented
         return {"error": f"{type(e).__name__}: {e}"}
     want = None if contract_ids is None else set(contract_ids)

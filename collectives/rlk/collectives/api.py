@@ -120,10 +120,10 @@ def gather_rank_ordered(t: torch.Tensor, group=None) -> list[torch.Tensor]:
 
 def _segment_merge() -> Callable:
     try:
-        from rlk.ops.linear_logp import merge_segment_stats
+        from rlk.kernels.linear_logp.launch import merge_segment_stats
     except ImportError as e:
         raise UnsupportedConfigError(
-            "merge_logsumexp_stats: rlk.ops.linear_logp.merge_segment_stats is not available "
+            "merge_logsumexp_stats: rlk.kernels.linear_logp.launch.merge_segment_stats is not available "
             f"({e}); strict mode has no other merge (logp.v2 owns the merge arithmetic)") from None
     return merge_segment_stats
 
@@ -136,7 +136,7 @@ def merge_logsumexp_stats(stats: torch.Tensor | Sequence[torch.Tensor], group=No
       stats: this rank's statistics for its vocab shard: one tensor or a tuple of tensors (for
         example ``(max [T] fp32, sumexp [T] fp32)``), as ``merge_segment_stats`` expects them.
       group: the tensor-parallel group.
-      merge_fn: defaults to ``rlk.ops.linear_logp.merge_segment_stats`` (raises
+      merge_fn: defaults to ``rlk.kernels.linear_logp.launch.merge_segment_stats`` (raises
         ``UnsupportedConfigError`` if missing). Tests may pass a labelled stand-in.
     Returns ``merge_fn([stats of rank 0, stats of rank 1, ...])`` (identical on every rank).
 

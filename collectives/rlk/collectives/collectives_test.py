@@ -42,6 +42,15 @@ def test_fold_matches_reference_single_process():
                 assert_bitwise_equal(got, reference.fixed_order_sum(xs, out_dtype), f"{dtype} n={n}")
 
 
+def test_default_stats_merge_is_logp_v2s():
+    # Without merge_fn, merge_logsumexp_stats merges with the linear-logp kernel's own merge (the
+    # function rlk.ops.linear_logp re-exports), never a stand-in.
+    from rlk.collectives import api
+    from rlk.ops import linear_logp
+
+    assert api._segment_merge() is linear_logp.merge_segment_stats
+
+
 def test_fold_order_is_visible():
     # Can fail: with 3+ ranks a permuted order gives other bits on these inputs.
     from rlk.collectives.scenarios import order_sensitive_input

@@ -67,7 +67,7 @@ def all_gather(inputs: Sequence[torch.Tensor]) -> torch.Tensor:
 
 
 def merge_max_sumexp(stats: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Test stand-in for ``rlk.ops.linear_logp.merge_segment_stats`` (labelled: not logp.v2).
+    """Test stand-in for ``rlk.kernels.linear_logp.launch.merge_segment_stats`` (labelled: not logp.v2).
 
     ``stats[r] = (max_r [T] fp32, sumexp_r [T] fp32)`` with ``sumexp_r = sum exp(x - max_r)``.
     Reduction order: ranks ascending; m = max over all; s = sum_r s_r * exp(m_r - m), chain

@@ -70,6 +70,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from rlk.gate.launch_scan import scan_launch_sites  # noqa: F401 - also the public name here
+from rlk.provenance import GOLDEN_PATH, capability_record, fingerprints_by_kernel, load_golden
 
 TARGETS = {"sm_90": ("cuda", 90, 32), "gfx942": ("hip", "gfx942", 64)}
 ASM_KEY = {"sm_90": "ptx", "gfx942": "amdgcn"}
@@ -83,7 +84,6 @@ OPTION_KEYS = frozenset(
 )
 _TL_DTYPES = frozenset({"fp8e4nv", "fp8e5", "fp16", "bf16", "fp32", "fp64", "int1", "int8", "int16", "int32",
                         "int64", "uint8", "uint16", "uint32", "uint64"})
-GOLDEN_PATH = Path(__file__).with_name("crosstarget_golden.json")
 NORMALIZATION = "v1"  # bump when normalize_asm changes (every golden hash changes with it)
 REQUALIFY = "requalify: toolchain or kernel changed"
 
@@ -440,11 +440,6 @@ def golden_from(result: Mapping[str, Any]) -> dict:
             "fingerprints": dict(sorted(fps.items()))}
 
 
-def load_golden(path: str | os.PathLike = GOLDEN_PATH) -> dict | None:
-    p = Path(path)
-    return json.loads(p.read_text()) if p.exists() else None
-
-
 def compare_golden(result: Mapping[str, Any], golden: Mapping[str, Any] | None) -> list[str]:
     """Named differences between the compiled fingerprints and the golden file."""
     if golden is None:
@@ -474,25 +469,13 @@ def kernel_fingerprints(kernels: Iterable[str] | None = None, compile: bool = Fa
     "normalization", "source", "kernels": {name: {"contract_id", "fingerprints": {key: sha}}}}``.
     """
     if compile:
-        g, src = golden_from(compile_all(kernels=kernels)), "compiled"
-    else:
-        g, src = load_golden() or {"triton_version": None, "normalization": None, "fingerprints": {}}, "golden"
-    want = set(kernels) if kernels is not None else None
-    out: dict[str, dict] = {}
-    for key, sha in g["fingerprints"].items():
-        target, cid, name, cfg = key.split("|", 3)
-        if want is None or name in want:
-            e = out.setdefault(name, {"contract_id": cid, "fingerprints": {}})
-            e["fingerprints"][f"{target}|{cfg}"] = sha
-    return {"triton_version": g["triton_version"], "normalization": g["normalization"], "source": src,
-            "kernels": out}
+        return fingerprints_by_kernel(golden_from(compile_all(kernels=kernels)), kernels, "compiled")
+    return fingerprints_by_kernel(load_golden(), kernels, "golden")
 
 
 def report(result: Mapping[str, Any]) -> dict:
     """The ``docs/results/crosstarget.json`` document."""
     try:
-        from rlk.provenance import capability_record  # written by the lead; optional here
-
         prov = capability_record()
     except Exception:  # noqa: BLE001 - fall back to the toolchain versions
         import platform

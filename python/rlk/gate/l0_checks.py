@@ -139,7 +139,7 @@ def source_root() -> str | None:
 @register_check("L0", "build.consistent", profiles=_ALL)
 def check_build_files(ctx: GateContext) -> CheckResult:
     """ci/check_build.py over the checkout: WORKSPACE/MODULE/stand-ins agree, every source file is
-    covered by a target, buildifier clean. Without a checkout there is nothing to check: FAIL."""
+    covered by a target, imports follow ARCHITECTURE.md's layer order, buildifier clean. Without a checkout there is nothing to check: FAIL."""
     import subprocess
 
     root = source_root()

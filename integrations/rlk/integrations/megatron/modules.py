@@ -24,6 +24,38 @@ import torch
 from rlk.errors import UnsupportedConfigError
 
 
+# Context-parallel degrees covered: rlk.nn.context_parallel's zigzag layout (every packed
+# sequence a multiple of 2*CP tokens).
+CP_SIZES = (1, 2, 4, 8)
+# cp_comm_type values matching rlk's CP attention (K/V all-gathered with ag.v1).
+CP_COMM_TYPES = (None, "all_gather", "allgather")
+
+
+def check_cp_lengths(cu_seqlens, cp: int) -> None:
+    """Raises ``UnsupportedConfigError`` unless every packed sequence of ``cu_seqlens`` is a
+    multiple of ``2 * cp`` tokens (the zigzag layout: rank r holds chunks r and 2*CP-1-r)."""
+    if cp not in CP_SIZES:
+        raise UnsupportedConfigError(f"context parallelism: CP={cp} (strict covers CP in {CP_SIZES})")
+    cu = [int(v) for v in (cu_seqlens.tolist() if isinstance(cu_seqlens, torch.Tensor) else cu_seqlens)]
+    bad = [b - a for a, b in zip(cu[:-1], cu[1:]) if (b - a) % (2 * cp)]
+    if bad:
+        raise UnsupportedConfigError(f"context parallelism CP={cp}: packed sequence lengths {bad} are not multiples "
+                                     f"of 2*CP={2 * cp} (pad each sequence to a multiple of 2*CP; padded "
+                                     "cu_seqlens are not covered)")
+
+
+def cp_token_index(cu_seqlens, cp: int, rank: int) -> torch.Tensor:
+    """Global token indices of CP ``rank``'s rows ([T / cp] int64): per packed sequence, zigzag
+    chunks ``rank`` and ``2*cp-1-rank`` of ``len / (2*cp)`` tokens (the indices megatron's
+    ``get_batch_on_this_cp_rank`` takes from TransformerEngine's ``thd_get_partitioned_indices``).
+    Index the packed tokens, labels and loss mask with it (exact copies); ``cu_seqlens`` stays
+    global."""
+    from rlk.nn.context_parallel import zigzag_positions
+
+    check_cp_lengths(cu_seqlens, cp)
+    return zigzag_positions(cu_seqlens, cp, rank)
+
+
 def _tp(tp_group) -> tuple[object, int, int]:
     """(group, world size, rank) of the tensor-parallel group (megatron's when ``None``)."""
     if tp_group is None:
@@ -226,11 +258,9 @@ class RlkCoreAttention(torch.nn.Module):
         self.cp = int(getattr(config, "context_parallel_size", 1) or 1)
         self.cp_group = None
         if self.cp > 1:
-            from rlk.integrations.megatron.spec import _CP_COMM_TYPES, CP_SIZES
-
             if self.cp not in CP_SIZES:
                 raise UnsupportedConfigError(f"RlkCoreAttention: CP={self.cp} (strict covers CP in {CP_SIZES})")
-            if cp_comm_type not in _CP_COMM_TYPES:
+            if cp_comm_type not in CP_COMM_TYPES:
                 raise UnsupportedConfigError(f"RlkCoreAttention: cp_comm_type {cp_comm_type!r} (rlk's CP attention "
                                              "all-gathers K/V with ag.v1: None or 'all_gather')")
             group = getattr(pg_collection, "cp", None) if pg_collection is not None else None
@@ -293,7 +323,6 @@ class RlkCoreAttention(torch.nn.Module):
 
     def _cp_forward(self, q, k, v, cu, packed: bool):
         """CP > 1: this rank's zigzag rows against the whole sequence (see the class docstring)."""
-        from rlk.integrations.megatron.spec import cp_token_index
         from rlk.nn.context_parallel import cp_local_row_attention
         from rlk.ops import rowops
 

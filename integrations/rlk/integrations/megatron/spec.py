@@ -28,6 +28,12 @@ from __future__ import annotations
 import torch
 
 from rlk.errors import UnsupportedConfigError
+from rlk.integrations.megatron.modules import (  # noqa: F401 - the CP layout's public names here too
+    CP_COMM_TYPES,
+    CP_SIZES,
+    check_cp_lengths,
+    cp_token_index,
+)
 from rlk.models.qwen3.config import Qwen3Config
 from rlk.models.qwen3.routes import STRICT_CONTRACTS
 
@@ -74,13 +80,6 @@ _PINNED = {
     "hierarchical_context_parallel_sizes": None,
     "hybrid_context_parallel": False,
 }
-
-# Context-parallel degrees covered: rlk.nn.context_parallel's zigzag layout (every packed
-# sequence a multiple of 2*CP tokens).
-CP_SIZES = (1, 2, 4, 8)
-# cp_comm_type values matching rlk's CP attention (K/V all-gathered with ag.v1).
-_CP_COMM_TYPES = (None, "all_gather", "allgather")
-
 
 def _swiglu_marker(x):  # pragma: no cover - never called: the activation slot holds RlkSwiGLU
     raise UnsupportedConfigError("config.activation_func called: the activation slot must be RlkSwiGLU")
@@ -132,7 +131,7 @@ def check_config(cfg: Qwen3Config, tc, tp_size: int | None = None) -> None:
                    "zigzag CP-local-row attention)")
     elif cp > 1:
         comm = getattr(tc, "cp_comm_type", None)
-        if any(c not in _CP_COMM_TYPES for c in (comm if isinstance(comm, list) else [comm])):
+        if any(c not in CP_COMM_TYPES for c in (comm if isinstance(comm, list) else [comm])):
             bad.append(f"cp_comm_type={comm!r} (rlk's CP attention all-gathers K/V with ag.v1: None or 'all_gather')")
     if getattr(tc, "virtual_pipeline_model_parallel_size", None) not in (None, 1):
         bad.append("virtual pipeline parallelism is not covered")
@@ -252,28 +251,3 @@ def init_parallel(tp: int = 1, cp: int = 1) -> None:
         raise UnsupportedConfigError(f"init_parallel: world size {dist.get_world_size()} not divisible by "
                                      f"TP={tp} x CP={cp}")
     ps.initialize_model_parallel(tensor_model_parallel_size=tp, context_parallel_size=cp)
-
-
-def check_cp_lengths(cu_seqlens, cp: int) -> None:
-    """Raises ``UnsupportedConfigError`` unless every packed sequence of ``cu_seqlens`` is a
-    multiple of ``2 * cp`` tokens (the zigzag layout: rank r holds chunks r and 2*CP-1-r)."""
-    if cp not in CP_SIZES:
-        raise UnsupportedConfigError(f"context parallelism: CP={cp} (strict covers CP in {CP_SIZES})")
-    cu = [int(v) for v in (cu_seqlens.tolist() if isinstance(cu_seqlens, torch.Tensor) else cu_seqlens)]
-    bad = [b - a for a, b in zip(cu[:-1], cu[1:]) if (b - a) % (2 * cp)]
-    if bad:
-        raise UnsupportedConfigError(f"context parallelism CP={cp}: packed sequence lengths {bad} are not multiples "
-                                     f"of 2*CP={2 * cp} (pad each sequence to a multiple of 2*CP; padded "
-                                     "cu_seqlens are not covered)")
-
-
-def cp_token_index(cu_seqlens, cp: int, rank: int) -> torch.Tensor:
-    """Global token indices of CP ``rank``'s rows ([T / cp] int64): per packed sequence, zigzag
-    chunks ``rank`` and ``2*cp-1-rank`` of ``len / (2*cp)`` tokens (the indices megatron's
-    ``get_batch_on_this_cp_rank`` takes from TransformerEngine's ``thd_get_partitioned_indices``).
-    Index the packed tokens, labels and loss mask with it (exact copies); ``cu_seqlens`` stays
-    global."""
-    from rlk.nn.context_parallel import zigzag_positions
-
-    check_cp_lengths(cu_seqlens, cp)
-    return zigzag_positions(cu_seqlens, cp, rank)

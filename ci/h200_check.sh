@@ -13,7 +13,7 @@ OUT=${OUT:-$PWD/out/h200}
 # stage. The device tool brings back only a few files from $OUT: pass R=/tmp/r to keep $OUT to
 # results.tgz and summary.txt.
 R=${R:-$OUT/r}
-mkdir -p "$R"
+mkdir -p "$OUT" "$R"
 export PYTHONPATH=$PWD/python:$PWD/kernels:$PWD/collectives:$PWD/integrations${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export CUBLAS_WORKSPACE_CONFIG=:4096:8 TRITON_CACHE_DIR=/tmp/triton-cache

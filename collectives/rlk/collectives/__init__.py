@@ -1,7 +1,7 @@
 """Fixed-order collectives (contracts ``ar.v1``, ``rs.v1``, ``ag.v1``).
 
 rlk owns every floating-point reduction across ranks: the transport (gloo, NCCL, RCCL, or the
-single-node IPC path in ``collectives/gpu``) only copies bytes, and the sum is a rank-ordered
+single-node IPC path in :mod:`rlk.collectives.ipc`) only copies bytes, and the sum is a rank-ordered
 fp32 chain with one rounding. See :mod:`rlk.collectives.api` and :mod:`rlk.collectives.group`.
 """
 

@@ -37,6 +37,6 @@ def _run_on_every_gpu(scenario: str, params: dict) -> None:
 @pytest.mark.gpu
 @pytest.mark.multigpu
 def test_oneshot_ipc_fixed_order_equals_reference():
-    """rlk.collectives.ipc over torch symmetric memory (written 2026-12-01; not run yet: no
-    machine with 2+ GPUs has been lent)."""
+    """rlk.collectives.ipc over torch symmetric memory (not yet run on hardware: it needs a
+    machine with 2+ GPUs)."""
     _run_on_every_gpu("oneshot_bitwise", {"sizes": [1, 4099, 1 << 20]})

@@ -42,7 +42,7 @@ _INTERPRET: list[bool] = []
 def interpret_flag() -> bool:
     """Whether the kernels run under Triton's interpreter: ``TRITON_INTERPRET`` read once, at the
     first launch, and kept (every launch asks several times; an environment read costs ~1.5 us of
-    host time). Triton fixed the same choice when each kernel's ``@triton.jit`` ran, at import,
+    host time). Triton fixes the same choice when each kernel's ``@triton.jit`` runs, at import,
     and rlk.determinism requires the variable to be set before any kernel module is imported."""
     if not _INTERPRET:
         _INTERPRET.append(interpreter_active())

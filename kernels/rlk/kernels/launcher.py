@@ -193,8 +193,8 @@ def _cacheable(fn) -> bool:
 
 
 # --- Launch sites ------------------------------------------------------------------------------
-# On by default since 2026-12-02: on the H200 the GPU tests of kernels/ (57) passed with sites on,
-# and they took 10-45 us off attention's eager host path (docs/results/h200_2026-12-02_session8).
+# On by default: on the H200 the GPU tests of kernels/ (57) pass with sites on, and sites take
+# 10-45 us off attention's eager host path (docs/results/h200_2026-12-02_session8/).
 # RLK_LAUNCH_SITES=0 turns them off.
 _SITES = [os.environ.get("RLK_LAUNCH_SITES", "1") != "0"]
 _TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)

@@ -21,7 +21,7 @@ import os
 
 from rlk.gate.registry import CheckResult, register_check
 
-# The size of the L5 run (one 10-minute device call; docs/results/e2e_h200_2026-12-01_40d2b14.md took ~110 s).
+# The size of the L5 run: one 10-minute device call holds it (~110 s in docs/results/e2e_h200_2026-12-01_40d2b14.md).
 L5_ARGS = dict(layers=2, sequences=8, prompt_range=(64, 256), response_range=(32, 64), max_batch=8,
                reps=3, steps=10, config="qwen3-8b", device=None, rollout_graphs="on", step_logp=True,
                profile=False)

@@ -1,8 +1,8 @@
 """The H200 replay: Qwen3-8B-shaped model (random bf16 weights), >= 64 sequences, prompts
 64-2048 tokens, responses up to 1024, continuous batching with changing composition.
 
-``python -m rlk.replay h200 --out DIR`` writes ``DIR/replay_h200.json`` (the summary the issue
-names: provenance, model, sequences, compared_elements, mismatch_count, max_abs_diff,
+``python -m rlk.replay h200 --out DIR`` writes ``DIR/replay_h200.json`` (the summary:
+provenance, model, sequences, compared_elements, mismatch_count, max_abs_diff,
 torch_equal, native: {...}, distribution: the fixture's next-token statistics, health_failures)
 and ``DIR/fixture/`` (the frozen fixture). Weights: ``calibrated.v1`` (trained-like output
 statistics; ``model.weights.calibration`` has the recipe and the measured statistics).

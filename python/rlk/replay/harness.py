@@ -140,7 +140,7 @@ def record(spec: ModelSpec, requests: list[rollout.Request], rc: rollout.Rollout
 
 
 def spec_of(fx: Fixture, device: str | None = None) -> ModelSpec:
-    """The fixture's model spec; a fixture recorded before recipes existed used ``plain.v0``."""
+    """The fixture's model spec; a fixture whose spec names no recipe is ``plain.v0``."""
     d = dict(fx.meta["model"]["spec"])
     d.setdefault("recipe", "plain.v0")
     if device:
@@ -191,7 +191,7 @@ def public(report: dict) -> dict:
 
 
 def headline(strict: dict, native: dict | None, extra: dict | None = None) -> dict:
-    """The summary the issue names: L4 figures for strict, and the same under ``native``."""
+    """The replay summary: L4 figures for strict, and the same under ``native``."""
     s = strict.get("trainer_vs_recorded") or strict["trainer_vs_rollout"]
     out = {k: s[k] for k in ("sequences", "compared_elements", "mismatch_count", "max_abs_diff", "torch_equal")}
     out["contracts"] = STRICT_CONTRACTS

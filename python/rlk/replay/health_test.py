@@ -1,7 +1,7 @@
 """Distribution health and discrimination in the gate's replay checks.
 
 * the health rule names the statistic it fails on;
-* a degenerate fixture (the old tied recipe ``plain.v0``: every sampled logp exactly 0.0) is
+* a degenerate fixture (the tied recipe ``plain.v0``: every sampled logp exactly 0.0) is
   rejected by the L1, L2 and L4 replay checks, with the statistic named;
 * a fixture recorded with ``calibrated.v1`` (the gate's own workload) is healthy and records
   the recipe and its statistics;

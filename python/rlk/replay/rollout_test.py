@@ -171,7 +171,7 @@ def test_step_logp_forced_replay_bitwise_equal():
     d = rollout.run_rollout(m, r1, dataclasses.replace(rc1, step_logp=True), forced=ref.responses)
     for x, y in zip(d.logp, ref.logp):
         assert torch.equal(x, y), (x, y)
-    assert rollout.RolloutConfig().step_logp, "step_logp is on by default (H200 host profile, 2026-12-01)"
+    assert rollout.RolloutConfig().step_logp, "step_logp is on by default (RolloutConfig.step_logp says why)"
 
 
 def test_padded_decode_native_finite_and_close(recorded):

@@ -1,5 +1,5 @@
 """megatron-core integration: strict spec provider, selected-token logp output processor,
-exact weight conversion, fail-closed config guard and audits (issue 11).
+exact weight conversion, fail-closed config guard and audits.
 
 Modules: :mod:`.spec` (build), :mod:`.modules` (slot adapters), :mod:`.logp` (output
 processor), :mod:`.weights` (HF <-> megatron, per-rank shards), :mod:`.audit` (post-build and

@@ -11,8 +11,8 @@ with ``rlk.replay.trainer.score`` (the trainer pattern: packed varlen re-scoring
 response) on the same weights and tokens. The record names the weights (kind, source, sha256) and
 gives the statistics of the engine's sampled-token logp.
 The run-time counters of every worker must show rlk's attention/linear/logp ops and no stock
-attention. Ladder L4 with a real rollout engine (the trainer side is rlk's trainer pattern until
-the megatron-core adapter lands).
+attention. Ladder L4 with a real rollout engine (the trainer side is rlk's trainer pattern, not
+the megatron-core adapter).
 """
 
 from __future__ import annotations

@@ -118,8 +118,8 @@ def bench_prefill(s, hq=8, hk=2, d=128, sites_ab=False):
 
     sdpa = torch.nn.functional.scaled_dot_product_attention
     # The flash backend is selected once around the whole measurement: entering sdpa_kernel()
-    # inside the timed call (as this bench did until 2026-12-01) added its host cost to every
-    # native call (S=1024 eager: native 72.7 us with it, the strict arm unaffected).
+    # inside the timed call adds its host cost to every native call (S=1024 eager: native
+    # 72.7 us with it, the strict arm unaffected).
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
         strict, native = (lambda: launch.prefill(q, k, v, cu, s, scale, validate=False),
                           lambda: sdpa(qn, kn, vn, is_causal=True))
@@ -127,7 +127,7 @@ def bench_prefill(s, hq=8, hk=2, d=128, sites_ab=False):
         t["strict_cold_us"], t["native_cold_us"] = cold_graph_us(strict), cold_graph_us(native)
     if sites_ab:
         t.update(_sites_ab(strict))
-    # SDPA's default backend choice on this machine, for reference (not the baseline).
+    # SDPA's default backend choice on this machine, for reference (the baseline is flash).
     t["sdpa_default_eager_us"] = _bench(lambda: sdpa(qn, kn, vn, is_causal=True))
     t["sdpa_default_graph_us"] = _graph_bench(lambda: sdpa(qn, kn, vn, is_causal=True))
     return {"case": "prefill", "S": s, "Hq": hq, "Hk": hk, "D": d, "native_backend": "flash", **t}

@@ -128,8 +128,8 @@ def test_errors():
 @pytest.mark.parametrize("gp,hq,hk", [(4, 4, 2), (3, 4, 2), (4, 5, 1), (4, 3, 1), (4, 2, 2)])
 def test_table_gp_that_does_not_divide_the_gqa_group(gp, hq, hk):
     """The sm_90 table packs GP=4 q heads per tile; with a GQA group of 2 (Qwen3-1.7B's 16/8
-    heads) GP must shrink to a divisor of the group. Before the fix the grid had no program for
-    any head (g // GP == 0) and the output was whatever torch.empty held (group 5: one head in
+    heads) GP must shrink to a divisor of the group. Without that, the grid has no program for
+    any head (g // GP == 0) and the output is whatever torch.empty holds (group 5: one head in
     five unwritten). GP is bit-neutral: the rows equal GP=1's."""
     from rlk.kernels.attention import config
 
@@ -235,7 +235,7 @@ def test_gpu_accuracy_qwen3(hq, hk):
     _close(out, ro, 2e-2, 2e-2, "out")  # bf16 p in the PV and row-sum MMA
     # attn.v2 sums the bf16-rounded p (numerator and denominator agree), so l carries a relative
     # error of at most 2**-9 (one bf16 rounding per term): |d lse| <= 2**-9 ~ 1.95e-3. Measured on
-    # the H200 (2026-11-29): max 1.24e-3 at 32/8 heads, S up to 8192.
+    # the H200: max 1.24e-3 at 32/8 heads, S up to 8192.
     _close(lse, rl, 2.0 ** -9, 1e-4, "lse")
     do = torch.randn_like(q)
     grads = launch.backward(do, q, k, v, out, lse, cu, max(lens), scale)

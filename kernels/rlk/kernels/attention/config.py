@@ -22,7 +22,7 @@ HEAD_DIMS = (16, 32, 64, 128)  # 16/32 exist for tiny CPU models; Qwen3 uses 128
 PAGE_SIZES = (16, 32, 64, 128, 256)
 
 _PENDING = ("attention_invariance_sweep@sm_90 (configs/invariance_sm90.json: prefill BLOCK_M/num_warps/GP "
-            "bit-neutral) and attention_variants@sm_90 2026-12-01 (docs/results/attention_variants_h200.json, "
+            "bit-neutral) and attention_variants@sm_90 (docs/results/attention_variants_h200.json, "
             "attention_variants_bwd_h200.json: prefill/decode warps/stages/BLOCK_M/GP and backward "
             "warps/stages byte-identical); interpreter: attention_invariance_test.py")
 
@@ -87,9 +87,9 @@ _SCHEDULE = {
 ATTN_V2 = contracts.register(contracts.Contract(
     id="attn.v2",
     summary="fixed-chunk (64) / fixed-segment (512) online-softmax attention; prefill, chunked "
-            "prefill and paged decode give identical rows (v2, 2026-12-01: forward GPU arithmetic "
-            "unchanged from v1; backward dK/dV as per-head partials folded over q heads ascending; "
-            "the CPU-interpreter model sums each dot exactly in fp64)",
+            "prefill and paged decode give identical rows (forward GPU arithmetic as attn.v1; "
+            "backward dK/dV as per-head partials folded over q heads ascending; the "
+            "CPU-interpreter model sums each dot exactly in fp64)",
     bit_fields=_bit_fields(512),
     schedule_fields=_SCHEDULE,
     bit_neutral_evidence={k: _PENDING for k in _SCHEDULE},

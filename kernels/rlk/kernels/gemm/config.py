@@ -178,7 +178,7 @@ def _split_table() -> dict:
 
 
 _SWEEP = "gemm_invariance_sweep.py -> configs/invariance_sm90.json (sm_90, Triton 3.6.0)"
-_H200 = "gemm_invariance_sweep@H200 2026-11-29: 96 configs identical"
+_H200 = "gemm_invariance_sweep@H200: 96 configs identical"
 _TUNE = "gemm_tune.py byte-identity check of every candidate vs the reference config (sm_90) + gpu tests"
 CONTRACT = contracts.register(contracts.Contract(
     id=CONTRACT_ID,

@@ -7,8 +7,8 @@ Run on the H200 (not in CI):
 ``--backward``: the two training-backward GEMMs of every shape at M (tokens) in BWD_M, as the
 autograd of ``rlk.ops.gemm`` calls them: ``dx = gemm(dy, w.t())`` and ``dw = gemm(dy.t(),
 x.t())`` (transposed views) vs ``dy @ w`` / ``dy.T @ x`` (cuBLAS); ``strict_ptr_us`` is the same
-call with the pointer-load path forced (TMA=0, the path transposed operands took before they
-had descriptors), ``strict_<variant>_us`` other bit-neutral tiles (BWD_VARIANTS), and
+call with the pointer-load path forced (TMA=0, the path of transposed operands without
+descriptors), ``strict_<variant>_us`` other bit-neutral tiles (BWD_VARIANTS), and
 ``same_bytes`` whether every variant and the contiguous-copy call agree bitwise.
 
 Times are medians of ``triton.testing.do_bench_cudagraph`` (both arms replayed from CUDA graphs,
@@ -114,7 +114,7 @@ def _shape_weight(name: str, seed: int):
 BWD_M = (1700, 8192)
 BWD_SHAPES = ("qkv", "o", "gate_up", "down")
 # Bit-neutral load/tile variants timed beside the table's plan (same_bytes checks them all):
-# ptr = pointer loads (what transposed operands used before they had descriptors).
+# ptr = pointer loads (the path of transposed operands without descriptors).
 BWD_VARIANTS = {"ptr": {"TMA": 0}, "bn256": {"BLOCK_N": 256, "TMA": 1}, "bn256_persistent": {"BLOCK_N": 256, "TMA": 1,
                                                                                            "PERSISTENT": 1}}
 

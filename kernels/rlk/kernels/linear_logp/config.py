@@ -32,8 +32,8 @@ TABLE_FILES = {"sm_90": "sm90.json", "gfx942": "gfx942.json"}
 # ranks 0..N-1 in order are exactly the segments of the unsharded vocabulary, and logp/lse are
 # byte-identical for every such shard count.
 # Production: Qwen3's padded vocabulary 151936 = 8 x 18992, so TP 1, 2, 4, 8 all align.
-# logp.v2 (2026-12-01): SEG_V 256 = one BLOCK_V tile per segment on sm_90 (v1: 512, two tiles
-# folded by the online rule); measured faster at every T on the H200
+# SEG_V 256 = one BLOCK_V tile per segment on sm_90. Against SEG_V 512 (two tiles folded by the
+# online rule, logp.v1's segmentation) it is faster at every T on the H200
 # (docs/results/linear_logp_variants_h200.json) and it doubles the programs at decode sizes.
 DEFAULT_SEGMENTATION = (18992, 256)
 # (ALIGN, SEG_V) pairs the contract defines. Small ones exist so that interpreter tests can run
@@ -56,13 +56,13 @@ CPU_TABLE = {
 # order or the pipeline depth, never a sum. Everything else in a table is a bit field.
 SCHEDULE_FIELDS = ("GROUP_T", "GROUP_M", "TMA", "num_stages", "G_BUDGET_MB", "V_CHUNK_MAX", "ROWS_BUDGET_MB",
                    "DECODE_T_MAX", "DECODE_STAGES")
-SCHEDULE_EVIDENCE = ("linear_logp_variants@sm_90 2026-12-01, docs/results/linear_logp_variants_*h200.json: "
+SCHEDULE_EVIDENCE = ("linear_logp_variants@sm_90, docs/results/linear_logp_variants_*h200.json: "
                      "logp/lse byte-identical with TMA on/off, GROUP 1/8/32, num_stages 2/3/4 (T 8..8192, "
                      "v1 and v2 tables), d_hidden/d_weight byte-identical with TMA on/off and 128 MB vocab "
                      "chunks vs 4096-column chunks; linear_logp_invariance_test (interpreter: TMA on/off, "
                      "vocab chunk sizes; the d_hidden chain continues across chunks through an exact fp32 "
                      "store/load)")
-DECODE_EVIDENCE = ("linear_logp_variants --graph@sm_90 2026-12-01 (docs/results/"
+DECODE_EVIDENCE = ("linear_logp_variants --graph@sm_90 (docs/results/"
                    "linear_logp_variants_decode_graph_h200.json): the forward with one-warpgroup tiles "
                    "(BLOCK_T 64, 4 warps, stages 2/3/4) gives logp/lse byte-identical to the table's "
                    "two-warpgroup tiles (BLOCK_T 128, 8 warps) at T 8, 64 and 256 (BLOCK_T 64 with 8 warps "
@@ -71,7 +71,7 @@ DECODE_EVIDENCE = ("linear_logp_variants --graph@sm_90 2026-12-01 (docs/results/
                    "(decode tiles) with the same rows of T = 1000")
 FUSED_EVIDENCE = ("fused_test (interpreter): fused d_hidden/d_weight byte-identical to linear_logp_bwd for 1, "
                   "2 and 3 row chunks (the d_weight fp32 chain continues across chunks cut at multiples of "
-                  "BLOCK_K); GPU: fused_test::test_gpu_fused_equals_unfused (H200 run by the lead)")
+                  "BLOCK_K); GPU: fused_test::test_gpu_fused_equals_unfused (H200)")
 
 # grad_out scaling of the fused loss's gradients (``kernel.scale_kernel``, ``fused.scale_by_``):
 # elementwise, one fp32 multiply and one RNE rounding per element, so its tile is no bit field and
@@ -84,7 +84,7 @@ SCALE_FIELDS_CPU = {"BLOCK": 512, "ITERS": 2, "num_warps": 4, "num_stages": 1}  
 # Segments per trip of merge_kernel's loops (loads issued together; the per-row order and
 # operations are unchanged and the padding segments of the last trip are exact no-ops, so it is
 # no bit field: merge_kernel's docstring). 3 under the interpreter: tests cover a partial trip.
-# 16 (was 8): CUDA-graph device time of the merge alone on the H200, unroll 8 -> 16, bytes equal
+# 16 rather than 8: CUDA-graph device time of the merge alone on the H200, unroll 8 -> 16, bytes equal
 # at every point (docs/results/linear_logp_variants_merge_unroll_h200.json): V=151936 (600
 # segments) T=8 76 -> 60 us, T=1024 103 -> 95, T=8192 112 -> 105; V=37984 (150) T=8 20.7 -> 17.8,
 # T=1024 27.4 -> 26.0, T=8192 28.6 -> 27.1. 32 and 64 were slower at decode sizes. gfx942 uses

@@ -156,7 +156,7 @@ def _b2b_columns(strict, eager) -> dict:
     """Back-to-back eager time per call (rlk.testing.timing.back_to_back_us: max(host launch path,
     device) per call, no L2 flush before each call), strict and the eager native form in alternating
     rounds. The do_bench times above hide up to ~60 us of host launch time behind do_bench's L2
-    flush; these do not. Columns only: ``ratio`` stays the do_bench one (comparable with earlier runs)."""
+    flush; these do not. Columns only: ``ratio`` stays the do_bench one (comparable across runs)."""
     from rlk.testing.timing import back_to_back_us
 
     t = interleaved_us({"strict": strict, "native": eager}, rounds=ROUNDS,

@@ -19,7 +19,8 @@ from rlk.models.qwen3.weights import weights_sha256
 TINY = Qwen3Config.named("tiny")
 BAND = (1.0, 3.0)
 
-# sha256 of random_weights(...) as the function was before recipes existed (weights_sha256).
+# sha256 (weights_sha256) of random_weights(..., recipe="plain.v0"), the bare draw: pinned, so
+# that fixtures recorded with plain.v0 weights stay reproducible.
 PLAIN_GOLDEN = {
     ("tiny", False, 0, "bfloat16"): "d027b2b6727430675420ac682365cee133f38d4f31ddc53cf7fdb99146b9e0a3",
     ("tiny", True, 7, "bfloat16"): "9070988501cee1010a59960ef8db7f8d0b9fff8bdbadf2fdccb6a896f06ce689",
@@ -93,7 +94,7 @@ def test_calibrated_statistics_in_band(name):
 
 
 def test_plain_tied_is_degenerate_and_calibrated_is_not():
-    """The old tied recipe: the current token's own logit wins, every sampled logp is 0.0."""
+    """plain.v0 tied is degenerate: the current token's own logit wins, every sampled logp is 0.0."""
     _, plain = _stats("qwen3-0.6b", "plain.v0")
     assert plain["entropy_mean"] < 0.1 and plain["frac_logp_zero"] > 0.9, plain
     _, cal = _stats("qwen3-0.6b", "calibrated.v1")

@@ -135,7 +135,7 @@ def random_weights(cfg: Qwen3Config, seed: int, dtype=torch.bfloat16, device="cp
     ``device`` (the same seed on another device type gives other values: record both).
 
     Determinism: the same (config, seed, device type, dtype, recipe) gives the same bytes;
-    ``plain.v0`` gives the bytes this function gave before recipes existed. Cost: one draw per
+    ``plain.v0`` is the bare draw (no factor; its bytes are pinned by calibration_test). Cost: one draw per
     tensor on ``device`` (no loop over the vocabulary; nothing measured at build time).
     """
     scales = recipe_scales(cfg, recipe)

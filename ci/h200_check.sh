@@ -30,11 +30,11 @@ STAGE_EXCLUDE="*.safetensors" STAGE_TAIL=25
 
 stage env 60 bash -c 'nvidia-smi; python3 -c "import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name())"'
 stage tests ${TESTS_LIMIT:-420} python3 -m pytest -m gpu -q -p no:cacheprovider ${TEST_PATHS:-kernels python} --timeout=400
-# The whole GPU suite no longer fits one 10-minute call (2026-12-01: ~50 tests in 290 s, all passing,
-# then the limit): these two halves each fit one call.
+# The whole GPU suite does not fit one 10-minute call (about 50 tests pass in 290 s, then the
+# limit stops it): these two halves each fit one call.
 stage tests_kernels ${TESTS_LIMIT:-540} python3 -m pytest -m gpu -q -p no:cacheprovider kernels --timeout=500
 stage tests_python ${TESTS_LIMIT:-540} python3 -m pytest -m gpu -q -p no:cacheprovider python integrations collectives --timeout=500
-# Diagnostic, only when named: bisects the 2026-12-02 rollout_test capture failure (carry .whl/).
+# Diagnostic, only when named: bisects the open rollout_test capture failure (carry .whl/).
 stage rollout_bisect ${BISECT_LIMIT:-420} bash ci/h200_rollout_bisect.sh "$R"
 stage actor_lm_head ${ACTOR_LIMIT:-300} python3 -m rlk.bench.actor_lm_head --out "$R/actor_lm_head_h200.json" ${ACTOR_ARGS:-}
 stage host_profile ${HOST_PROFILE_LIMIT:-240} python3 -m rlk.bench.host_profile --out "$R/host_profile" ${HOST_PROFILE_ARGS:-}

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Bisects the H200 failure of rollout_test::test_gpu_cuda_graphs_equal_eager[qwen3-0.6b-2] (a CUDA
-# graph capture invalidated: docs/results/h200_2026-12-02_session8/ and _session9/). Which earlier
-# tests must run in the same process for it to fail moves with the tree: session 8, the full
-# `python integrations collectives` suite failed and a four-test subset passed; session 9, the full
-# suite passed and `three` (model_test.py, then both rollout params) failed. Each variant changes
-# one thing; a passed / FAILED / NOT RUN line per variant. Run through ci/h200_check.sh
-# (STAGES=rollout_bisect), which sets PYTHONPATH, the NCCL/NVLS environment and installs .whl/
-# (carry it: megatron-core). BISECT_VARIANTS="three three_eager_modules ..." picks variants.
+# Bisects the open H200 failure of rollout_test::test_gpu_cuda_graphs_equal_eager[qwen3-0.6b-2]
+# (a CUDA graph capture invalidated, "operation failed due to a previous error during capture";
+# logs and hypotheses in docs/results/h200_2026-12-02_session8/README.md and
+# docs/results/h200_2026-12-02_session9/README.md). It fails only after some earlier tests ran in
+# the same process, and which ones depends on the tree: the full `python integrations collectives`
+# suite, or `three` (model_test.py, then both rollout params), each fails on some trees and passes
+# on others. Each variant changes one thing; a passed / FAILED / NOT RUN line per variant. Run
+# through ci/h200_check.sh (STAGES=rollout_bisect), which sets PYTHONPATH, the NCCL/NVLS
+# environment and installs .whl/ (carry it: megatron-core).
+# BISECT_VARIANTS="three three_eager_modules ..." picks variants.
 set -uo pipefail
 D=${1:-/tmp}  # where the variants' logs go (h200_check passes its stage folder)
 R=python/rlk/replay/rollout_test.py::test_gpu_cuda_graphs_equal_eager
@@ -34,10 +36,10 @@ run python_only X=1 -- $P python --timeout=500
 run no_nvls_env -u NCCL_NVLS_ENABLE -u TORCH_SYMM_MEM_DISABLE_MULTICAST -u NVSHMEM_DISABLE_NVLS -- $P $paths --timeout=500
 run sites_off RLK_LAUNCH_SITES=0 -- $P $paths --timeout=500
 run plans_off RLK_HOST_PLANS=0 -- $P $paths --timeout=500
-# model_test.py's tests, then the tiny and the 0.6b rollout params (session 9: failed).
+# model_test.py's tests, then the tiny and the 0.6b rollout params (the order that fails).
 run three X=1 -- $P "$M" "$R" --timeout=500
 run three_eager_modules CUDA_MODULE_LOADING=EAGER -- $P "$M" "$R" --timeout=500
 run three_gc_off X=1 -- -c "import gc, sys, pytest; gc.disable(); sys.exit(pytest.main('$P'.split()[2:] + ['$M', '$R']))"
-run three_no_tiny X=1 -- $P "$M" "$R[qwen3-0.6b-2]" --timeout=500  # session 9, as h200_capture_diag's repeat: passed
+run three_no_tiny X=1 -- $P "$M" "$R[qwen3-0.6b-2]" --timeout=500  # without the tiny param
 run alone X=1 -- $P "$R[qwen3-0.6b-2]" --timeout=500
 grep -h -B2 -A30 "previous error during capture" "$D"/bisect_*.log 2>/dev/null | head -80 || true

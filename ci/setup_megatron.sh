@@ -12,7 +12,7 @@
 #       spec signatures, output_processor hook of GPTModel._postprocess; ../shared/ENGINES.md).
 #       It declares Requires-Python >= 3.12; its cp311 wheel installs and imports on the CI's
 #       Python 3.11 (../shared/STACK.md), hence --ignore-requires-python. The cp311 wheel is
-#       hash-pinned below (sha256 of the PyPI file, 2026-11-29).
+#       hash-pinned below (sha256 of the PyPI file).
 #   --no-deps  megatron-core's import-time requirements are numpy, packaging and torch, all
 #       already pinned (hash-locked) in third_party/requirements.lock by ci/bootstrap.sh: nothing
 #       else is installed, so no resolver can replace them.

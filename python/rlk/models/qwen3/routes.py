@@ -96,13 +96,21 @@ class StrictOps:
         cos, sin = table
         return self._rowops.apply_rope(x, positions, cos, sin)
 
+    # Token counts up to which the fused QK-norm + RoPE launch is used. Both forms give the same
+    # bytes (rowops_invariance_test), so the choice is speed only: at Qwen3-8B's 32 + 8 heads the
+    # fused kernel takes 6.9 us against the four launches' 9.1 us at 64 tokens, but 12.3 vs 10.3
+    # us at 256 and 71.9 vs 26.9 us at 2048 (CUDA-graph timing, docs/results/kernel_baselines_h200.json).
+    fused_qk_norm_rope_max_tokens = 128
+
     def qk_norm_rope(self, qk, q_weight, k_weight, eps, positions, table, n_q):
         """(q, k): QK-norm then RoPE of the first ``n_q`` heads (q) and the rest (k) of ``qk``.
 
-        Without autograd one fused launch (``rowops.qk_norm_rope``, the same bytes); with
-        autograd (the actor) the two differentiable ops per part."""
+        Without autograd and at most ``fused_qk_norm_rope_max_tokens`` tokens (decode steps): one
+        fused launch (``rowops.qk_norm_rope``, the same bytes); otherwise (prefill chunks, the
+        trainer, the actor with autograd) the two ops per part."""
         cos, sin = table
-        if torch.is_grad_enabled() and (qk.requires_grad or q_weight.requires_grad or k_weight.requires_grad):
+        if qk.shape[0] > self.fused_qk_norm_rope_max_tokens or (torch.is_grad_enabled() and (
+                qk.requires_grad or q_weight.requires_grad or k_weight.requires_grad)):
             return _qk_norm_rope_parts(self, qk, q_weight, k_weight, eps, positions, table, n_q)
         return self._rlaunch.qk_norm_rope(qk, q_weight, k_weight, eps, n_q, positions, cos, sin)
 

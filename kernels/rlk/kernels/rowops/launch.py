@@ -244,16 +244,17 @@ def rope_table(max_positions: int, head_dim: int, theta: float, device=None):
     return cos.to(dev, copy=True), sin.to(dev, copy=True)
 
 
-def apply_rope(x, positions, cos, sin, backward: bool = False):
-    """Rotate-half RoPE. x [T, nh, D] (strided T/nh allowed), positions [T] int64, cos/sin
-    [max_pos, D/2] fp32 -> contiguous [T, nh, D]. ``backward`` applies the inverse rotation."""
+def _rope_inputs(what, x, positions, cos, sin):
+    """Checks shared by the RoPE launchers (x [T, nh, D], positions [T], cos/sin [max_pos, D/2]
+    fp32 contiguous, positions in the table by the value-check mode). Returns (positions
+    contiguous, max_pos)."""
     check_tensor("x", x, dtype=ACT_DTYPES, dim=3)
     check_tensor("positions", positions, dtype=(torch.int64, torch.int32), dim=1)
     check_tensor("cos", cos, dtype=torch.float32, dim=2)
     check_tensor("sin", sin, dtype=torch.float32, dim=2)
     T, nh, D = x.shape
     if D % 2:
-        raise UnsupportedConfigError(f"apply_rope: head_dim {D} must be even")
+        raise UnsupportedConfigError(f"{what}: head_dim {D} must be even")
     if positions.shape[0] != T:
         raise UnsupportedConfigError(f"positions: {positions.shape[0]} entries for {T} tokens")
     if cos.shape != sin.shape or cos.shape[1] != D // 2 or not cos.is_contiguous() or not sin.is_contiguous():
@@ -266,9 +267,17 @@ def apply_rope(x, positions, cos, sin, backward: bool = False):
     if mode == "host":
         lo, hi = _span(positions)
         if lo < 0 or hi >= max_pos:
-            raise UnsupportedConfigError(f"apply_rope: positions span [{lo}, {hi}], table holds [0, {max_pos})")
+            raise UnsupportedConfigError(f"{what}: positions span [{lo}, {hi}], table holds [0, {max_pos})")
     elif mode == "device":
         _assert_in_range_on_device(positions, max_pos)
+    return positions, max_pos
+
+
+def apply_rope(x, positions, cos, sin, backward: bool = False):
+    """Rotate-half RoPE. x [T, nh, D] (strided T/nh allowed), positions [T] int64, cos/sin
+    [max_pos, D/2] fp32 -> contiguous [T, nh, D]. ``backward`` applies the inverse rotation."""
+    positions, max_pos = _rope_inputs("apply_rope", x, positions, cos, sin)
+    T, nh, D = x.shape
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if T == 0 or nh == 0:
         return out
@@ -294,36 +303,16 @@ def qk_norm_rope(x, q_weight, k_weight, eps, n_q_heads, positions, cos, sin):
     Determinism: byte-identical to ``apply_rope(qk_norm(x[:, :Hq], q_weight), ...)`` and the same
     for k (contracts ``rmsnorm.v1`` then ``rope.v1``; same tile, reduction and roundings).
     """
-    check_tensor("x", x, dtype=ACT_DTYPES, dim=3)
-    check_tensor("positions", positions, dtype=(torch.int64, torch.int32), dim=1)
-    check_tensor("cos", cos, dtype=torch.float32, dim=2)
-    check_tensor("sin", sin, dtype=torch.float32, dim=2)
+    positions, max_pos = _rope_inputs("qk_norm_rope", x, positions, cos, sin)
     T, nh, D = x.shape
     nq = int(n_q_heads)
     if not 0 < nq < nh:
         raise UnsupportedConfigError(f"qk_norm_rope: n_q_heads {nq} must lie in (0, {nh}) (x holds q and k heads)")
-    if D % 2:
-        raise UnsupportedConfigError(f"qk_norm_rope: head_dim {D} must be even")
     if x.stride(2) != 1:
         raise UnsupportedConfigError("qk_norm_rope: x's last dim must be contiguous")
     _check_weight(q_weight, D, x)
     _check_weight(k_weight, D, x)
     eps = _check_eps(eps)
-    if positions.shape[0] != T:
-        raise UnsupportedConfigError(f"positions: {positions.shape[0]} entries for {T} tokens")
-    if cos.shape != sin.shape or cos.shape[1] != D // 2 or not cos.is_contiguous() or not sin.is_contiguous():
-        raise UnsupportedConfigError(
-            f"cos/sin: contiguous [max_pos, {D // 2}] expected, got {tuple(cos.shape)}, {tuple(sin.shape)}")
-    _check_same_device(x=x, positions=positions, cos=cos, sin=sin)
-    max_pos = cos.shape[0]
-    positions = positions.contiguous()
-    mode = _check_mode(positions) if T else "off"
-    if mode == "host":
-        lo, hi = _span(positions)
-        if lo < 0 or hi >= max_pos:
-            raise UnsupportedConfigError(f"qk_norm_rope: positions span [{lo}, {hi}], table holds [0, {max_pos})")
-    elif mode == "device":
-        _assert_in_range_on_device(positions, max_pos)
     q = torch.empty((T, nq, D), dtype=x.dtype, device=x.device)
     k = torch.empty((T, nh - nq, D), dtype=x.dtype, device=x.device)
     n_rows = T * nh

@@ -53,6 +53,27 @@ def test_paged_accuracy_and_write_kv_exact():
     _close(lse, rl, 1e-4, 1e-5, "paged lse")
 
 
+def test_paged_out_buffer_same_bytes_and_checked():
+    # An engine's padded batch: rows written into the leading rows of a caller's buffer.
+    lens = [3, 70]
+    q, k, v, cu = T.packed(lens, 4, 2, 16, seed=5)
+    kc, vc, bt = T.paged_cache(k, v, cu, 16, seed=5)
+    idx = torch.tensor([2, 72])
+    cuq = torch.tensor([0, 1, 2], dtype=torch.int32)
+    kv = torch.tensor(lens, dtype=torch.int32)
+    out, lse = launch.paged(q[idx], kc, vc, bt, cuq, kv, 0.25, contract=SEG_C)
+    buf = torch.full((3, 4, 16), 7.0, dtype=q.dtype)
+    o2, l2 = launch.paged(q[idx], kc, vc, bt, cuq, kv, 0.25, contract=SEG_C, out=buf[:2])
+    assert o2.data_ptr() == buf.data_ptr()
+    assert_bitwise_equal(buf[:2], out, "out buffer vs allocated output")
+    assert_bitwise_equal(l2, lse, "lse")
+    assert bool((buf[2] == 7.0).all()), "a row past the queries was written"
+    with pytest.raises(UnsupportedConfigError, match="shaped like q"):
+        launch.paged(q[idx], kc, vc, bt, cuq, kv, 0.25, contract=SEG_C, out=buf)
+    with pytest.raises(UnsupportedConfigError, match="out"):
+        launch.paged(q[idx], kc, vc, bt, cuq, kv, 0.25, contract=SEG_C, out=buf[:2].float())
+
+
 def test_backward_accuracy_and_determinism():
     lens = [5, 70, 64]
     q, k, v, cu = T.packed(lens, 4, 2, 16, seed=7)

@@ -44,13 +44,17 @@ def _kernels_root() -> str | None:
 
 
 def tuning_table_hashes() -> dict[str, str]:
-    """sha256 of every checked-in table ``kernels/rlk/kernels/<op>/configs/*.json``."""
+    """sha256 of every checked-in table ``kernels/rlk/kernels/<op>/configs/*.json``, plus the
+    table named by ``$RLK_GEMM_TABLE`` (it replaces the sm_90 GEMM table) under ``env:RLK_GEMM_TABLE``."""
     root = _kernels_root()
-    if root is None:
-        return {}
     out = {}
-    for p in sorted(glob.glob(os.path.join(root, "*", "configs", "*.json"))):
-        out[os.path.relpath(p, root)] = _sha256_file(p)
+    if root is not None:
+        for p in sorted(glob.glob(os.path.join(root, "*", "configs", "*.json"))):
+            out[os.path.relpath(p, root)] = _sha256_file(p)
+    override = os.environ.get("RLK_GEMM_TABLE")
+    if override:
+        out["env:RLK_GEMM_TABLE"] = (f"{override} sha256:{_sha256_file(override)}" if os.path.isfile(override)
+                                     else f"{override} (missing)")
     return out
 
 

@@ -87,3 +87,17 @@ def test_toolchain_versions_come_from_distribution_metadata():
             continue
         # megatron.core's own __version__ appends the git HEAD of the checkout it runs in.
         assert t[key] == want, (key, t[key], want)
+
+
+def test_gemm_table_override_is_recorded(tmp_path, monkeypatch):
+    from rlk import provenance
+
+    t = tmp_path / "tuned.json"
+    t.write_text("{}")
+    monkeypatch.delenv("RLK_GEMM_TABLE", raising=False)
+    assert not any(k.startswith("env:") for k in provenance.tuning_table_hashes())
+    monkeypatch.setenv("RLK_GEMM_TABLE", str(t))
+    rec = provenance.tuning_table_hashes()["env:RLK_GEMM_TABLE"]
+    assert rec.startswith(str(t)) and "sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a" in rec
+    monkeypatch.setenv("RLK_GEMM_TABLE", str(tmp_path / "gone.json"))
+    assert provenance.tuning_table_hashes()["env:RLK_GEMM_TABLE"].endswith("(missing)")

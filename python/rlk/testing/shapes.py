@@ -42,6 +42,25 @@ QWEN3_8B_GEMMS = {
     "tp4_lm_head": (4096, 37984),
 }
 
+
+
+def _qwen3_projections(hidden: int, inter: int, heads: int, kv_heads: int = 8, head_dim: int = 128) -> dict:
+    """(K, N) of a dense Qwen3's four projections at TP1 (fused qkv and gate_up as engines run them)."""
+    return {"qkv": (hidden, (heads + 2 * kv_heads) * head_dim), "o": (heads * head_dim, hidden),
+            "gate_up": (hidden, 2 * inter), "down": (inter, hidden)}
+
+
+# The other dense Qwen3 sizes' projections (hidden, intermediate, query heads from the published
+# Hugging Face config.json files; 8 KV heads and head_dim 128 in all). Not in any tuned table
+# entry: the GEMM table's default rule serves them ("tune" sizes fit the rule, "holdout" sizes
+# only evaluate it).
+QWEN3_SIZES = {"0.6b": (1024, 3072, 16), "1.7b": (2048, 6144, 16), "4b": (2560, 9728, 32),
+               "14b": (5120, 17408, 40), "32b": (5120, 25600, 64)}
+QWEN3_RULE_TUNE_SIZES = ("0.6b", "4b", "32b")
+QWEN3_RULE_HOLDOUT_SIZES = ("1.7b", "14b")
+QWEN3_OTHER_GEMMS = {f"{size}_{proj}": kn for size, dims in QWEN3_SIZES.items()
+                     for proj, kn in _qwen3_projections(*dims).items()}
+
 SHAPES: tuple[Shape, ...] = (
     # GEMM, CPU interpreter sizes (K multiple of the 64 chunk; N awkward).
     _s("gemm-cpu-k128-n96", "gemm", {"cpu"}, K=128, N=96),

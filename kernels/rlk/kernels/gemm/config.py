@@ -5,9 +5,13 @@ the split count ``split_k(K, N) = split_rule(K, N)`` (tables may restate it, nev
 the segment fold order, fp32 accumulation and the single RNE rounding at the store. Free
 (schedule, measured bit-neutral): decode vs prefill kernel, BLOCK_M, BLOCK_N, BLOCK_K (a
 multiple of 64), GROUP_M, num_warps, num_stages, the MMA instruction form, FLAT / PERSISTENT /
-TMA variants of the prefill kernel. Tables are keyed by (K, N); M buckets may select only the
-schedule and BLOCK_M (bit-neutral), never the split. ``$RLK_GEMM_TABLE`` replaces the sm_90 table
+TMA variants of the prefill kernel. Tables are keyed by (K, N); M buckets may select the
+schedule and its free fields (bit-neutral), never the split. ``$RLK_GEMM_TABLE`` replaces the sm_90 table
 file (e.g. the output of ``gemm_tune``).
+
+Bucket format (per (K, N) entry, or the table's ``default_buckets`` rule for every (K, N) without
+an entry): ``[max_m or null, schedule, fields]`` ascending by ``max_m``, where ``fields`` is null
+(the schedule's entry config), an int (BLOCK_M) or a dict of that schedule's free fields.
 """
 
 from __future__ import annotations
@@ -92,10 +96,33 @@ def _load_table_file(path: str) -> dict:
             bad = set(entry.get(sched, {})) - set(SCHEDULE_KEYS[sched])
             if bad:
                 raise UnsupportedConfigError(f"{name}: {key} {sched} has non-schedule fields {sorted(bad)}")
-        for b in entry.get("buckets", []):
-            if len(b) != 3 or b[1] not in SCHEDULES:
-                raise UnsupportedConfigError(f"{name}: {key} bucket {b} is not [max_m|null, schedule, BLOCK_M|null]")
+        _check_buckets(name, key, entry.get("buckets", []))
+    _check_buckets(name, "default_buckets", table.get("default_buckets", []))
     return table
+
+
+def _check_buckets(name: str, key: str, bks: list) -> None:
+    """A bucket list selects schedules and free fields only, ascending by max_m, ending open."""
+    prev = 0
+    for i, b in enumerate(bks):
+        if not isinstance(b, (list, tuple)) or len(b) != 3 or b[1] not in SCHEDULES:
+            raise UnsupportedConfigError(f"{name}: {key} bucket {b} is not [max_m|null, schedule, fields]")
+        max_m, sched, fields = b
+        if max_m is None:
+            if i != len(bks) - 1:
+                raise UnsupportedConfigError(f"{name}: {key} open bucket {b} is not the last")
+        elif not isinstance(max_m, int) or max_m <= prev:
+            raise UnsupportedConfigError(f"{name}: {key} bucket bounds must ascend (got {max_m} after {prev})")
+        else:
+            prev = max_m
+        if isinstance(fields, dict):
+            bad = set(fields) - set(SCHEDULE_KEYS[sched])
+            if bad:
+                raise UnsupportedConfigError(f"{name}: {key} bucket {b} has non-schedule fields {sorted(bad)}")
+        elif fields is not None and not isinstance(fields, int):
+            raise UnsupportedConfigError(f"{name}: {key} bucket {b}: fields must be null, BLOCK_M or a dict")
+    if bks and bks[-1][0] is not None:
+        raise UnsupportedConfigError(f"{name}: {key} buckets must end with an open [null, ...] bucket")
 
 
 def split_k(K: int, N: int) -> int:
@@ -131,22 +158,27 @@ def schedule_config(K: int, N: int, schedule: str, arch: str = "sm_90") -> dict:
 
 
 def buckets(K: int, N: int, arch: str = "sm_90") -> list:
-    """M buckets ``[[max_m or None, schedule, BLOCK_M or None], ...]`` ascending for (K, N).
+    """M buckets ``[[max_m or None, schedule, fields], ...]`` ascending for (K, N): the (K, N)
+    entry's, else the table's ``default_buckets`` rule, else decode up to ``decode_max_m``.
 
-    They select only bit-neutral fields (schedule, BLOCK_M): bytes never depend on the bucket.
+    They select only bit-neutral fields (schedule and its free fields): bytes never depend on
+    the bucket.
     """
     table = load_table(arch)
     entry = table["shapes"].get(f"{K}x{N}", {})
     if "buckets" in entry:
         return [list(b) for b in entry["buckets"]]
+    if "default_buckets" in table:
+        return [list(b) for b in table["default_buckets"]]
     return [[int(table["decode_max_m"]), "decode", None], [None, "prefill", None]]
 
 
-def pick_schedule(M: int, K: int, N: int, arch: str = "sm_90") -> tuple[str, int | None]:
-    """(schedule, BLOCK_M or None) for M rows: the first bucket with M <= max_m."""
-    for max_m, sched, bm in buckets(K, N, arch):
+def pick_schedule(M: int, K: int, N: int, arch: str = "sm_90") -> tuple[str, int | dict | None]:
+    """(schedule, fields) for M rows: the first bucket with M <= max_m (fields: None, BLOCK_M
+    or a dict of free fields)."""
+    for max_m, sched, fields in buckets(K, N, arch):
         if max_m is None or M <= max_m:
-            return sched, bm
+            return sched, fields
     return "prefill", None
 
 
@@ -222,7 +254,7 @@ CONTRACT = contracts.register(contracts.Contract(
         "FLAT": [0, 1],
         "PERSISTENT": [0, 1],
         "TMA": [0, 1],
-        "m_bucket": "per (K, N): M ranges select schedule and BLOCK_M only",
+        "m_bucket": "per (K, N) or the table's default rule: M ranges select the schedule and its free fields, never the split",
     },
     bit_neutral_evidence={
         "schedule": f"{_H200}; gemm_invariance_test.py (interpreter) + {_SWEEP}",
@@ -236,7 +268,7 @@ CONTRACT = contracts.register(contracts.Contract(
         "FLAT": f"same operation sequence (interpreter tests); {_TUNE}",
         "PERSISTENT": f"tile walk order only (no cross-program sum); {_TUNE}",
         "TMA": f"load path only (zero fill past the edges); {_TUNE}",
-        "m_bucket": "selects schedule/BLOCK_M only (both measured bit-neutral above)",
+        "m_bucket": f"selects schedule and free fields only (each measured bit-neutral above); {_TUNE}",
     },
     targets=("sm_90", "cpu-interpreter"),
     kernels=("gemm.segment", "gemm.fold", "gemm.tiled"),

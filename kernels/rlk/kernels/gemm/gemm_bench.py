@@ -1,8 +1,13 @@
 """Benchmark of contract gemm.bf16.v1 against cuBLAS (``torch.matmul``) on the same tensors.
 
 Run on the H200 (not in CI):
-  python -m rlk.kernels.gemm.gemm_bench --out gemm_h200.json [--quick] [--eager]
+  python -m rlk.kernels.gemm.gemm_bench --out gemm_h200.json [--quick] [--timing cudagraph,eager]
+      [--other-sizes]
   python -m rlk.kernels.gemm.gemm_bench --backward --out gemm_bwd_h200.json
+
+The forward rows cover every M of the tuner's ``M_LIST`` (1-8192) at the Qwen3-8B shapes (TP1 and
+TP4), in each timing mode asked for; ``--other-sizes`` adds the other dense Qwen3 sizes' projections
+(CUDA graph timing), whose launch plans come from the table's default rule (``plan_source``).
 
 ``--backward``: the two training-backward GEMMs of every shape at M (tokens) in BWD_M, as the
 autograd of ``rlk.ops.gemm`` calls them: ``dx = gemm(dy, w.t())`` and ``dw = gemm(dy.t(),
@@ -11,55 +16,54 @@ call with the pointer-load path forced (TMA=0, the path of transposed operands w
 descriptors), ``strict_<variant>_us`` other bit-neutral tiles (BWD_VARIANTS), and
 ``same_bytes`` whether every variant and the contiguous-copy call agree bitwise.
 
-Times are medians of ``triton.testing.do_bench_cudagraph`` (both arms replayed from CUDA graphs,
-as vLLM decode runs; ``--eager`` uses ``do_bench`` instead, which at decode sizes also measures
-Python launch overhead). Rows: shape, K, N, M, strict_us, native_us, ratio (= strict / native),
+Times are medians of ``triton.testing.do_bench_cudagraph`` (timing ``cudagraph``: both arms
+replayed from CUDA graphs, as vLLM decode runs) or of ``do_bench`` (timing ``eager``: at decode
+sizes this also measures each arm's host launch overhead). Rows: shape, K, N, M, strict_us, native_us, ratio (= strict / native),
 strict_tbps (bytes of x, w, y over strict time), strict_tflops, schedule, split_k.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 
 import torch
 
-from rlk.testing.shapes import QWEN3_8B_GEMMS
+from rlk.testing.shapes import QWEN3_8B_GEMMS, QWEN3_OTHER_GEMMS
 
-M_LIST = (1, 8, 32, 128, 512, 2048, 8192)
+M_LIST = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 1024, 2048, 4096, 8192)
 QUICK_SHAPES = ("qkv", "down", "tp4_qkv", "tp4_lm_head")
 QUICK_M = (1, 32, 2048)
 
 
 def _provenance() -> dict:
-    try:
-        from rlk.provenance import capability_record  # noqa: PLC0415 (optional module)
+    from rlk.provenance import capability_record  # noqa: PLC0415
 
-        return capability_record(contracts=["gemm.bf16.v1"])
-    except Exception as e:  # the provenance module may not exist yet
-        import triton
-
-        return {"torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
-                "gpu": torch.cuda.get_device_name(), "contract": "gemm.bf16.v1",
-                "note": f"rlk.provenance unavailable ({type(e).__name__})"}
+    return capability_record(route="strict", contract_ids=["gemm.bf16.v1"])
 
 
-def _time(fn, eager: bool) -> float:
+def _time(fn, eager: bool, rep: int = 100) -> float:
     import triton.testing as tt
 
     fn()
     torch.cuda.synchronize()
     if eager:
-        return float(tt.do_bench(fn, warmup=25, rep=100, return_mode="median"))
-    return float(tt.do_bench_cudagraph(fn, rep=100, return_mode="median"))
+        return float(tt.do_bench(fn, warmup=25, rep=rep, return_mode="median"))
+    return float(tt.do_bench_cudagraph(fn, rep=rep, return_mode="median"))
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="JSON file to write")
     ap.add_argument("--quick", action="store_true", help="4 shapes x M in (1, 32, 2048)")
-    ap.add_argument("--eager", action="store_true", help="time eager launches instead of graph replays")
+    ap.add_argument("--timing", default="cudagraph,eager",
+                    help="comma-separated timing modes of the forward rows: cudagraph, eager")
+    ap.add_argument("--eager", action="store_true", help="the backward rows: eager launches instead of graph replays")
+    ap.add_argument("--other-sizes", action="store_true",
+                    help="also the other dense Qwen3 sizes' projections (CUDA graph timing)")
+    ap.add_argument("--rep-ms", type=int, default=10, help="timing window per measurement (triton do_bench rep)")
     ap.add_argument("--shapes", default="", help="comma-separated shape names (default: all)")
     ap.add_argument("--backward", action="store_true", help="the backward GEMMs (dx, dw) instead")
     args = ap.parse_args(argv)
@@ -70,18 +74,31 @@ def main(argv=None) -> int:
         return backward(args)
     from rlk.kernels.gemm import config, launch
 
+    catalog = {**QWEN3_8B_GEMMS, **QWEN3_OTHER_GEMMS}
     names = args.shapes.split(",") if args.shapes else list(QUICK_SHAPES if args.quick else QWEN3_8B_GEMMS)
+    bad = [n for n in names if n not in catalog]
+    timings = [t for t in args.timing.split(",") if t]
+    if bad or not timings or set(timings) - {"cudagraph", "eager"}:
+        print(f"unknown shapes {bad} or timing {args.timing!r} (shapes: {sorted(catalog)}; timing: cudagraph, eager)",
+              file=sys.stderr)
+        return 2
     m_list = QUICK_M if args.quick else M_LIST
+    work = [(n, t) for t in timings for n in names]
+    if args.other_sizes:
+        work += [(n, "cudagraph") for n in QWEN3_OTHER_GEMMS if n not in names]
     rows = []
-    print(f"{'shape':<12}{'K':>6}{'N':>7}{'M':>6}{'strict us':>11}{'cuBLAS us':>11}{'ratio':>7}{'TB/s':>7}{'TFLOP/s':>9}  sched")
-    for name in names:
-        K, N, g, w = _shape_weight(name, seed=0)
+    print(f"{'shape':<14}{'K':>6}{'N':>7}{'M':>6}{'strict us':>11}{'cuBLAS us':>11}{'ratio':>7}{'TB/s':>7}"
+          f"{'TFLOP/s':>9}  timing    sched")
+    for name, timing in work:
+        K, N, g, w = _shape_weight(name, seed=0, catalog=catalog)
         xa = torch.randn(max(m_list), K, device="cuda", dtype=torch.bfloat16, generator=g)
+        source = "entry" if f"{K}x{N}" in config.load_table("sm_90")["shapes"] else "rule"
         for M in m_list:
             x = xa[:M]
             p = launch.plan(M, K, N, x.device)
-            strict_ms = _time(lambda: launch.gemm(x, w), args.eager)
-            native_ms = _time(lambda: torch.matmul(x, w.T), args.eager)
+            eager = timing == "eager"
+            strict_ms = _time(lambda: launch.gemm(x, w), eager, args.rep_ms)
+            native_ms = _time(lambda: torch.matmul(x, w.T), eager, args.rep_ms)
             nbytes = 2 * (M * K + N * K + M * N)
             flops = 2.0 * M * N * K
             row = {"shape": name, "K": K, "N": N, "M": M,
@@ -91,22 +108,55 @@ def main(argv=None) -> int:
                    "strict_tflops": round(flops / (strict_ms * 1e-3) / 1e12, 1),
                    "schedule": p["schedule"], "split_k": p["split_k"],
                    "config": {k: p[k] for k in config.SCHEDULE_KEYS[p["schedule"]] if k in p},
-                   "timing": "eager" if args.eager else "cudagraph"}
+                   "plan_source": source, "timing": timing}
             rows.append(row)
-            print(f"{name:<12}{K:>6}{N:>7}{M:>6}{row['strict_us']:>11.2f}{row['native_us']:>11.2f}"
-                  f"{row['ratio']:>7.3f}{row['strict_tbps']:>7.2f}{row['strict_tflops']:>9.1f}  {p['schedule']}/S{p['split_k']}",
-                  flush=True)
-    doc = {"provenance": _provenance(), "table": config.table_path("sm_90"), "contract": config.CONTRACT.to_json(), "rows": rows}
+            print(f"{name:<14}{K:>6}{N:>7}{M:>6}{row['strict_us']:>11.2f}{row['native_us']:>11.2f}"
+                  f"{row['ratio']:>7.3f}{row['strict_tbps']:>7.2f}{row['strict_tflops']:>9.1f}  {timing:<9} "
+                  f"{p['schedule']}/S{p['split_k']}", flush=True)
+        del xa, w
+    table = config.table_path("sm_90")
+    with open(table, "rb") as f:
+        table_sha = hashlib.sha256(f.read()).hexdigest()
+    doc = {"provenance": _provenance(), "table": table, "table_sha256": table_sha, "m_list": list(m_list),
+           "contract": config.CONTRACT.to_json(), "summary": summarize(rows), "rows": rows}
     with open(args.out, "w") as f:
         json.dump(doc, f, indent=1, default=str)
     print(f"wrote {len(rows)} rows to {args.out}")
+    for line in summary_lines(doc["summary"]):
+        print(line)
     return 0
 
 
-def _shape_weight(name: str, seed: int):
-    """(K, N, generator, weight [N, K] bf16 on CUDA) of a Qwen3-8B GEMM shape; the generator
+def summarize(rows: list) -> dict:
+    """Per timing mode, catalog ("qwen3_8b" or "other_sizes") and M: min / max strict/cuBLAS ratio
+    and the shape at the max; plus the count of rows over the issue's targets (1.00 for M <= 512,
+    1.03 above)."""
+    out = {}
+    for r in rows:
+        cat = "qwen3_8b" if r["shape"] in QWEN3_8B_GEMMS else "other_sizes"
+        d = out.setdefault(r["timing"], {}).setdefault(cat, {"by_m": {}, "over_target": 0, "rows": 0})
+        b = d["by_m"].setdefault(str(r["M"]), {"min": r["ratio"], "max": r["ratio"], "worst": r["shape"]})
+        b["min"] = min(b["min"], r["ratio"])
+        if r["ratio"] > b["max"]:
+            b["max"], b["worst"] = r["ratio"], r["shape"]
+        d["rows"] += 1
+        d["over_target"] += int(r["ratio"] > (1.00 if r["M"] <= 512 else 1.03))
+    return out
+
+
+def summary_lines(summary: dict) -> list:
+    lines = []
+    for timing, cats in summary.items():
+        for cat, d in cats.items():
+            lines.append(f"{timing} {cat}: {d['over_target']}/{d['rows']} rows over target; per M min-max: "
+                         + "; ".join(f"M{m} {b['min']:.2f}-{b['max']:.2f}" for m, b in d["by_m"].items()))
+    return lines
+
+
+def _shape_weight(name: str, seed: int, catalog: dict = QWEN3_8B_GEMMS):
+    """(K, N, generator, weight [N, K] bf16 on CUDA) of a named GEMM shape; the generator
     continues after the weight (the callers draw their activations from it)."""
-    K, N = QWEN3_8B_GEMMS[name]
+    K, N = catalog[name]
     g = torch.Generator(device="cuda").manual_seed(seed)
     return K, N, g, torch.randn(N, K, device="cuda", dtype=torch.bfloat16, generator=g)
 

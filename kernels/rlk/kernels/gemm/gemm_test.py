@@ -97,7 +97,7 @@ def test_split_rule_depends_on_k_and_n_only():
         assert config.cdiv(k, 64) % s == 0 and 1 <= s <= config.MAX_SPLIT
         assert s == config.split_rule(k, n), f"table entry {k}x{n} differs from the rule"
     assert config.split_rule(64, 8) == 1 and config.split_rule(1024, 70) == 4
-    # No table key names the row count; M buckets may pick only schedule and BLOCK_M.
+    # No table key names the row count; M buckets may pick only the schedule and its free fields.
     def keys(node):
         if isinstance(node, dict):
             for k, v in node.items():
@@ -106,9 +106,13 @@ def test_split_rule_depends_on_k_and_n_only():
 
     table = config.load_table("sm_90")
     assert not {"M", "m", "rows", "batch", "tokens"} & set(keys(table["shapes"]))
-    for entry in table["shapes"].values():
-        for max_m, sched, block_m in entry.get("buckets", []):
-            assert sched in config.SCHEDULES and block_m in (None, *config.DECODE_BLOCK_M, 128)
+    for bks in [e.get("buckets", []) for e in table["shapes"].values()] + [table.get("default_buckets", [])]:
+        for max_m, sched, fields in bks:
+            assert sched in config.SCHEDULES
+            if isinstance(fields, dict):
+                assert set(fields) <= set(config.SCHEDULE_KEYS[sched]) and "split_k" not in fields
+            else:
+                assert fields in (None, *config.DECODE_BLOCK_M, 128)
 
 
 def _backward(x, w, dy):

@@ -1,15 +1,30 @@
 """Offline tuner of the free (bit-neutral) launch fields of contract gemm.bf16.v1. GPU script.
 
-  python -m rlk.kernels.gemm.gemm_tune --out gemm_sm90_tuned.json [--shapes qkv,o] [--budget-s 210]
+  python -m rlk.kernels.gemm.gemm_tune --out gemm_sm90_tuned.json [--shapes qkv,o] [--budget-s 400]
+      [--workers 14] [--no-rule]
+  python -m rlk.kernels.gemm.gemm_tune --install gemm_sm90_tuned.json \
+      --table kernels/rlk/kernels/gemm/configs/sm90.json --record docs/results/gemm_tune_h200.json
 
-For every (K, N) of the Qwen3-8B list: times decode candidates at M = 1, 8, 32, 64 (BLOCK_M
-auto: 16/32/64) and prefill candidates at M = 2048, 8192, then picks per M bucket (128, 512)
-among {prefill, prefill with BLOCK_M 64, decode}. Every candidate's bf16 output at every timed
-M must be byte-identical to the reference config's (the pre-tuning prefill kernel form:
-128x128x64, pointer loads, per-segment loops); a differing candidate is rejected and reported.
-Only schedule fields change: the split count stays ``config.split_k(K, N)``. Timings: CUDA
-graph replays of back-to-back calls (median of 3). Writes a table in the format ``config.py``
-reads (use it with ``RLK_GEMM_TABLE=FILE``), plus the measurements under "tuning".
+What it does, in order:
+
+1. **Compile** every (shape, candidate) kernel in ``--workers`` parallel processes (they fill
+   Triton's on-disk cache; the timing process then loads instead of compiling).
+2. **Per-shape buckets** for the Qwen3-8B list (TP1 and TP4): at every M of ``M_LIST`` it times
+   the candidates of that M's regime (decode kernel and TMA prefill tiles, ``candidates(M)``),
+   checks each one's bf16 output byte for byte against the reference config's first M rows, at M
+   and at an odd neighbour (a differing candidate is rejected and reported), and times cuBLAS (``torch.matmul``) on the same
+   tensors. The bucket list keeps a config over consecutive M while it stays within ``TIE`` of
+   that M's best, so nearby M share a kernel.
+3. **The default rule** (``default_buckets``, for every (K, N) without an entry: the other Qwen3
+   sizes, any new model): for M <= ``RULE_MAX_M`` the configs that did best over the 8B shapes are
+   timed on the "tune" sizes of ``QWEN3_SIZES`` and the one with the best geometric-mean ratio to
+   cuBLAS is kept per M; above, the table's default prefill config. The "holdout" sizes are then
+   timed with the rule (and with the previous rule) against cuBLAS: evaluation only.
+
+Only schedule fields change: the split count stays ``config.split_k(K, N)``. Timings: CUDA graph
+replays of back-to-back calls (median of 3). Writes a table in the format ``config.py`` reads
+(use it with ``RLK_GEMM_TABLE=FILE``), with every measurement under "tuning"; a partial table is
+written after each shape, so a run cut short keeps what it measured.
 """
 
 from __future__ import annotations
@@ -17,30 +32,78 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import multiprocessing as mp
+import os
+import shutil
 import sys
 import time
 
 import torch
 
-from rlk.testing.shapes import QWEN3_8B_GEMMS
+from rlk.testing.shapes import (QWEN3_8B_GEMMS, QWEN3_OTHER_GEMMS, QWEN3_RULE_HOLDOUT_SIZES,
+                                QWEN3_RULE_TUNE_SIZES)
 
-DECODE_M = (1, 8, 32, 64)
-PREFILL_M = (2048, 8192)
-MID_M = (128, 512)
+# vLLM's decode batch sizes and prefill chunk sizes fall between these points.
+M_LIST = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 1024, 2048, 4096, 8192)
+RULE_MAX_M = 1024  # the default rule is tuned up to here; above it the default prefill config
+TIE = 1.02  # a config within 2% of an M's best may keep its bucket running
+RULE_CANDS = 4  # per M, this many best configs over the 8B shapes are tried for the rule
 REF = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3,
        "FLAT": 0, "PERSISTENT": 0, "TMA": 0}
-# Ordered by priority: when the time budget runs out only the first candidate of each list runs.
-DECODE_CANDS = [dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns) for bn, bk, nw, ns in
-                ((32, 64, 4, 4), (16, 64, 4, 4), (64, 64, 4, 4), (32, 128, 4, 4), (16, 128, 4, 5), (64, 128, 8, 3))]
-_P = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "FLAT", "PERSISTENT", "TMA")
-PREFILL_CANDS = [dict(zip(_P, v)) for v in (
-    (128, 128, 64, 8, 8, 3, 1, 0, 1), (128, 256, 64, 8, 8, 3, 1, 0, 1), (128, 256, 64, 8, 8, 4, 1, 0, 1),
-    (128, 128, 64, 8, 8, 4, 1, 1, 1), (128, 256, 64, 8, 8, 3, 1, 1, 1), (128, 128, 64, 8, 4, 4, 1, 0, 1),
-    (128, 128, 64, 8, 8, 3, 1, 0, 0), (128, 128, 64, 8, 8, 3, 0, 0, 0))]
+# Decode kernel (pointer loads, split-K in parallel programs): (BLOCK_N, BLOCK_K, warps, stages).
+DECODE_TILES = ((16, 128, 4, 4), (16, 128, 4, 5), (16, 256, 4, 3), (32, 64, 4, 4), (32, 128, 4, 3),
+                (32, 128, 4, 4), (32, 256, 4, 3), (64, 64, 4, 4), (64, 128, 4, 3), (64, 128, 4, 4),
+                (64, 128, 8, 3), (32, 128, 8, 4))
+# Prefill kernel (TMA, flat K loop, in-register fold): (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages,
+# persistent).
+PREFILL_TILES = ((64, 32, 128, 4, 4, 0), (64, 64, 128, 4, 4, 0), (64, 64, 64, 4, 5, 0), (64, 128, 64, 4, 4, 0),
+                 (64, 128, 128, 4, 3, 0), (64, 256, 64, 8, 3, 0), (64, 128, 64, 4, 4, 1), (128, 64, 64, 4, 4, 0),
+                 (128, 64, 128, 8, 3, 0), (128, 128, 64, 8, 4, 0), (128, 128, 128, 8, 3, 0), (128, 256, 64, 8, 3, 0),
+                 (128, 256, 64, 8, 3, 1), (128, 128, 64, 8, 4, 1))
 
 
-def bench_ms(fn, budget_ms: float = 3.0) -> float:
-    """Median per-call time of ``fn`` replayed from a CUDA graph of back-to-back calls."""
+def _dec(bm, bn, bk, nw, ns):
+    return ("decode", {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": nw, "num_stages": ns})
+
+
+def _pre(bm, bn, bk, nw, ns, pers):
+    return ("prefill", {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "num_warps": nw,
+                        "num_stages": ns, "FLAT": 1, "PERSISTENT": pers, "TMA": 1})
+
+
+def candidates(M: int) -> list:
+    """(schedule, fields) tried at M: decode with a BLOCK_M covering M (16 or 64) up to M = 512;
+    prefill tiles with BLOCK_M 64 at small M, all tiles at mid M, the large ones from M = 2048."""
+    out = []
+    if M <= 512:
+        for bm in ((16, 64) if M <= 16 else (64,)):
+            out += [_dec(bm, *t) for t in DECODE_TILES]
+    for t in PREFILL_TILES:
+        if (M <= 64 and t[0] == 64) or 64 < M <= 1024 or (M > 1024 and (t[0] == 128 or t[1] == 256)):
+            out.append(_pre(*t))
+    return out
+
+
+ALL_CANDIDATES = list({json.dumps(c, sort_keys=True): c for m in M_LIST for c in candidates(m)}.values())
+
+
+def _key(cand) -> str:
+    sched, cfg = cand
+    return sched + ":" + ",".join(f"{k}={cfg[k]}" for k in sorted(cfg))
+
+
+def _dev() -> str:
+    """CUDA; the CPU only under the Triton interpreter (the tuner's own smoke test)."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def bench_ms(fn, budget_ms: float = 2.0) -> float:
+    """Median per-call time of ``fn`` replayed from a CUDA graph of back-to-back calls (on the
+    CPU, for the smoke test only: wall time of one call)."""
+    if _dev() == "cpu":
+        t = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t) * 1e3
     fn()
     torch.cuda.synchronize()
     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -70,152 +133,354 @@ def bench_ms(fn, budget_ms: float = 3.0) -> float:
     return sorted(times)[1]
 
 
-def _geo(vals):
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _geo(vals) -> float:
     return math.exp(sum(math.log(v) for v in vals) / len(vals))
 
 
+# ----------------------------------------------------------------------------- parallel compile
+def _compile_jobs(jobs: list) -> list:
+    """Worker: launch each (K, N, schedule, cfg) once at M = 1 (fills Triton's disk cache)."""
+    from rlk.kernels.gemm import launch  # noqa: PLC0415
+
+    errors = []
+    weights = {}
+    for K, N, sched, cfg in jobs:
+        try:
+            if (K, N) not in weights:
+                weights.clear()
+                weights[(K, N)] = torch.zeros(N, K, device=_dev(), dtype=torch.bfloat16)
+            x = torch.zeros(1, K, device=_dev(), dtype=torch.bfloat16)
+            launch.gemm(x, weights[(K, N)], schedule=sched, config=cfg)
+            _sync()
+        except Exception as e:  # noqa: BLE001 (a config that does not compile is reported, not fatal)
+            errors.append(f"{K}x{N} {_key((sched, cfg))}: {type(e).__name__}: {str(e)[:120]}")
+    return errors
+
+
+def precompile(jobs: list, workers: int) -> tuple[float, list]:
+    """Compile ``jobs`` [(K, N, schedule, fields)] in ``workers`` processes; (seconds, errors)."""
+    from rlk.kernels.gemm import config  # noqa: PLC0415
+
+    t0 = time.time()
+    # One job per compiled kernel: the code depends on (K, split) through SEG_STEPS, not on N.
+    jobs = list({json.dumps([K, config.split_k(K, N), s, c], sort_keys=True): (K, N, s, c)
+                 for K, N, s, c in jobs}.values())
+    if workers <= 1 or len(jobs) < 2:
+        return time.time() - t0, _compile_jobs(jobs)
+    jobs = sorted(jobs, key=lambda j: (j[0], j[1]))
+    chunks = [jobs[i::workers] for i in range(workers)]
+    with mp.get_context("spawn").Pool(workers) as pool:
+        errs = [e for part in pool.map(_compile_jobs, [c for c in chunks if c]) for e in part]
+    return time.time() - t0, errs
+
+
+# ----------------------------------------------------------------------------- measurement
 class Tuner:
     def __init__(self, budget_s: float):
         from rlk.kernels.gemm import launch  # noqa: PLC0415
 
         self.launch = launch
         self.deadline = time.time() + budget_s
-        self.log = []
+        self.compared = 0  # (candidate, M) outputs compared byte for byte with the reference
 
     def over(self) -> bool:
         return time.time() > self.deadline
 
-    def try_cand(self, x, w, ref, schedule, cfg, m_list):
-        """{M: ms} for ``cfg``, or a string saying why it was rejected / failed."""
-        out = {}
+    def time_cand(self, x, w, ref, cand, m):
+        """ms of ``cand`` at M = m, or a string saying why it was rejected / failed."""
+        sched, cfg = cand
+        fn = (lambda: self.launch.gemm(x[:m], w, schedule=sched, config=cfg))
         try:
-            for m in m_list:
-                fn = (lambda m=m: self.launch.gemm(x[:m], w, schedule=schedule, config=cfg))
-                y = fn()
-                torch.cuda.synchronize()
-                nd = int((y.view(torch.int16) != ref[:m].view(torch.int16)).sum().item())
+            # Bytes at M and at an odd neighbour (M + 1, or M - 1 at the largest M).
+            for mm in (m, m + 1 if m < x.shape[0] else m - 1):
+                y = self.launch.gemm(x[:mm], w, schedule=sched, config=cfg)
+                _sync()
+                nd = int((y.view(torch.int16) != ref[:mm].view(torch.int16)).sum().item())
+                self.compared += 1
                 if nd:
-                    return f"rejected: {nd} bf16 elements differ from the reference at M={m}"
-                out[m] = bench_ms(fn)
+                    return f"rejected: {nd} bf16 elements differ from the reference at M={mm}"
+            return bench_ms(fn)
         except Exception as e:  # noqa: BLE001  (compile/smem failures are recorded, not hidden)
             return f"error: {type(e).__name__}: {str(e)[:160]}"
-        return out
 
-    def pick(self, name, x, w, ref, schedule, cands, m_list):
-        results = []
-        for i, cfg in enumerate(cands):
-            if i and self.over():
-                break
-            r = self.try_cand(x, w, ref, schedule, cfg, m_list)
-            results.append((cfg, r))
-            self.log.append({"shape": name, "schedule": schedule, "config": cfg,
-                             "result": r if isinstance(r, str) else {str(k): round(v * 1e3, 2) for k, v in r.items()}})
-            print(f"  {schedule:<8}{json.dumps(cfg)} -> "
-                  f"{r if isinstance(r, str) else ' '.join(f'M{m}:{v * 1e3:.1f}us' for m, v in r.items())}", flush=True)
-        ok = [(c, r) for c, r in results if not isinstance(r, str)]
+    def measure(self, name, K, N, cands_of_m, m_list, seed=0):
+        """{m: {"cublas": ms, "cands": {key: ms | reason}}} for one shape."""
+        g = torch.Generator(device=_dev()).manual_seed(seed)
+        w = torch.randn(N, K, device=_dev(), dtype=torch.bfloat16, generator=g)
+        x = torch.randn(max(m_list), K, device=_dev(), dtype=torch.bfloat16, generator=g)
+        ref = self.launch.gemm(x, w, schedule="prefill", config=REF)
+        res = {}
+        for m in m_list:
+            cub = bench_ms(lambda m=m: torch.matmul(x[:m], w.T))
+            times = {}
+            for cand in cands_of_m(m):
+                times[_key(cand)] = self.time_cand(x, w, ref, cand, m)
+            res[m] = {"cublas": cub, "cands": times}
+            ok = {k: v for k, v in times.items() if not isinstance(v, str)}
+            best = min(ok.values()) if ok else float("nan")
+            print(f"  {name:<14} M={m:<5} cuBLAS {cub * 1e3:8.2f} us  best {best * 1e3:8.2f} us  "
+                  f"ratio {best / cub:6.3f}  ({len(ok)}/{len(times)} ok)", flush=True)
+        del x, w, ref
+        return res
+
+
+def choose_run(per_m: dict, m_list, tie: float = TIE) -> list:
+    """[(m, key)] per M: the fastest config, except that the previous M's config is kept while it
+    stays within ``tie`` of the best (fewer distinct kernels, buckets that do not flip on noise);
+    when a new config is needed, the near-best one that stays near-best for the most following M."""
+    near = {}
+    for m in m_list:
+        ok = {k: v for k, v in per_m[m].items() if not isinstance(v, str)}
         if not ok:
-            return None, {}
-        best = {m: min(r[m] for _, r in ok) for m in m_list}
-        cfg, r = min(ok, key=lambda cr: _geo([cr[1][m] / best[m] for m in m_list]))
-        return cfg, r
+            near[m] = {}
+            continue
+        best = min(ok.values())
+        near[m] = {k: v for k, v in ok.items() if v <= tie * best}
+    out, cur = [], None
+    for i, m in enumerate(m_list):
+        if not near[m]:
+            out.append((m, None))
+            continue
+        if cur not in near[m]:
+            def reach(k, i=i):
+                n = 0
+                for mm in m_list[i:]:
+                    if k not in near[mm]:
+                        break
+                    n += 1
+                return n
+            cur = max(near[m], key=lambda k: (reach(k), -near[m][k]))
+        out.append((m, cur))
+    return out
 
 
-def tune_shape(t: Tuner, name: str, K: int, N: int) -> dict:
-    from rlk.kernels.gemm import config  # noqa: PLC0415
-
-    g = torch.Generator(device="cuda").manual_seed(0)
-    w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16, generator=g)
-    x = torch.randn(max(PREFILL_M), K, device="cuda", dtype=torch.bfloat16, generator=g)
-    ref = t.launch.gemm(x, w, schedule="prefill", config=REF)
-    print(f"{name} K={K} N={N} split_k={config.split_k(K, N)}", flush=True)
-    dec, dec_t = t.pick(name, x, w, ref, "decode", DECODE_CANDS, DECODE_M)
-    pre, pre_t = t.pick(name, x, w, ref, "prefill", PREFILL_CANDS, PREFILL_M)
-    entry = {"split_k": config.split_k(K, N)}
-    if dec:
-        entry["decode"] = dec
-    if pre:
-        entry["prefill"] = pre
-    # M buckets: choose schedule / BLOCK_M only (bit-neutral), with the chosen configs.
-    mid = {}
-    for m in MID_M:
-        opts = []
-        if pre:
-            opts.append((("prefill", None), pre))
-            opts.append((("prefill", 64), {**pre, "BLOCK_M": 64}))
-        if dec:
-            opts.append((("decode", 64), {**dec, "BLOCK_M": 64}))
-        best = None
-        for key, cfg in opts:
-            r = t.try_cand(x, w, ref, key[0], cfg, (m,))
-            if not isinstance(r, str) and (best is None or r[m] < best[1]):
-                best = (key, r[m])
-        mid[m] = best
-    bks = [[64, "decode", None]]
-    for m, hi in zip(MID_M, (256, 1024)):
-        if mid[m] is not None:
-            bks.append([hi, mid[m][0][0], mid[m][0][1]])
-    bks.append([None, "prefill", None])
-    merged = []
-    for b in bks:
-        if merged and merged[-1][1:] == b[1:]:
-            merged[-1][0] = b[0]
+def to_buckets(run: list, by_key: dict, open_tail=None) -> list:
+    """Bucket list from [(m, key)]: consecutive M with one key merge; the last bucket is open
+    (``open_tail`` replaces it when given: [None, schedule, fields])."""
+    bks = []
+    for m, k in run:
+        if k is None:
+            continue
+        sched, cfg = by_key[k]
+        if bks and bks[-1][1] == sched and bks[-1][2] == cfg:
+            bks[-1][0] = m
         else:
-            merged.append(b)
-    entry["buckets"] = merged
-    # cuBLAS for the printed table.
-    times = {**{m: dec_t.get(m) for m in DECODE_M}, **{m: (v[1] if v else None) for m, v in mid.items()},
-             **{m: pre_t.get(m) for m in PREFILL_M}}
-    row = {"shape": name, "K": K, "N": N}
-    for m, ts in sorted(times.items()):
-        cub = bench_ms(lambda m=m: torch.matmul(x[:m], w.T))
-        row[f"M{m}"] = None if ts is None else round(ts / cub, 3)
-    entry["_ratio_vs_cublas"] = row
-    return entry
+            bks.append([m, sched, dict(cfg)])
+    if open_tail is not None:
+        bks.append(list(open_tail))
+    elif bks:
+        bks[-1][0] = None
+    return bks
+
+
+def install(tuned: str, table_out: str, record_out: str) -> None:
+    """Split a tuner output into the checked-in table (everything but the measurements, plus
+    the record's file name) and the measurement record (the tuner's file, unchanged)."""
+    with open(tuned) as f:
+        doc = json.load(f)
+    if "shapes" not in doc or "tuning" not in doc:
+        raise SystemExit(f"{tuned}: not a gemm_tune output (no 'shapes' / 'tuning')")
+    table = {k: v for k, v in doc.items() if k != "tuning"}
+    table["tuning_record"] = os.path.basename(record_out)
+    with open(table_out, "w") as f:
+        json.dump(table, f, indent=1)
+        f.write("\n")
+    shutil.copyfile(tuned, record_out)  # byte for byte: its sha256 is what provenance recorded
+    print(f"wrote {table_out} ({len(table['shapes'])} shapes) and {record_out}")
 
 
 def main(argv=None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv[:1] == ["--install"]:
+        ap = argparse.ArgumentParser(description="install a tuner output as the checked-in sm_90 table")
+        ap.add_argument("--install", required=True, metavar="TUNED_JSON")
+        ap.add_argument("--table", required=True)
+        ap.add_argument("--record", required=True)
+        a = ap.parse_args(argv)
+        install(a.install, a.table, a.record)
+        return 0
     ap = argparse.ArgumentParser(description="gemm.bf16.v1 schedule tuner (GPU)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--shapes", default="", help="comma-separated names from QWEN3_8B_GEMMS (default: all)")
-    ap.add_argument("--budget-s", type=float, default=200.0, help="after this, only first candidates run")
+    ap.add_argument("--budget-s", type=float, default=400.0,
+                    help="after this, remaining shapes are skipped (a partial table is still written)")
+    ap.add_argument("--workers", type=int, default=max(1, min(14, (mp.cpu_count() or 2) - 2)))
+    ap.add_argument("--no-rule", action="store_true", help="skip the default rule and its holdout evaluation")
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("gemm_tune needs a CUDA GPU", file=sys.stderr)
+    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        print("gemm_tune needs a CUDA GPU (or TRITON_INTERPRET=1 for its smoke test)", file=sys.stderr)
         return 2
-    from rlk.kernels.gemm import config  # noqa: PLC0415
-
-    t0 = time.time()
-    t = Tuner(args.budget_s)
-    base = config.load_table("sm_90")
-    names = args.shapes.split(",") if args.shapes else list(QWEN3_8B_GEMMS)
-    shapes, rows, seen = {}, [], set()
-    for name in names:
-        K, N = QWEN3_8B_GEMMS[name]
-        if (K, N) in seen:
-            continue
-        seen.add((K, N))
-        entry = tune_shape(t, name, K, N)
-        rows.append(entry.pop("_ratio_vs_cublas"))
-        shapes[f"{K}x{N}"] = entry
     import triton  # noqa: PLC0415
 
+    from rlk.kernels.gemm import config, launch  # noqa: PLC0415
+
+    t0 = time.time()
+    tuner = Tuner(args.budget_s)
+    base = config.load_table("sm_90")
+    names = args.shapes.split(",") if args.shapes else list(QWEN3_8B_GEMMS)
+    unknown = [n for n in names if n not in QWEN3_8B_GEMMS]
+    if unknown:
+        print(f"unknown shapes {unknown} (have {sorted(QWEN3_8B_GEMMS)})", file=sys.stderr)
+        return 2
+    shapes8 = {}
+    for n in names:
+        shapes8.setdefault(QWEN3_8B_GEMMS[n], n)
+    by_key = {_key(c): c for c in ALL_CANDIDATES}
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "the CPU interpreter (smoke test)"
     doc = {"arch": "sm_90",
-           "status": f"tuned by gemm_tune on {torch.cuda.get_device_name()} (torch {torch.__version__}, "
+           "status": f"tuned by gemm_tune on {gpu} (torch {torch.__version__}, "
                      f"triton {triton.__version__}) {time.strftime('%Y-%m-%d')}; every chosen config byte-identical "
                      "to the reference config at the timed M; split_k restates the contract rule",
-           "decode_max_m": base["decode_max_m"], "default": base["default"], "shapes": shapes,
-           "tuning": {"reference": REF, "ratio_vs_cublas": rows, "log": t.log,
-                      "seconds": round(time.time() - t0, 1)}}
-    with open(args.out, "w") as f:
-        json.dump(doc, f, indent=1)
-    ms = list(DECODE_M) + list(MID_M) + list(PREFILL_M)
-    print("strict / cuBLAS time (chosen configs):")
-    print(f"{'shape':<12}" + "".join(f"{'M' + str(m):>8}" for m in ms))
+           "decode_max_m": base["decode_max_m"], "default": base["default"],
+           "shapes": {}, "tuning": {"reference": REF, "m_list": list(M_LIST), "tie": TIE, "shapes": {}}}
+    if "default_buckets" in base:
+        doc["default_buckets"] = base["default_buckets"]
+
+    def write():
+        doc["tuning"]["seconds"] = round(time.time() - t0, 1)
+        with open(args.out, "w") as f:
+            json.dump(doc, f, indent=1)
+
+    jobs = [(K, N, *c) for (K, N) in shapes8 for c in ALL_CANDIDATES]
+    secs, errs = precompile(jobs, args.workers)
+    print(f"compiled {len(jobs)} kernels in {secs:.0f} s with {args.workers} workers; {len(errs)} failed", flush=True)
+    doc["tuning"]["compile"] = {"jobs": len(jobs), "seconds": round(secs, 1), "errors": errs}
+
+    ratios = []
+    for (K, N), name in shapes8.items():
+        if tuner.over():
+            print(f"budget spent: {name} and later shapes not tuned", flush=True)
+            doc["tuning"].setdefault("skipped", []).append(name)
+            continue
+        print(f"{name} K={K} N={N} split_k={config.split_k(K, N)}", flush=True)
+        res = tuner.measure(name, K, N, candidates, M_LIST)
+        per_m = {m: r["cands"] for m, r in res.items()}
+        run = choose_run(per_m, M_LIST)
+        entry = {"split_k": config.split_k(K, N)}
+        for sched in config.SCHEDULES:  # the schedule base configs (forced-schedule callers)
+            if sched in base["shapes"].get(f"{K}x{N}", {}):
+                entry[sched] = base["shapes"][f"{K}x{N}"][sched]
+        entry["buckets"] = to_buckets(run, by_key)
+        doc["shapes"][f"{K}x{N}"] = entry
+        row = {"shape": name, "K": K, "N": N}
+        for m, k in run:
+            row[f"M{m}"] = None if k is None else round(per_m[m][k] / res[m]["cublas"], 3)
+        ratios.append(row)
+        doc["tuning"]["shapes"][name] = {
+            "K": K, "N": N, "chosen": {str(m): k for m, k in run},
+            "cublas_us": {str(m): round(r["cublas"] * 1e3, 2) for m, r in res.items()},
+            "cands_us": {str(m): {k: (v if isinstance(v, str) else round(v * 1e3, 2)) for k, v in r["cands"].items()}
+                         for m, r in res.items()}}
+        doc["tuning"]["ratio_vs_cublas"] = ratios
+        write()
+
+    if not args.no_rule and not tuner.over():
+        rule(tuner, doc, config, launch, by_key)
+    write()
+    print("strict / cuBLAS time (chosen configs, CUDA graph replays):")
+    print(f"{'shape':<14}" + "".join(f"{m:>7}" for m in M_LIST))
+    for r in ratios:
+        print(f"{r['shape']:<14}" + "".join(f"{(r.get(f'M{m}') or float('nan')):>7.3f}" for m in M_LIST))
+    n_rej = sum(1 for s in doc["tuning"]["shapes"].values() for per in s["cands_us"].values()
+                for v in per.values() if isinstance(v, str) and v.startswith("rejected"))
+    doc["tuning"]["byte_comparisons"] = {"compared": tuner.compared, "rejected": n_rej}
+    write()
+    print(f"wrote {args.out} in {time.time() - t0:.0f} s; {tuner.compared} outputs compared byte for byte, "
+          f"{n_rej} candidate timings rejected for differing bytes")
+    return 0 if n_rej == 0 else 1
+
+
+def rule(tuner: Tuner, doc: dict, config, launch, by_key: dict) -> None:
+    """Fit ``default_buckets`` on the tune sizes; evaluate it on the holdout sizes."""
+    t_shapes = doc["tuning"]["shapes"]
+    rule_m = [m for m in M_LIST if m <= RULE_MAX_M]
+    pick = {}
+    for m in rule_m:
+        scores = {}
+        for s in t_shapes.values():
+            per = {k: v for k, v in s["cands_us"][str(m)].items() if not isinstance(v, str)}
+            if per:
+                best = min(per.values())
+                for k, v in per.items():
+                    scores.setdefault(k, []).append(v / best)
+        full = [k for k, v in scores.items() if len(v) == len(t_shapes)]
+        pick[m] = sorted(full, key=lambda k: _geo(scores[k]))[:RULE_CANDS]
+    tune_shapes = {n: kn for n, kn in QWEN3_OTHER_GEMMS.items() if n.split("_")[0] in QWEN3_RULE_TUNE_SIZES}
+    hold_shapes = {n: kn for n, kn in QWEN3_OTHER_GEMMS.items() if n.split("_")[0] in QWEN3_RULE_HOLDOUT_SIZES}
+    keys = sorted({k for ks in pick.values() for k in ks})
+    jobs = [(K, N, *by_key[k]) for (K, N) in set(tune_shapes.values()) for k in keys]
+    secs, errs = precompile(jobs, max(1, min(14, (mp.cpu_count() or 2) - 2)))
+    print(f"rule: compiled {len(jobs)} kernels in {secs:.0f} s; {len(errs)} failed", flush=True)
+    meas = {}
+    for name, (K, N) in tune_shapes.items():
+        res = tuner.measure(name, K, N, lambda m: [by_key[k] for k in pick.get(m, [])], rule_m, seed=3)
+        meas[name] = res
+    per_m = {}
+    for m in rule_m:
+        per_m[m] = {}
+        for k in pick[m]:
+            r = [meas[n][m]["cands"][k] / meas[n][m]["cublas"] for n in meas
+                 if not isinstance(meas[n][m]["cands"].get(k), str)]
+            if len(r) == len(meas):
+                per_m[m][k] = _geo(r)  # geometric-mean ratio to cuBLAS over the tune sizes
+    run = choose_run(per_m, rule_m)
+    default_tail = [None, "prefill", None]
+    doc["default_buckets"] = to_buckets(run, by_key, open_tail=default_tail)
+    doc["tuning"]["rule"] = {
+        "tune_sizes": list(QWEN3_RULE_TUNE_SIZES), "holdout_sizes": list(QWEN3_RULE_HOLDOUT_SIZES),
+        "candidates": {str(m): v for m, v in pick.items()},
+        "geo_ratio_vs_cublas": {str(m): {k: round(v, 3) for k, v in d.items()} for m, d in per_m.items()},
+        "tune_cands_us": {n: {str(m): {"cublas": round(r["cublas"] * 1e3, 2),
+                                       **{k: (v if isinstance(v, str) else round(v * 1e3, 2))
+                                          for k, v in r["cands"].items()}} for m, r in res.items()}
+                          for n, res in meas.items()},
+        "compile": {"jobs": len(jobs), "seconds": round(secs, 1), "errors": errs}}
+    # Holdout: the new rule and the previous one, through launch.plan as a caller would get them.
+    old_rule = [[int(doc["decode_max_m"]), "decode", None], [None, "prefill", None]]
+    evals = {}
+    for label, bks in (("rule", doc["default_buckets"]), ("previous_rule", old_rule)):
+        for name, (K, N) in hold_shapes.items():
+            for m in M_LIST:
+                sched, fields = _bucket_at(bks, m)
+                cfg = config.schedule_config(K, N, sched)
+                if isinstance(fields, dict):
+                    cfg.update(fields)
+                elif fields is not None:
+                    cfg["BLOCK_M"] = int(fields)
+                elif sched == "decode":
+                    cfg["BLOCK_M"] = config.decode_block_m(m)
+                evals.setdefault(name, {}).setdefault(str(m), {})[label] = (sched, cfg)
+    jobs = list({json.dumps([K, N, s, c], sort_keys=True): (K, N, s, c) for name, (K, N) in hold_shapes.items()
+                 for per in evals[name].values() for s, c in per.values()}.values())
+    secs, errs = precompile(jobs, max(1, min(14, (mp.cpu_count() or 2) - 2)))
+    print(f"holdout: compiled {len(jobs)} kernels in {secs:.0f} s; {len(errs)} failed", flush=True)
+    rows = []
+    for name, (K, N) in hold_shapes.items():
+        res = tuner.measure(name, K, N, lambda m, name=name: list(evals[name][str(m)].values()), M_LIST, seed=5)
+        row = {"shape": name, "K": K, "N": N, "split_k": config.split_k(K, N)}
+        for m in M_LIST:
+            cub = res[m]["cublas"]
+            for label, cand in evals[name][str(m)].items():
+                v = res[m]["cands"][_key(cand)]
+                row.setdefault(label, {})[f"M{m}"] = v if isinstance(v, str) else round(v / cub, 3)
+        rows.append(row)
+    doc["tuning"]["rule"]["holdout_ratio_vs_cublas"] = rows
     for r in rows:
-        print(f"{r['shape']:<12}" + "".join(f"{r.get(f'M{m}') or float('nan'):>8.3f}" for m in ms))
-    rejected = [e for e in t.log if isinstance(e["result"], str) and e["result"].startswith("rejected")]
-    print(f"wrote {args.out} in {time.time() - t0:.0f} s; {len(rejected)} candidates rejected for differing bytes")
-    return 0
+        vals = [v for v in r["rule"].values() if not isinstance(v, str)]
+        print(f"holdout {r['shape']:<14} rule/cuBLAS {min(vals):.3f}-{max(vals):.3f}", flush=True)
+
+
+def _bucket_at(bks: list, m: int):
+    for max_m, sched, fields in bks:
+        if max_m is None or m <= max_m:
+            return sched, fields
+    return "prefill", None
 
 
 if __name__ == "__main__":

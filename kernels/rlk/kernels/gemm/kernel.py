@@ -101,14 +101,14 @@ def gemm_segment_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_DTYPE: tl.constexpr, OUT_FP32: tl.constexpr, INTERPRET: tl.constexpr,
 ):
-    """Decode schedule, part 1: program (n_tile, segment, m_tile) sums one segment.
+    """Decode schedule, part 1: program (m_tile, segment, n_tile) sums one segment.
 
-    Grid: (cdiv(N, BLOCK_N), SPLIT_K, cdiv(M, BLOCK_M)); the launcher picks BLOCK_M >= M for
-    M <= 64, so there is one m_tile and the weights stream exactly once.
+    Grid: (cdiv(M, BLOCK_M), SPLIT_K, cdiv(N, BLOCK_N)); for M <= 64 the launcher's default
+    BLOCK_M covers M, so there is one m_tile and the weights stream exactly once.
     """
-    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(0)
     seg = tl.program_id(1)
-    pid_m = tl.program_id(2)
+    pid_n = tl.program_id(2)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = _segment_dot(x_ptr, w_ptr, offs_m, offs_n, seg * (SEG_STEPS * BLOCK_K), M, N, K,

@@ -49,8 +49,8 @@ def plan(M: int, K: int, N: int, device: torch.device, schedule: str | None = No
          config: dict | None = None) -> dict:
     """The launch plan: split count (contract) and the schedule with its free fields.
 
-    Without ``schedule`` the (K, N) entry's M buckets pick the schedule and maybe BLOCK_M;
-    both are bit-neutral, so choosing them from M is allowed. Decode BLOCK_M defaults to the
+    Without ``schedule`` the (K, N) entry's M buckets (or the table's default rule) pick the
+    schedule and maybe its free fields; all are bit-neutral, so choosing them from M is allowed. Decode BLOCK_M defaults to the
     smallest of 16/32/64 covering M (the weights then stream exactly once for M <= 64).
     """
     if not config:
@@ -78,12 +78,14 @@ def clear_plan_cache() -> None:
 
 def _plan(M: int, K: int, N: int, arch: str, schedule: str | None, cpu: bool, config: dict | None = None) -> dict:
     """:func:`plan`'s body."""
-    bucket_bm = None
+    fields = None
     if schedule is None:
-        schedule, bucket_bm = cfgmod.pick_schedule(M, K, N, arch)
+        schedule, fields = cfgmod.pick_schedule(M, K, N, arch)
     cfg = cfgmod.schedule_config(K, N, schedule, arch)
-    if bucket_bm is not None:
-        cfg["BLOCK_M"] = int(bucket_bm)
+    if isinstance(fields, dict):
+        cfg.update(fields)
+    elif fields is not None:
+        cfg["BLOCK_M"] = int(fields)
     if schedule == "decode" and "BLOCK_M" not in cfg:
         cfg["BLOCK_M"] = cfgmod.decode_block_m(M)
     n_chunks = cfgmod.cdiv(K, cfgmod.CHUNK_K)
@@ -185,12 +187,14 @@ def gemm(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfl
     handles = []
     with torch.cuda.device(x.device) if x.device.type == "cuda" else _nullctx():
         if p["schedule"] == "decode":
-            if cdiv(M, bm) > 65535:
-                raise UnsupportedConfigError(f"gemm: decode schedule cannot cover M={M} with BLOCK_M={bm}")
+            if cdiv(N, bn) > 65535:
+                raise UnsupportedConfigError(f"gemm: decode schedule cannot cover N={N} with BLOCK_N={bn}")
             if S * M * N >= 2**31:
                 raise UnsupportedConfigError(f"gemm: decode workspace {S}x{M}x{N} too large; use prefill")
             out = y if S == 1 else torch.empty((S, M, N), dtype=torch.float32, device=x.device)
-            grid = (cdiv(N, bn), S, cdiv(M, bm))
+            # m-tiles on the fastest grid axis: the programs that share a weight tile run
+            # together, so for M > BLOCK_M the weights still stream from HBM about once.
+            grid = (cdiv(M, bm), S, cdiv(N, bn))
             handles.append(launch(kernel.gemm_segment_kernel, grid,
                 out, x, w, M, N, K, x.stride(0), x.stride(1), w.stride(0), w.stride(1),
                 y.stride(0), y.stride(1), M * N,

@@ -1,0 +1,167 @@
+"""The tuner's selection logic (CPU): bucket runs, merging, candidate regimes, table validity."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rlk.errors import UnsupportedConfigError
+from rlk.kernels.gemm import config, gemm_tune
+
+
+def test_choose_run_keeps_config_within_tie_and_jumps_when_needed():
+    m_list = (1, 2, 4, 8)
+    per_m = {1: {"a": 1.00, "b": 1.01}, 2: {"a": 1.015, "b": 1.00}, 4: {"a": 1.10, "b": 1.00, "c": 1.005},
+             8: {"a": 1.0, "b": "error: smem", "c": 1.01}}
+    run = gemm_tune.choose_run(per_m, m_list)
+    # "b" is near-best for M = 1, 2, 4 (the longest reach) although "a" is fastest at M = 1; at
+    # M = 8 "b" failed: of the near-best "a" and "c" (same reach) the faster one.
+    assert [k for _, k in run[:3]] == ["b", "b", "b"]
+    assert run[3][1] == "a"
+    # No tie allowance: the fastest at every M.
+    assert [k for _, k in gemm_tune.choose_run(per_m, m_list, tie=1.0)] == ["a", "b", "b", "a"]
+
+
+def test_choose_run_skips_m_without_any_valid_config():
+    run = gemm_tune.choose_run({1: {"a": "rejected: 3 bf16 elements differ"}, 2: {"a": 1.0}}, (1, 2))
+    assert run == [(1, None), (2, "a")]
+
+
+def test_to_buckets_merges_runs_and_ends_open():
+    by_key = {"d": ("decode", {"BLOCK_M": 16}), "p": ("prefill", {"BLOCK_M": 64})}
+    run = [(1, "d"), (8, "d"), (16, None), (32, "p"), (64, "p")]
+    assert gemm_tune.to_buckets(run, by_key) == [[8, "decode", {"BLOCK_M": 16}], [None, "prefill", {"BLOCK_M": 64}]]
+    tail = [None, "prefill", None]
+    assert gemm_tune.to_buckets(run, by_key, open_tail=tail)[-2:] == [[64, "prefill", {"BLOCK_M": 64}], tail]
+
+
+def test_candidates_by_regime():
+    small, mid, large = gemm_tune.candidates(8), gemm_tune.candidates(128), gemm_tune.candidates(4096)
+    assert {c["BLOCK_M"] for s, c in small if s == "decode"} == {16, 64}
+    assert all(c["BLOCK_M"] == 64 for s, c in small if s == "prefill")
+    assert {s for s, _ in mid} == {"decode", "prefill"}
+    assert all(s == "prefill" for s, _ in large) and len(large) < len(mid)
+    for sched, cfg in gemm_tune.ALL_CANDIDATES:
+        assert set(cfg) <= set(config.SCHEDULE_KEYS[sched])
+        assert cfg["BLOCK_K"] % config.CHUNK_K == 0
+
+
+def _write(tmp_path, monkeypatch, table):
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(table))
+    monkeypatch.setenv(config.TABLE_ENV, str(path))
+    from rlk.kernels.gemm import launch
+
+    launch.clear_plan_cache()
+    return path
+
+
+def test_default_rule_applies_to_untuned_shapes_only(tmp_path, monkeypatch):
+    import torch
+
+    from rlk.kernels.gemm import launch
+
+    table = json.loads(open(config.table_path()).read())
+    table["default_buckets"] = [[8, "decode", {"BLOCK_M": 64, "BLOCK_N": 16}],
+                                [None, "prefill", {"BLOCK_M": 64, "BLOCK_N": 64, "PERSISTENT": 1}]]
+    _write(tmp_path, monkeypatch, table)
+    dev = torch.device("cpu")
+    p = launch.plan(3, 640, 96, dev)  # no entry: the rule
+    assert (p["schedule"], p["BLOCK_M"], p["BLOCK_N"]) == ("decode", 64, 16)
+    p = launch.plan(9, 640, 96, dev)
+    assert (p["schedule"], p["BLOCK_M"], p["BLOCK_N"], p["PERSISTENT"]) == ("prefill", 64, 64, 1)
+    assert launch.plan(3, 4096, 6144, dev)["schedule"] == table["shapes"]["4096x6144"]["buckets"][0][1]
+    launch.clear_plan_cache()
+
+
+@pytest.mark.parametrize("bks,match", [
+    ([[8, "decode", {"SPLIT_K": 2}], [None, "prefill", None]], "non-schedule fields"),
+    ([[8, "decode", None], [4, "prefill", None], [None, "prefill", None]], "ascend"),
+    ([[None, "decode", None], [8, "prefill", None]], "open bucket"),
+    ([[8, "decode", None]], "must end with an open"),
+    ([[8, "decode", "x"], [None, "prefill", None]], "fields must be"),
+])
+def test_bad_buckets_are_refused(tmp_path, monkeypatch, bks, match):
+    table = json.loads(open(config.table_path()).read())
+    table["default_buckets"] = bks
+    path = _write(tmp_path, monkeypatch, table)
+    with pytest.raises(UnsupportedConfigError, match=match):
+        config.load_table()
+    config._load_table_file.cache_clear()
+    # The same list as a shape entry's buckets is refused the same way.
+    table.pop("default_buckets")
+    table["shapes"]["4096x6144"]["buckets"] = bks
+    path.write_text(json.dumps(table))
+    with pytest.raises(UnsupportedConfigError, match=match):
+        config._load_table_file(str(path))
+    config._load_table_file.cache_clear()
+
+
+def _tiny_tuner(monkeypatch):
+    """The tuner shrunk to interpreter-sized shapes, three M and two candidates."""
+    monkeypatch.setattr(gemm_tune, "QWEN3_8B_GEMMS", {"a": (128, 96), "b": (256, 40)})
+    monkeypatch.setattr(gemm_tune, "QWEN3_OTHER_GEMMS", {"t1_x": (192, 48), "h1_x": (128, 72)})
+    monkeypatch.setattr(gemm_tune, "QWEN3_RULE_TUNE_SIZES", ("t1",))
+    monkeypatch.setattr(gemm_tune, "QWEN3_RULE_HOLDOUT_SIZES", ("h1",))
+    monkeypatch.setattr(gemm_tune, "M_LIST", (1, 3, 8))
+    monkeypatch.setattr(gemm_tune, "RULE_MAX_M", 3)
+    cands = [("decode", {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 64, "num_warps": 4, "num_stages": 2}),
+             ("prefill", {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4,
+                          "num_stages": 2, "FLAT": 1, "PERSISTENT": 1, "TMA": 1})]
+    monkeypatch.setattr(gemm_tune, "candidates", lambda m: cands)
+    monkeypatch.setattr(gemm_tune, "ALL_CANDIDATES", cands)
+    monkeypatch.setattr(gemm_tune, "REF", {**gemm_tune.REF, "BLOCK_M": 16, "BLOCK_N": 16})
+
+
+def test_tuner_rejects_a_candidate_with_other_bytes(tmp_path, monkeypatch):
+    """A schedule whose output differs by one ulp in one element is rejected, never chosen, and
+    the run exits non-zero."""
+    import torch
+
+    from rlk.kernels.gemm import launch
+
+    _tiny_tuner(monkeypatch)
+    real = launch.gemm
+
+    def broken(x, w, **kw):
+        y = real(x, w, **kw)
+        if kw.get("schedule") == "decode":
+            y.view(torch.int16)[0, 0] += 1
+        return y
+
+    monkeypatch.setattr(launch, "gemm", broken)
+    out = tmp_path / "tuned.json"
+    assert gemm_tune.main(["--out", str(out), "--workers", "1", "--no-rule"]) == 1
+    doc = json.loads(out.read_text())
+    assert doc["tuning"]["byte_comparisons"]["rejected"] > 0
+    for entry in doc["shapes"].values():
+        assert all(b[1] == "prefill" for b in entry["buckets"])
+
+
+def test_tuner_end_to_end_smoke(tmp_path, monkeypatch):
+    """The whole tuner (compile, per-shape buckets, default rule, holdout) on interpreter-sized
+    shapes: it writes a table that config.py accepts and whose plans every M can launch."""
+    import torch
+
+    from rlk.kernels.gemm import gemm, launch
+
+    _tiny_tuner(monkeypatch)
+
+    out = tmp_path / "tuned.json"
+    assert gemm_tune.main(["--out", str(out), "--workers", "1"]) == 0
+    doc = json.loads(out.read_text())
+    assert set(doc["shapes"]) == {"128x96", "256x40"}
+    assert doc["tuning"]["byte_comparisons"]["compared"] > 0 and doc["tuning"]["byte_comparisons"]["rejected"] == 0
+    assert doc["default_buckets"][-1] == [None, "prefill", None]
+    assert [r["shape"] for r in doc["tuning"]["rule"]["holdout_ratio_vs_cublas"]] == ["h1_x"]
+    monkeypatch.setenv(config.TABLE_ENV, str(out))
+    launch.clear_plan_cache()
+    g = torch.Generator().manual_seed(0)
+    for K, N in ((128, 96), (192, 48)):
+        w = torch.randn(N, K, generator=g).to(torch.bfloat16)
+        x = torch.randn(9, K, generator=g).to(torch.bfloat16)
+        ref = gemm(x, w, out_dtype=torch.float32, schedule="prefill", config={"BLOCK_M": 16, "BLOCK_N": 16})
+        for m in (1, 3, 9):
+            assert torch.equal(gemm(x[:m], w, out_dtype=torch.float32), ref[:m])
+    launch.clear_plan_cache()

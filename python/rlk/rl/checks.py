@@ -44,7 +44,7 @@ def evaluate(report: dict) -> CheckResult:
     s = strict["summary"] if strict else {}
     n = native["summary"] if native else {}
     detail = (f"strict: {s.get('steps')} steps, ratio_not_one {s.get('ratio_not_one')} and logp_mismatch "
-              f"{s.get('logp_mismatch')} of {s.get('tokens')} tokens, {s.get('steps', 0) + 1} weight syncs verified "
+              f"{s.get('logp_mismatch')} of {s.get('tokens')} tokens, {s.get('syncs_verified')} weight syncs verified "
               f"(sha256 both sides), reward {s.get('reward_first', float('nan')):.3f} -> "
               f"{s.get('reward_last', float('nan')):.3f}; native: ratio_not_one {n.get('ratio_not_one')} of "
               f"{n.get('tokens')} tokens, |ratio-1| max {n.get('abs_dev_max', float('nan')):.3g}")

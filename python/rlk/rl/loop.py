@@ -297,7 +297,8 @@ def summarize(records: list[dict]) -> dict:
         "logp_mismatch": sum(r["logp_mismatch"] for r in records),
         "steps_with_ratio_not_one": sum(r["ratio_not_one"] > 0 for r in records),
         "abs_dev_max": max(r.get("abs_dev", {}).get("max", 0.0) for r in records),
-        "sync_mismatches": sum(not r["sync"]["match"] for r in records),
+        # A mismatch raises before a record exists: the initial sync and one per step were verified.
+        "syncs_verified": 1 + sum(r["sync"]["match"] for r in records),
         "reward_first": rewards[0], "reward_last": rewards[-1],
         # Mean reward of the last k steps minus that of the first k (k = min(3, steps // 2), at least 1).
         "reward_gain": sum(rewards[-k:]) / k - sum(rewards[:k]) / k, "reward_gain_window": k,

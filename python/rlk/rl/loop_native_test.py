@@ -20,7 +20,7 @@ def test_reward_rises_in_a_few_steps():
     assert max(rewards[-3:]) > rewards[0] + 0.3, rewards
     # Every step's weights were synced and verified, and they changed while the reward moved.
     digests = [arm["initial_sync"]["sha256_rollout"]] + [r["sync"]["sha256_rollout"] for r in arm["steps"]]
-    assert all(r["sync"]["match"] for r in arm["steps"]) and len(set(digests)) > 1
+    assert all(r["sync"]["match"] for r in arm["steps"]) and len(set(digests)) > 1 and s["syncs_verified"] == 13
     assert [r["generation"] for r in arm["steps"]] == list(range(1, 13))
 
 

@@ -1,6 +1,6 @@
 """The RL loop over rlk's model: GRPO on a synthetic, checkable task, strict and native routes.
 
-    python -m rlk.rl --route both --steps 12 --out out/rl      # ~6 min on a 2-core CPU (strict arm)
+    python -m rlk.rl --route both --steps 12 --out out/rl      # ~5 min on a 2-core CPU (strict arm)
     python -m rlk.rl --route native --steps 12 --out out/rl    # seconds
 
 One step: the rollout engine (rlk's replay executor over the model's own weight copy) samples

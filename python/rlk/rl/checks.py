@@ -23,8 +23,8 @@ import os
 from rlk.gate.registry import CheckResult, register_check
 
 GATE_STEPS = 3
-# Gate size: one prompt x 8 samples x 4 tokens per step (about 20 s per strict step under the
-# Triton interpreter on a 2-core machine; the native arm takes about a second in all).
+# Gate size: one prompt x 8 samples x 4 tokens per step (about 19 s per strict step under the
+# Triton interpreter on a 2-core machine, 58 s for the check; the native arm takes about a second).
 GATE_LOOP = dict(steps=GATE_STEPS, prompts_per_step=1, group_size=8, response_len=4, lr=3e-3, seed=0)
 
 

@@ -294,7 +294,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("collectives", ("rlk.collectives",)),
     ("model", ("rlk.nn", "rlk.models")),
     ("provenance", ("rlk.provenance",)),
-    ("harness", ("rlk.replay", "rlk.bench", "rlk.gate", "rlk.collectives.checks")),
+    ("harness", ("rlk.replay", "rlk.bench", "rlk.gate", "rlk.rl", "rlk.collectives.checks")),
     ("integrations", ("rlk.integrations",)),
 )
 # Tests and tools are leaves, above every layer: they may import any module; a library module

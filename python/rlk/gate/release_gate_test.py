@@ -77,13 +77,13 @@ def test_report_keeps_whole_details_and_names_the_levels_not_run(fake_checks, tm
     fake_checks.register_check("L0", "a")(lambda ctx: registry.CheckResult(True, long))
     fake_checks.register_check("L1", "b")(lambda ctx: registry.CheckResult(True, "ok"))
     rep = _run(tmp_path)
-    assert rep["levels_not_run"] == registry.NOT_RUN["cpu"] and set(rep["levels_not_run"]) == {"L5", "L6"}
+    assert rep["levels_not_run"] == registry.NOT_RUN["cpu"] and set(rep["levels_not_run"]) == {"L6"}
     md = open(os.path.join(tmp_path, "release_gate.md")).read()
     assert long in md
-    assert "Levels this profile does not run (L5, L6):" in md and registry.NOT_RUN["cpu"]["L6"] in md
+    assert "Levels this profile does not run (L6):" in md and registry.NOT_RUN["cpu"]["L6"] in md
     release_gate._print_table(rep)
     out = capsys.readouterr().out
-    assert "END" in out and "not run by profile cpu: L5" in out
+    assert "END" in out and "not run by profile cpu: L6" in out
 
 
 def test_every_level_is_required_or_named_as_not_run():

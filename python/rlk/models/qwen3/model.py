@@ -91,7 +91,8 @@ class Qwen3:
     # for the unfused path.
     fused_actor_lm_head = True
 
-    def trainer_logp(self, ids, cu_seqlens, targets, *, actor=False, loss_mask=None, probes=None, host_cu=None):
+    def trainer_logp(self, ids, cu_seqlens, targets, *, actor=False, loss_mask=None, probes=None, host_cu=None,
+                     token_loss=None):
         """Selected-token logp of ``targets`` over packed sequences.
 
         Args:
@@ -102,6 +103,11 @@ class Qwen3:
           actor: with autograd (weights as leaves) and a backward of ``-sum(logp * loss_mask)``;
             otherwise forward-only under ``torch.no_grad`` (reference logp).
           loss_mask: ``[T]`` bool, rows in the actor loss (default all).
+          token_loss: actor only: ``token_loss(logp_rows, lo, hi) -> [hi - lo]``, the per-token
+            losses of rows ``[lo, hi)`` (fp32 logp in, differentiable in logp; row ``t``'s loss
+            depends on row ``t`` only), replacing ``-logp * loss_mask``; the backward is of their
+            sum. An RL actor loss (importance ratio, clipping, advantages) goes here; the callable
+            does its own masking (``loss_mask`` is not applied).
           host_cu: ``cu_seqlens`` as a host list, when the caller has it: the length checks and
             ``max_seqlen`` then read nothing back from the device (no synchronization, so the
             host can queue the next micro-batch while this one runs). Trusted to equal
@@ -132,6 +138,8 @@ class Qwen3:
         def attn(i, q, k, v):
             return self.ops.attn_varlen(q, k, v, cu, max_seqlen, self.scale)
 
+        if token_loss is not None and not actor:
+            raise UnsupportedConfigError("token_loss needs actor=True (a forward-only pass has no loss)")
         if not actor:
             with torch.no_grad():
                 h = self._forward(self.w, ids, positions, attn, probes)
@@ -145,18 +153,23 @@ class Qwen3:
             leaves["lm_head.weight"] = leaves["model.embed_tokens.weight"]
         with torch.enable_grad():
             h = self._forward(leaves, ids, positions, attn, probes)
-            m = (torch.ones(ids.shape[0], dtype=torch.float32, device=self.device) if loss_mask is None
-                 else loss_mask.to(self.device, torch.float32))
+            if token_loss is None:
+                m = (torch.ones(ids.shape[0], dtype=torch.float32, device=self.device) if loss_mask is None
+                     else loss_mask.to(self.device, torch.float32))
+
+                def token_loss(lp, lo, hi):
+                    return -(lp * m[lo:hi])
+
             fused = getattr(self.ops, "logp_loss", None) if self.fused_actor_lm_head else None
             if fused is not None:
                 # Strict: the loss is known at forward time, so the LM head's gradients are
                 # formed with its forward (3 GEMM-equivalents, not 4); the same bytes as the
-                # unfused backward of -sum(logp * mask) (logp.v2, fused_test).
-                loss, logp = fused(h, leaves["lm_head.weight"], targets, lambda lp, lo, hi: -(lp * m[lo:hi]))
-                loss.backward()
+                # unfused backward of the same per-token losses (logp.v2, fused_test).
+                loss, logp = fused(h, leaves["lm_head.weight"], targets, token_loss)
             else:
                 logp = self.ops.logp(h, leaves["lm_head.weight"], targets)
-                (-(logp * m).sum()).backward()
+                loss = token_loss(logp, 0, logp.shape[0]).sum()
+            loss.backward()
         grads = {k: t.grad for k, t in leaves.items() if not (k == "lm_head.weight" and cfg.tie_word_embeddings)}
         return logp.detach(), grads
 

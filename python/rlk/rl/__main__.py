@@ -1,0 +1,132 @@
+"""``python -m rlk.rl --route strict|native|both --steps N --out DIR``: the GRPO loop on the tiny model.
+
+Prints one JSON line per step on stdout (also ``DIR/steps.jsonl``), a progress bar on stderr,
+and writes ``DIR/rl_loop_cpu.json`` and ``DIR/rl_loop_cpu.png`` (``cuda`` in the names on a GPU).
+Exit status 0 when the strict arm (if run) had every importance ratio exactly 1.0, every logp
+bitwise equal to the rollout's and every weight sync verified; 1 otherwise. ``--min-reward-gain
+G`` also fails a strict arm whose reward gain (mean of the last k steps minus the first k) is below
+``G``. A fingerprint mismatch aborts with the diagnostic (status 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+
+
+def _setup_env():
+    import torch
+
+    from rlk import determinism
+
+    if not torch.cuda.is_available():
+        determinism.configure_cpu_interpreter()  # before any kernel module is imported
+    determinism.apply_strict_env()
+
+
+def _parser() -> argparse.ArgumentParser:
+    from rlk.rl.loop import LoopConfig
+
+    d = LoopConfig()
+    p = argparse.ArgumentParser(prog="python -m rlk.rl", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--route", choices=("strict", "native", "both"), default="both")
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--out", required=True, help="report folder")
+    p.add_argument("--model", default=d.model, help="trained checkpoint (rlk.models.qwen3.trained.TRAINED)")
+    p.add_argument("--prompts", type=int, default=d.prompts_per_step, help="prompts per step")
+    p.add_argument("--group-size", type=int, default=d.group_size, help="samples per prompt")
+    p.add_argument("--response-len", type=int, default=d.response_len, help="tokens per response")
+    p.add_argument("--lr", type=float, default=d.lr, help="Adam learning rate")
+    p.add_argument("--clip-eps", type=float, default=d.clip_eps)
+    p.add_argument("--target", default=chr(d.target), help="target byte of the task (one character)")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--jitter", type=float, default=d.jitter, help="rollout scheduler's deferral probability")
+    p.add_argument("--device", default=d.device)
+    p.add_argument("--min-reward-gain", type=float, default=None,
+                   help="also fail when the strict arm's reward gain is below this")
+    p.add_argument("--quiet", action="store_true", help="no per-step JSON lines on stdout")
+    return p
+
+
+def _progress(steps: int):
+    """(update(rec), close()) of one progress bar per arm (``steps`` each): tqdm when importable,
+    plain lines on stderr otherwise."""
+    from rlk.rl.report import step_line
+
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return (lambda rec: print(step_line(rec), file=sys.stderr, flush=True)), (lambda: None)
+    bars: dict = {}
+
+    def update(rec):
+        if rec["route"] not in bars:
+            for b in bars.values():
+                b.close()
+            bars[rec["route"]] = tqdm(total=steps, file=sys.stderr, unit="step", desc=rec["route"],
+                                      dynamic_ncols=True)
+        bar = bars[rec["route"]]
+        bar.set_postfix_str(f"reward {rec['reward_mean']:.3f} ratio_not_one {rec['ratio_not_one']}")
+        bar.update(1)
+
+    def close():
+        for b in bars.values():
+            b.close()
+
+    return update, close
+
+
+def main(argv=None) -> int:
+    parser = _parser()
+    a = parser.parse_args(argv)
+    if len(a.target) != 1 or ord(a.target) > 255:
+        parser.error(f"--target must be one byte-valued character (got {a.target!r})")
+    _setup_env()
+    from rlk.errors import UnsupportedConfigError
+    from rlk.rl import loop, sync
+    lc = loop.LoopConfig(steps=a.steps, model=a.model, prompts_per_step=a.prompts, group_size=a.group_size,
+                         response_len=a.response_len, lr=a.lr, clip_eps=a.clip_eps, target=ord(a.target),
+                         seed=a.seed, jitter=a.jitter, device=a.device)
+    routes = ["strict", "native"] if a.route == "both" else [a.route]
+    try:
+        for r in routes:
+            dataclasses.replace(lc, route=r).check()  # bad arguments fail before any work
+    except UnsupportedConfigError as e:
+        parser.error(str(e))
+    update, close = _progress(a.steps)
+
+    def on_step(rec):
+        if not a.quiet:
+            print(json.dumps(rec, sort_keys=True), flush=True)
+        update(rec)
+
+    t0 = time.perf_counter()
+    try:
+        report = loop.run_and_report(lc, routes, a.out, on_step=on_step)
+    except sync.WeightSyncError as e:
+        close()
+        print(f"ABORT: {e}", file=sys.stderr)
+        return 2
+    close()
+    failures = list(report["failures"])
+    for route, arm in report["arms"].items():
+        s = arm["summary"]
+        print(f"{route}: {s['steps']} steps, reward {s['reward_first']:.3f} -> {s['reward_last']:.3f} (gain "
+              f"{s['reward_gain']:+.3f} over windows of {s['reward_gain_window']}), ratio_not_one {s['ratio_not_one']} "
+              f"of {s['tokens']} tokens, logp_mismatch {s['logp_mismatch']}, |ratio-1| max {s['abs_dev_max']:.3g}, "
+              f"seconds {s['seconds']}", file=sys.stderr)
+        if route == "strict" and a.min_reward_gain is not None and s["reward_gain"] < a.min_reward_gain:
+            failures.append(f"strict reward gain {s['reward_gain']:.3f} < {a.min_reward_gain}")
+    verdict = "PASSED" if not failures else "FAILED: " + "; ".join(failures)
+    if "strict" not in routes:
+        verdict += " (native arm only: the strict checks did not run)"
+    print(f"{verdict} in {time.perf_counter() - t0:.1f} s; reports: {report['files']}", file=sys.stderr)
+    return 0 if not failures else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,380 @@
+"""The RL loop: rollout -> reward -> group advantages -> clipped actor loss -> backward -> Adam ->
+weight sync, on the Qwen3 model of one route, with two separate weight copies (trainer, engine).
+
+One step (:func:`run_arm`):
+
+1. **rollout**: the engine (:class:`RolloutEngine`, rlk's replay executor: paged KV cache,
+   chunked prefill, continuous batching, seeded sampling) generates ``group_size`` responses per
+   prompt and records each sampled token's logp from the same LM-head pass. First it checks that
+   it holds the weight generation the trainer sent last.
+2. **reward** (:mod:`rlk.rl.task`) and **advantages** (:func:`rlk.rl.grpo.group_advantages`).
+3. **actor**: the trainer (:class:`Trainer`) scores prompt + response as packed sequences with
+   autograd, the loss being PPO's clipped surrogate with ``ratio = exp(logp_train -
+   logp_rollout)``: the rollout logp is the old logp, reused, never recomputed. Strict route: the
+   trainer's logp equal the rollout's bitwise (``logp.v2`` and the other contracts), so every
+   ratio is exactly 1.0 and ``ratio_not_one`` is 0; native route: the ratio shows the routes'
+   drift between the two execution patterns (off-policy noise at unchanged weights).
+4. **optimizer**: Adam on fp32 master weights; the bf16 weights the model runs are the masters
+   rounded to nearest even.
+5. **sync**: the trainer's bf16 weights go into the engine's tensors in place, fingerprinted on
+   both sides (:mod:`rlk.rl.sync`); a mismatch raises :class:`rlk.rl.sync.WeightSyncError`.
+
+Every step yields a JSON-able record (rewards, loss, ratio statistics, sync digests, seconds per
+phase); :func:`run_arm` returns them with a summary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import time
+from typing import Callable
+
+import torch
+
+from rlk.errors import UnsupportedConfigError
+from rlk.models.qwen3 import Qwen3, trained_weights
+from rlk.models.qwen3.layouts import hf_to_fused
+from rlk.models.qwen3.routes import ROUTES
+from rlk.models.qwen3.trained import TRAINED
+from rlk.replay import rollout, trainer
+from rlk.rl import grpo, sync
+from rlk.rl.task import TargetByteTask
+
+
+@dataclasses.dataclass
+class LoopConfig:
+    route: str = "strict"
+    steps: int = 3
+    model: str = "tiny"  # a trained checkpoint (rlk.models.qwen3.trained.TRAINED)
+    prompts_per_step: int = 1
+    group_size: int = 8  # samples per prompt (GRPO's group)
+    response_len: int = 6  # tokens sampled per response
+    lr: float = 3e-3
+    betas: tuple[float, float] = (0.9, 0.99)
+    clip_eps: float = 0.2
+    adv_eps: float = 1e-6
+    target: int = ord("e")  # the task's target byte
+    seed: int = 0
+    block_size: int = 16
+    chunk_size: int = 16
+    max_batch: int | None = None  # running requests at most (default: every request of the step)
+    jitter: float = 0.25  # probability a ready request is deferred a step (batch composition changes)
+    device: str = "cpu"
+
+    def check(self) -> None:
+        if self.route not in ROUTES:
+            raise UnsupportedConfigError(f"route {self.route!r} unknown (known: {', '.join(ROUTES)})")
+        if self.model not in TRAINED:
+            raise UnsupportedConfigError(f"model {self.model!r} has no trained checkpoint (trained: {', '.join(TRAINED)})")
+        for name in ("steps", "prompts_per_step", "response_len"):
+            if getattr(self, name) < 1:
+                raise UnsupportedConfigError(f"{name} must be >= 1 (got {getattr(self, name)})")
+        if self.group_size < 2:
+            raise UnsupportedConfigError(f"group_size must be >= 2 (got {self.group_size}): GRPO compares samples")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise UnsupportedConfigError(f"lr must be a positive number (got {self.lr})")
+        if not 0 < self.clip_eps < 1:
+            raise UnsupportedConfigError(f"clip_eps must lie in (0, 1) (got {self.clip_eps})")
+        if not 0 <= self.jitter < 1:
+            raise UnsupportedConfigError(f"jitter must lie in [0, 1) (got {self.jitter})")
+
+    def task(self) -> TargetByteTask:
+        return TargetByteTask(target=self.target)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class Hooks:
+    """Seams for fault injection (tests): ``transport(src, dst)`` replaces the in-place weight copy
+    of every sync; ``after_sync(generation, engine)`` runs after every verified sync, the initial
+    one (generation 0) included."""
+
+    transport: Callable[[dict, dict], None] | None = None
+    after_sync: Callable[[int, "RolloutEngine"], None] | None = None
+
+
+def _clone_weights(w: dict[str, torch.Tensor], device, zero: bool = False) -> dict[str, torch.Tensor]:
+    """Own copies of ``w`` on ``device``; tensors shared between names (tied embeddings) stay shared."""
+    memo: dict[int, torch.Tensor] = {}
+    out = {}
+    for k, t in w.items():
+        if id(t) not in memo:
+            memo[id(t)] = torch.zeros_like(t, device=device) if zero else t.detach().to(device).clone()
+        out[k] = memo[id(t)]
+    return out
+
+
+class Trainer:
+    """The actor: a Qwen3 model of ``route`` over bf16 weights, fp32 master weights, Adam."""
+
+    def __init__(self, cfg, fused: dict[str, torch.Tensor], route: str, lc: LoopConfig):
+        self.model = Qwen3(cfg, _clone_weights(fused, lc.device), route=route)
+        # Trainable names: the tied LM head is the embedding (one tensor, one master).
+        self.names = [k for k in self.model.w if not (k == "lm_head.weight" and cfg.tie_word_embeddings)]
+        self.master = {k: torch.nn.Parameter(self.model.w[k].detach().float().clone()) for k in self.names}
+        self.opt = torch.optim.Adam(list(self.master.values()), lr=lc.lr, betas=tuple(lc.betas), eps=1e-8)
+        self.generation = 0  # optimizer steps taken
+        self.clip_eps = lc.clip_eps
+
+    @property
+    def w(self) -> dict[str, torch.Tensor]:
+        return self.model.w
+
+    def actor(self, prompts: list[list[int]], responses: list[list[int]], old_logp: list[torch.Tensor],
+              adv: torch.Tensor) -> tuple[list[torch.Tensor], dict, float]:
+        """Forward + backward of the clipped loss; returns (trainer logp per sequence, grads, loss).
+
+        ``old_logp``: the rollout's logp per sequence (reused as the old policy's); ``adv``: ``[N]``
+        per-sequence advantages. One packed batch (the tiny loop needs no micro-batches)."""
+        from rlk.kernels.common import host_validated
+
+        dev = self.model.device
+        rollout.check_tokens(self.model.cfg.vocab_size, prompts, responses)
+        pk = trainer.pack(prompts, responses, device="cpu")
+        T = pk.ids.shape[0]
+        old_rows = torch.zeros(T, dtype=torch.float32)
+        adv_rows = torch.zeros(T, dtype=torch.float32)
+        for j, i in enumerate(pk.order):
+            a = pk.host_cu[j] + pk.prompt_lens[j] - 1
+            r = pk.response_lens[j]
+            if old_logp[i].shape != (r,):
+                raise UnsupportedConfigError(f"sequence {i}: {tuple(old_logp[i].shape)} old logp for {r} response tokens")
+            old_rows[a:a + r] = old_logp[i].detach().float().cpu()
+            adv_rows[a:a + r] = float(adv[i])
+        n_tokens = sum(pk.response_lens)
+        mask = pk.loss_mask
+        fn = grpo.token_loss_fn(old_rows.to(dev), adv_rows.to(dev), mask.to(dev), self.clip_eps, n_tokens)
+        with host_validated():
+            lp, grads = self.model.trainer_logp(pk.ids.to(dev), pk.cu_seqlens.to(dev), pk.targets.to(dev), actor=True,
+                                                host_cu=pk.host_cu, token_loss=fn)
+        with torch.no_grad():
+            loss = float(fn(lp, 0, T).sum())
+        return trainer.response_logp(pk, lp, len(prompts)), grads, loss
+
+    def apply(self, grads: dict[str, torch.Tensor]) -> float:
+        """One Adam step on the masters from ``grads`` (the model's bf16 gradients, widened to
+        fp32), then the bf16 weights rewritten in place; returns the gradient's global 2-norm."""
+        missing = [k for k in self.names if k not in grads or grads[k] is None]
+        if missing:
+            raise UnsupportedConfigError(f"no gradient for {missing[:3]} (the actor pass did not reach them)")
+        sq = 0.0
+        for k, p in self.master.items():
+            p.grad = grads[k].detach().float()
+            sq += float(p.grad.double().pow(2).sum())
+        if not math.isfinite(sq):
+            raise UnsupportedConfigError("gradient holds NaN or Inf")
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            for k in self.names:
+                self.model.w[k].copy_(self.master[k])  # fp32 -> bf16: round to nearest even
+        self.generation += 1
+        return math.sqrt(sq)
+
+
+class RolloutEngine:
+    """The rollout side: a Qwen3 model of ``route`` over its own weight tensors, driven by rlk's
+    replay executor (:func:`rlk.replay.rollout.run_rollout`). Starts with zero weights: the
+    loop's first sync loads the trainer's."""
+
+    def __init__(self, cfg, fused: dict[str, torch.Tensor], route: str, lc: LoopConfig):
+        self.model = Qwen3(cfg, _clone_weights(fused, lc.device, zero=True), route=route)
+        self.weight_generation: int | None = None
+        self.lc = lc
+
+    @property
+    def w(self) -> dict[str, torch.Tensor]:
+        return self.model.w
+
+    def generate(self, prompts: list[list[int]], step: int) -> rollout.RolloutResult:
+        lc = self.lc
+        reqs = [rollout.Request(prompt=p, max_new_tokens=lc.response_len) for p in prompts]
+        # Seeds differ per step (fresh samples) and are fixed per (seed, step) (a rerun repeats them).
+        rc = rollout.RolloutConfig(block_size=lc.block_size, chunk_size=lc.chunk_size,
+                                   max_batch=lc.max_batch or len(reqs), jitter=lc.jitter,
+                                   sample_seed=1_000_003 * lc.seed + 2 * step + 1,
+                                   page_seed=1_000_003 * lc.seed + 2 * step + 2,
+                                   jitter_seed=1_000_003 * lc.seed + step + 3)
+        return rollout.run_rollout(self.model, reqs, rc)
+
+
+def _sync(trainer_: Trainer, engine: RolloutEngine, hooks: Hooks) -> dict:
+    rec = sync.sync_weights(trainer_.w, engine, trainer_.generation, hooks.transport)
+    if hooks.after_sync is not None:
+        hooks.after_sync(trainer_.generation, engine)
+    return {k: rec[k] for k in ("generation", "sha256_trainer", "sha256_rollout", "match", "seconds")}
+
+
+def run_arm(lc: LoopConfig, hooks: Hooks | None = None, on_step: Callable[[dict], None] | None = None) -> dict:
+    """Runs ``lc.steps`` RL steps on ``lc.route``; returns ``{"route", "config", "task", "initial_sync",
+    "steps": [record per step], "summary"}`` (JSON-able). ``on_step(record)`` sees each record as it
+    is made. Raises :class:`rlk.rl.sync.WeightSyncError` on a fingerprint mismatch or stale weights."""
+    lc.check()
+    hooks = hooks or Hooks()
+    task = lc.task()
+    cfg, hf = trained_weights(lc.model, dtype=torch.bfloat16, device=lc.device)
+    task.check(cfg.vocab_size)
+    if lc.response_len + max(len(p) for p in task.prompts) > cfg.max_position_embeddings:
+        raise UnsupportedConfigError(f"prompt + {lc.response_len} response tokens exceed max_position_embeddings "
+                                     f"{cfg.max_position_embeddings}")
+    fused = hf_to_fused(cfg, hf)
+    actor = Trainer(cfg, fused, lc.route, lc)
+    engine = RolloutEngine(cfg, fused, lc.route, lc)
+    initial = _sync(actor, engine, hooks)
+    records = []
+    for step in range(lc.steps):
+        sec: dict[str, float] = {}
+        t_step = time.perf_counter()
+
+        t0 = time.perf_counter()
+        sync.check_generation(engine, actor.generation)
+        base = task.step_prompts(step, lc.prompts_per_step)
+        prompts = [p for p in base for _ in range(lc.group_size)]  # a group = consecutive samples of one prompt
+        res = engine.generate(prompts, step)
+        sec["rollout"] = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        rewards = task.rewards(res.responses)
+        sec["reward"] = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        adv = grpo.group_advantages(rewards, lc.group_size, lc.adv_eps)
+        sec["advantage"] = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        train_lp, grads, loss = actor.actor(prompts, res.responses, res.logp, adv)
+        ratio = grpo.ratio_stats(train_lp, res.logp, lc.clip_eps)
+        sec["actor_fwd_bwd"] = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        grad_norm = actor.apply(grads)
+        sec["optimizer"] = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        sync_rec = _sync(actor, engine, hooks)
+        sec["sync"] = time.perf_counter() - t0
+        sec["step"] = time.perf_counter() - t_step
+
+        rec = {
+            "route": lc.route, "step": step, "generation": actor.generation,
+            "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
+            "reward_min": float(rewards.min()), "reward_max": float(rewards.max()),
+            # Diversity of the samples: GRPO learns nothing from a group whose samples are all alike.
+            "distinct_responses": len({tuple(r) for r in res.responses}),
+            "entropy_mean": float(torch.cat([e.float().cpu() for e in res.entropy]).mean()),
+            "loss": loss, "grad_norm": grad_norm,
+            "old_logp": "rollout (reused, not recomputed)",
+            **ratio,
+            "sync": sync_rec,
+            "rollout": {"sequences": len(prompts), "engine_steps": res.steps,
+                        "composition_changes": res.composition_changes},
+            "sample": bytes(res.responses[0]).decode("latin-1"),
+            "seconds": {k: round(v, 4) for k, v in sec.items()},
+        }
+        records.append(rec)
+        if on_step is not None:
+            on_step(rec)
+    return {"route": lc.route, "config": lc.to_dict(), "task": task.to_dict(), "initial_sync": initial,
+            "steps": records, "summary": summarize(records)}
+
+
+def summarize(records: list[dict]) -> dict:
+    """Totals and trends of an arm's step records."""
+    if not records:
+        return {"steps": 0}
+    rewards = [r["reward_mean"] for r in records]
+    k = max(1, min(3, len(rewards) // 2))
+    seconds = {p: round(sum(r["seconds"][p] for r in records), 3) for p in records[0]["seconds"]}
+    return {
+        "steps": len(records),
+        "tokens": sum(r["tokens"] for r in records),
+        "ratio_not_one": sum(r["ratio_not_one"] for r in records),
+        "logp_mismatch": sum(r["logp_mismatch"] for r in records),
+        "steps_with_ratio_not_one": sum(r["ratio_not_one"] > 0 for r in records),
+        "abs_dev_max": max(r.get("abs_dev", {}).get("max", 0.0) for r in records),
+        # A mismatch raises before a record exists: the initial sync and one per step were verified.
+        "syncs_verified": 1 + sum(r["sync"]["match"] for r in records),
+        "reward_first": rewards[0], "reward_last": rewards[-1],
+        # Mean reward of the last k steps minus that of the first k (k = min(3, steps // 2), at least 1).
+        "reward_gain": sum(rewards[-k:]) / k - sum(rewards[:k]) / k, "reward_gain_window": k,
+        "seconds": seconds,
+    }
+
+
+def output_paths(out_dir: str, device: str = "cpu") -> dict[str, str]:
+    """Files a run writes under ``out_dir``: ``rl_loop_<device>.json`` (every arm's config, step
+    records and summary, the provenance record), ``.png`` beside it and ``steps.jsonl`` (one
+    step record per line, as the steps run)."""
+    kind = str(device).split(":")[0]
+    return {"json": os.path.join(out_dir, f"rl_loop_{kind}.json"), "png": os.path.join(out_dir, f"rl_loop_{kind}.png"),
+            "jsonl": os.path.join(out_dir, "steps.jsonl")}
+
+
+def strict_failures(arm: dict) -> list[str]:
+    """What breaks the strict arm's promise in ``arm`` (a :func:`run_arm` result): a token whose
+    ratio is not exactly 1.0 or whose logp bits differ, a step without response tokens, an
+    unverified sync, or fewer steps than configured."""
+    out = []
+    for r in arm["steps"]:
+        if r["ratio_not_one"] or r["logp_mismatch"]:
+            out.append(f"step {r['step']}: ratio_not_one {r['ratio_not_one']}, logp_mismatch {r['logp_mismatch']} "
+                       f"of {r['tokens']} tokens (|ratio-1| max {r.get('abs_dev', {}).get('max')})")
+        if not r["tokens"]:
+            out.append(f"step {r['step']}: no response tokens compared")
+        if not r["sync"]["match"] or r["sync"]["sha256_trainer"] != r["sync"]["sha256_rollout"]:
+            out.append(f"step {r['step']}: weight sync not verified")
+    if len(arm["steps"]) != arm["config"]["steps"]:
+        out.append(f"{len(arm['steps'])} of {arm['config']['steps']} steps ran")
+    return out
+
+
+def run_and_report(lc: LoopConfig, routes: list[str], out_dir: str, on_step: Callable[[dict], None] | None = None,
+                   hooks: Hooks | None = None) -> dict:
+    """Runs one arm per route of ``routes`` (config ``lc`` with the route replaced), writes
+    :func:`output_paths`' files and returns the report (``arms``, ``passed``, ``failures``, ``files``).
+
+    ``passed``: the strict arm (when run) has no :func:`strict_failures`. A sync mismatch raises
+    before any report is written (:class:`rlk.rl.sync.WeightSyncError`)."""
+    from rlk.rl import report as rep
+
+    for r in routes:
+        if r not in ROUTES:
+            raise UnsupportedConfigError(f"route {r!r} unknown (known: {', '.join(ROUTES)})")
+    paths = output_paths(out_dir, lc.device)
+    os.makedirs(out_dir, exist_ok=True)
+    arms = {}
+    with open(paths["jsonl"], "w") as jl:
+        def record(rec):
+            jl.write(json.dumps(rec, sort_keys=True) + "\n")
+            jl.flush()
+            if on_step is not None:
+                on_step(rec)
+
+        for route in routes:
+            arms[route] = run_arm(dataclasses.replace(lc, route=route), hooks=hooks, on_step=record)
+    failures = strict_failures(arms["strict"]) if "strict" in arms else []
+    report = {"arms": arms, "routes": list(routes), "passed": not failures, "failures": failures,
+              "provenance": _provenance(lc, routes)}
+    png = rep.plot(arms, paths["png"], title=f"rlk RL loop on the trained {lc.model} model, task: target byte "
+                                             f"{chr(lc.target)!r}, {lc.prompts_per_step} prompt(s) x {lc.group_size} "
+                                             f"samples x {lc.response_len} tokens, lr {lc.lr}, seed {lc.seed}")
+    report["files"] = {"json": paths["json"], "jsonl": paths["jsonl"],
+                       "png": png or "not written: matplotlib is not importable"}
+    rep.write_json(report, paths["json"])
+    return report
+
+
+def _provenance(lc: LoopConfig, routes) -> dict:
+    """The capability record (strict route's when it ran); recorded, never invented."""
+    try:
+        from rlk.provenance import capability_record
+
+        return capability_record(route="strict" if "strict" in routes else "native",
+                                 extra={"pattern": "rl_loop", "model": lc.model, "routes": list(routes)})
+    except Exception as e:
+        return {"error": f"capability_record unavailable: {type(e).__name__}: {e}"}

@@ -1,0 +1,65 @@
+"""Reports of the RL loop: the JSON record, a one-line step summary and the PNG of both arms."""
+
+from __future__ import annotations
+
+import json
+import os
+
+ROUTE_COLORS = {"strict": "tab:blue", "native": "tab:orange"}
+
+
+def step_line(rec: dict) -> str:
+    """A short human line of one step record (the progress bar's postfix and the plain-text log)."""
+    dev = rec.get("abs_dev", {})
+    return (f"{rec['route']} step {rec['step']}: reward {rec['reward_mean']:.3f}, ratio_not_one "
+            f"{rec['ratio_not_one']}/{rec['tokens']}, logp_mismatch {rec['logp_mismatch']}, |ratio-1| max "
+            f"{dev.get('max', 0.0):.3g}, loss {rec['loss']:.4f}, sync {rec['sync']['sha256_rollout'][:12]} "
+            f"{'ok' if rec['sync']['match'] else 'MISMATCH'}, {rec['seconds']['step']:.1f} s")
+
+
+def write_json(report: dict, path: str) -> str:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(report, f, indent=2, sort_keys=True, default=str)
+    return path
+
+
+def plot(arms: dict[str, dict], path: str, title: str = "") -> str | None:
+    """Reward and importance-ratio statistics per step of each arm (``{route: run_arm result}``);
+    returns ``path``, or ``None`` when matplotlib is not importable (the caller says so)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(1, 3, figsize=(15, 4.2))
+    for route, arm in arms.items():
+        steps = arm["steps"]
+        x = [r["step"] for r in steps]
+        c = ROUTE_COLORS.get(route)
+        ax[0].plot(x, [r["reward_mean"] for r in steps], "o-", color=c, label=f"{route}: mean")
+        ax[0].fill_between(x, [r["reward_min"] for r in steps], [r["reward_max"] for r in steps], color=c, alpha=0.15)
+        ax[1].plot(x, [r["ratio_not_one"] for r in steps], "o-", color=c, label=f"{route}: ratio != 1")
+        ax[1].plot(x, [r["logp_mismatch"] for r in steps], "x--", color=c, label=f"{route}: logp bits differ")
+        for key, style in (("max", "o-"), ("p99", "s--"), ("p50", "^:")):
+            ax[2].plot(x, [r.get("abs_dev", {}).get(key, 0.0) for r in steps], style, color=c,
+                       label=f"{route}: {key}")
+    ax[0].set(title="reward (fraction of target bytes): mean, min-max", xlabel="step", ylabel="reward",
+              ylim=(-0.02, 1.02))
+    ax[1].set(title="tokens with ratio != 1 / logp bits differing", xlabel="step", ylabel="tokens")
+    ax[2].set(title="|ratio - 1|, ratio = exp(logp_train - logp_rollout)", xlabel="step",
+              ylabel="|ratio - 1|")
+    ax[2].set_yscale("symlog", linthresh=1e-8)
+    for a in ax:
+        a.title.set_fontsize(10)
+        a.grid(alpha=0.3)
+        a.legend(fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,79 @@
+"""The weight sync's fingerprint check: a verified copy passes, every corrupted one raises."""
+
+import types
+
+import pytest
+import torch
+
+from rlk.errors import ProvenanceError, UnsupportedConfigError
+from rlk.rl import sync
+
+
+def _weights(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return {"a.weight": torch.randn(4, 3, generator=g).to(torch.bfloat16),
+            "b.weight": torch.randn(5, generator=g).to(torch.bfloat16)}
+
+
+def _engine():
+    return types.SimpleNamespace(w={k: torch.zeros_like(v) for k, v in _weights().items()}, weight_generation=None)
+
+
+def test_verified_sync_copies_in_place_and_records_both_digests():
+    src, eng = _weights(), _engine()
+    ptrs = {k: t.data_ptr() for k, t in eng.w.items()}
+    rec = sync.sync_weights(src, eng, generation=3)
+    assert rec["match"] and rec["sha256_trainer"] == rec["sha256_rollout"] == sync.fingerprint(src)
+    assert rec["bytes"] == 17 * 2 and eng.weight_generation == 3
+    assert all(torch.equal(eng.w[k], src[k]) and eng.w[k].data_ptr() == ptrs[k] for k in src)
+    sync.check_generation(eng, 3)
+
+
+def test_fingerprint_sees_one_bit_and_the_dtype():
+    w = _weights()
+    flipped = {k: v.clone() for k, v in w.items()}
+    flipped["b.weight"].view(torch.int16)[2] ^= 1
+    assert sync.fingerprint(flipped) != sync.fingerprint(w)
+    assert sync.fingerprint({k: v.clone() for k, v in w.items()}) == sync.fingerprint(w)
+    assert sync.fingerprint({k: v.float() for k, v in w.items()}) != sync.fingerprint(w)
+
+
+def test_corrupting_transport_aborts_with_a_diagnostic():
+    def one_bit_off(src, dst):
+        sync.copy_transport(src, dst)
+        dst["b.weight"].view(torch.int16)[2] ^= 1  # a bit flipped in transit
+
+    eng = _engine()
+    with pytest.raises(sync.WeightSyncError) as e:
+        sync.sync_weights(_weights(), eng, generation=1, transport=one_bit_off)
+    msg = str(e.value)
+    assert "fingerprint mismatch" in msg and "'tensor': 'b.weight'" in msg and "'first_index': 2" in msg
+    assert "'differing_elements': 1" in msg and "a.weight" not in msg
+    assert isinstance(e.value, ProvenanceError) and eng.weight_generation is None
+    with pytest.raises(sync.WeightSyncError, match="generation None"):
+        sync.check_generation(eng, 1)
+
+
+def test_a_skipped_tensor_is_caught():
+    def skip_a(src, dst):
+        dst["b.weight"].copy_(src["b.weight"])
+
+    with pytest.raises(sync.WeightSyncError, match="a.weight"):
+        sync.sync_weights(_weights(), _engine(), generation=1, transport=skip_a)
+
+
+def test_stale_generation_is_refused():
+    eng = _engine()
+    sync.sync_weights(_weights(), eng, generation=4)
+    with pytest.raises(sync.WeightSyncError, match="generation 4, the trainer's latest is 5"):
+        sync.check_generation(eng, 5)
+
+
+def test_layout_mismatch_is_a_config_error():
+    eng = _engine()
+    with pytest.raises(UnsupportedConfigError, match="names differ"):
+        sync.sync_weights({"a.weight": _weights()["a.weight"]}, eng, 0)
+    bad = _weights()
+    bad["b.weight"] = bad["b.weight"].float()
+    with pytest.raises(UnsupportedConfigError, match="b.weight"):
+        sync.sync_weights(bad, eng, 0)

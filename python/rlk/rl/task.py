@@ -1,0 +1,54 @@
+"""The synthetic, checkable task of the RL loop: produce a target byte.
+
+The trained ``tiny`` model is byte-level (vocabulary 256, trained on Python source), so a prompt is
+a short byte string and a response is bytes. The reward of a response is the fraction of its
+tokens equal to ``target`` (default ``e``: about 9% of the trained model's sampled bytes after
+these prompts), so it lies in ``[0, 1]``, its optimum is known (1.0: every byte ``target``) and a
+working loop raises it within a few steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from rlk.errors import UnsupportedConfigError
+
+# Prompt prefixes, each a few bytes of Python; a step takes consecutive ones, cycling.
+PROMPTS = (b"def ", b"import ", b"class ", b"return ", b"    if ", b"for x in ", b"self.", b"# ")
+
+
+@dataclasses.dataclass(frozen=True)
+class TargetByteTask:
+    """Reward = fraction of response tokens equal to ``target`` (a token id of the byte vocabulary)."""
+
+    target: int = ord("e")
+    prompts: tuple[bytes, ...] = PROMPTS
+
+    def check(self, vocab_size: int) -> None:
+        if not 0 <= self.target < vocab_size:
+            raise UnsupportedConfigError(f"target token {self.target} outside the vocabulary [0, {vocab_size})")
+        if not self.prompts or any(not p for p in self.prompts):
+            raise UnsupportedConfigError("the task needs at least one prompt, none of them empty")
+        bad = [p for p in self.prompts if any(b >= vocab_size for b in p)]
+        if bad:
+            raise UnsupportedConfigError(f"prompt {bad[0]!r} holds a byte outside the vocabulary [0, {vocab_size})")
+
+    def step_prompts(self, step: int, n: int) -> list[list[int]]:
+        """The ``n`` prompts of step ``step`` (consecutive prompts, cycling), as token lists."""
+        k = len(self.prompts)
+        return [list(self.prompts[(step * n + i) % k]) for i in range(n)]
+
+    def reward(self, response: list[int]) -> float:
+        if not response:
+            raise UnsupportedConfigError("empty response (every request has max_new_tokens >= 1)")
+        return sum(int(t) == self.target for t in response) / len(response)
+
+    def rewards(self, responses: list[list[int]]) -> torch.Tensor:
+        """``[N]`` fp32 rewards of ``responses``."""
+        return torch.tensor([self.reward(r) for r in responses], dtype=torch.float32)
+
+    def to_dict(self) -> dict:
+        return {"name": "target_byte", "target": self.target, "target_char": chr(self.target),
+                "prompts": [p.decode("latin-1") for p in self.prompts]}

@@ -1,0 +1,216 @@
+"""megatron-core actor on rlk's strict spec: forward + backward + optimizer step through
+megatron's own training machinery.
+
+One :class:`MegatronActor` holds
+
+* the strict ``GPTModel`` (:func:`rlk.integrations.megatron.spec.build_gpt_model`, bf16
+  parameters, TP=1) wrapped in megatron's ``DistributedDataParallel`` with
+  ``grad_reduce_in_fp32=True``: every parameter gets an fp32 ``main_grad`` in DDP's contiguous
+  grad buffer; backward hooks add the bf16 ``.grad`` of each parameter into it (exact: fp32
+  holds every bf16 value, and the buffer starts at +0.0);
+* megatron's optimizer from ``get_megatron_optimizer`` (``OptimizerConfig(optimizer="adam",
+  bf16=True)``: fp32 main parameters, the ``DistributedOptimizer`` by default or the plain
+  ``Float16OptimizerWithFloat16Params``); without TransformerEngine or Apex megatron's Adam is
+  ``torch.optim.AdamW`` (``weight_decay=0`` here: the decay factor is exactly 1);
+* the LM head through :func:`rlk.integrations.megatron.logp.loss_output_processor`: rlk's fused
+  logp + per-token loss path accumulates d_weight straight into ``output_layer.weight.main_grad``
+  (megatron's gradient-accumulation-fusion convention; the weight gets no ``.grad``).
+
+A step is megatron's ``train_step`` order: ``zero_grad_buffer`` + ``optimizer.zero_grad``, the
+no-pipelining schedule (``forward_backward_no_pipelining``: one forward and backward per
+micro-batch, then ``finalize_model_grads``: DDP's ``finish_grad_sync``), ``optimizer.step()``.
+Loss normalization lives in the per-token loss (``rlk.rl.grpo``'s ``n_tokens``, as rlk's own
+trainer): the schedule runs with ``calculate_per_token_loss=True`` (no division by micro-batch
+count) and the gradients are not rescaled by a token count afterwards, so the backward's
+grad_out is exactly 1 and micro-batches add up in order.
+
+**CPU.** megatron-core 0.19.2's DDP and optimizers assume a CUDA device in a few host-side
+spots that carry no arithmetic: ``_ParamAndGradBuffer`` allocates its grad (and, with the
+distributed optimizer, param) buffer with ``device=torch.cuda.current_device()``;
+``start_grad_sync`` reads ``torch.cuda.current_stream()`` (only to wait on CUDA-graph events);
+``Float16OptimizerWithFloat16Params`` / ``DistributedOptimizer`` accept a parameter only when
+``param.type()`` is ``torch.cuda.BFloat16Tensor`` and create their unit loss scale with
+``device='cuda'``; the schedule creates its token counter with ``device="cuda"``. On a machine
+without CUDA, :func:`cuda_names_on_cpu` answers exactly those queries with the CPU (device
+``"cuda"`` -> ``"cpu"``, a CPU tensor's ``type()`` -> the CUDA type name, no current stream)
+while megatron's own DDP, schedule and optimizer code runs unmodified. It is never used when
+CUDA is available.
+
+Not covered: TP > 1 (the fused LM head + loss path is single-shard), ``overlap_grad_reduce``
+(its bucket readiness needs a ``.grad`` on every parameter; the fused LM head gives none), and
+activation recompute: megatron's ``recompute_granularity`` checkpoints through
+``tensor_parallel.checkpoint``, which saves and restores the CUDA RNG state
+(``torch.cuda.get_rng_state``) and has no CPU path; the strict guard pins it to None.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Optional
+
+import torch
+
+from rlk.errors import UnsupportedConfigError
+
+_CUDA_TYPE_NAMES = {torch.bfloat16: "torch.cuda.BFloat16Tensor", torch.float16: "torch.cuda.HalfTensor",
+                    torch.float32: "torch.cuda.FloatTensor"}
+
+
+class _CudaNamesOnCpu(torch.overrides.TorchFunctionMode):
+    """Factory calls asking for ``device="cuda"`` get the CPU; a CPU tensor's ``type()`` (no
+    arguments) reports the CUDA type name megatron's optimizers test for."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func is torch.Tensor.type and len(args) == 1 and not kwargs and args[0].device.type == "cpu" \
+                and args[0].dtype in _CUDA_TYPE_NAMES:
+            return _CUDA_TYPE_NAMES[args[0].dtype]
+        dev = kwargs.get("device")
+        if dev is not None and torch.device(dev).type == "cuda":
+            kwargs["device"] = "cpu"
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def cuda_names_on_cpu():
+    """Runs megatron's DDP / schedule / optimizer host code on a machine without CUDA (module
+    docstring lists every query it answers). A no-op when CUDA is available."""
+    if torch.cuda.is_available():
+        yield
+        return
+    saved = torch.cuda.current_device, torch.cuda.current_stream
+    torch.cuda.current_device = lambda: "cpu"
+    torch.cuda.current_stream = lambda *a, **k: None
+    try:
+        with _CudaNamesOnCpu():
+            yield
+    finally:
+        torch.cuda.current_device, torch.cuda.current_stream = saved
+
+
+class MegatronActor:
+    """The strict megatron-core actor (module docstring).
+
+    Args:
+      cfg: the Qwen3 config; hf: Hugging Face tensors (bf16) loaded exactly.
+      lr, betas, eps: megatron's Adam (OptimizerConfig ``adam_beta1/2``, ``adam_eps``).
+      distributed_optimizer: megatron's ``DistributedOptimizer`` (True) or the plain
+        ``Float16OptimizerWithFloat16Params`` (False); both keep fp32 main parameters.
+      forward_audit: run each forward under the dispatch audit (no native compute allowed).
+    """
+
+    def __init__(self, cfg, hf: dict[str, torch.Tensor], *, lr: float = 1e-3,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, distributed_optimizer: bool = True,
+                 forward_audit: bool = False):
+        from megatron.core import parallel_state as ps
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+        from megatron.core.distributed.finalize_model_grads import finalize_model_grads
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+        from rlk.integrations.megatron import spec, weights
+
+        self.cfg = cfg
+        self.forward_audit = forward_audit
+        spec.init_parallel(1)
+        if ps.get_data_parallel_world_size() != 1:
+            raise UnsupportedConfigError("MegatronActor: data parallel size must be 1 (one process at TP=1)")
+        model = spec.build_gpt_model(cfg, 1, calculate_per_token_loss=True)
+        weights.load_into(model, weights.hf_to_megatron(cfg, hf, 1, 0))
+        self.model = model
+        self.ddp_config = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=distributed_optimizer)
+        self.opt_config = OptimizerConfig(
+            optimizer="adam", lr=float(lr), min_lr=float(lr), weight_decay=0.0, adam_beta1=float(betas[0]),
+            adam_beta2=float(betas[1]), adam_eps=float(eps), bf16=True, params_dtype=torch.bfloat16,
+            use_distributed_optimizer=distributed_optimizer, clip_grad=0.0)
+        with cuda_names_on_cpu():
+            self.ddp = DistributedDataParallel(model.config, self.ddp_config, module=model)
+            self.optimizer = get_megatron_optimizer(self.opt_config, [self.ddp])
+        # The per-token loss is already normalized: finalize without a token-count rescale.
+        model.config.finalize_model_grads_func = (
+            lambda chunks, num_tokens=None, **kw: finalize_model_grads(chunks, None, **kw))
+        self.steps = 0
+
+    # ---- one training step ---------------------------------------------------------------------
+    def forward_backward(self, batches: list[tuple[object, Callable]]) -> list[torch.Tensor]:
+        """Zeroes the grad buffers, then megatron's no-pipelining schedule over ``batches`` (one
+        micro-batch each: a :class:`rlk.replay.trainer.Packed` and its ``token_loss(logp_rows, lo,
+        hi)``); returns each micro-batch's logp ``[T]`` fp32 (detached). Afterwards every
+        parameter's ``main_grad`` holds the summed gradients (micro-batches in order)."""
+        from megatron.core.packed_seq_params import PackedSeqParams
+        from megatron.core.pipeline_parallel.schedules import forward_backward_no_pipelining
+
+        from rlk.integrations.megatron import audit
+        from rlk.integrations.megatron.logp import loss_output_processor
+
+        if not batches:
+            raise UnsupportedConfigError("forward_backward: no micro-batches")
+        logps: list[torch.Tensor] = []
+        it = iter(batches)
+
+        def forward_step(data_iterator, model):
+            pk, token_loss = next(data_iterator)
+            cu = pk.cu_seqlens.to(torch.int32)
+            ms = int(max(b - a for a, b in zip(pk.host_cu, pk.host_cu[1:]))) if pk.host_cu else int(
+                (cu[1:] - cu[:-1]).max())
+            psp = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=ms,
+                                  max_seqlen_kv=ms)
+            T = pk.ids.shape[0]
+            guard = audit.forward_audit() if self.forward_audit else contextlib.nullcontext()
+            with guard:
+                loss, logp = model(pk.ids.view(1, T), None, None, labels=pk.targets.view(1, T),
+                                   packed_seq_params=psp, output_processor=loss_output_processor,
+                                   output_processor_context={"token_loss": token_loss,
+                                                             "vocab_size": self.cfg.vocab_size})
+            logps.append(logp.view(T))
+
+            def loss_func(out):
+                # (loss, token count, logged value): calculate_per_token_loss keeps the loss as is.
+                return out, torch.tensor(T, dtype=torch.int), {"loss": out.detach()}
+
+            return loss, loss_func
+
+        self.ddp.train()
+        with cuda_names_on_cpu():
+            self.ddp.zero_grad_buffer()
+            self.optimizer.zero_grad()
+            self.last_losses = forward_backward_no_pipelining(
+                forward_step_func=forward_step, data_iterator=it, model=[self.ddp], num_microbatches=len(batches),
+                seq_length=0, micro_batch_size=1, forward_only=False)
+        return logps
+
+    def step(self) -> dict:
+        """megatron's optimizer step (fp32 main parameters updated, copied back to bf16)."""
+        with cuda_names_on_cpu():
+            ok, grad_norm, zeros = self.optimizer.step()
+        if not ok:
+            raise UnsupportedConfigError("megatron optimizer step skipped (found inf/nan in the gradients)")
+        self.steps += 1
+        return {"grad_norm": None if grad_norm is None else float(grad_norm)}
+
+    # ---- state --------------------------------------------------------------------------------
+    def main_grads(self) -> dict[str, torch.Tensor]:
+        """Every parameter's fp32 ``main_grad`` (clones), by megatron name."""
+        return {k: p.main_grad.detach().clone() for k, p in self.model.named_parameters()}
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """Every bf16 parameter (clones), by megatron name."""
+        from rlk.integrations.megatron import weights
+
+        return weights.state_of(self.model)
+
+    def hf_weights(self) -> dict[str, torch.Tensor]:
+        """The bf16 parameters as Hugging Face tensors (exact copies)."""
+        from rlk.integrations.megatron import weights
+
+        return weights.megatron_to_hf(self.cfg, [self.weights()])
+
+
+def actor_step(actor: MegatronActor, batches, optimizer_step: bool = True) -> tuple[list[torch.Tensor], dict]:
+    """Forward + backward over ``batches`` and (optionally) one optimizer step; returns the
+    micro-batches' logp and ``{"main_grads": ..., "grad_norm": ...}`` (main_grads before the step)."""
+    logps = actor.forward_backward(batches)
+    out: dict[str, Optional[object]] = {"main_grads": actor.main_grads(), "grad_norm": None}
+    if optimizer_step:
+        out.update(actor.step())
+    return logps, out

@@ -214,3 +214,57 @@ def actor_step(actor: MegatronActor, batches, optimizer_step: bool = True) -> tu
     if optimizer_step:
         out.update(actor.step())
     return logps, out
+
+
+class RLTrainer:
+    """The RL loop's actor (``rlk.rl.loop.run_arm(..., make_trainer=RLTrainer)``, ``python -m rlk.rl
+    --trainer megatron``) on :class:`MegatronActor`: the same packed batch and GRPO loss as the
+    loop's own ``Trainer`` (``rlk.rl.loop.actor_batch``), megatron's forward/backward and Adam
+    (the loop's lr and betas, eps 1e-8), weights handed to the sync in rlk's fused layout (exact
+    copies; megatron's interleaved QKV rows reordered to ``[Q|K|V]``).
+
+    Args as ``rlk.rl.loop.Trainer``: cfg, fused weights, route (strict only), the LoopConfig.
+    """
+
+    def __init__(self, cfg, fused: dict[str, torch.Tensor], route: str, lc):
+        from rlk.models.qwen3.layouts import fused_to_hf
+
+        if route != "strict":
+            raise UnsupportedConfigError(f"the megatron actor runs rlk's strict spec; route {route!r} is not covered")
+        if torch.device(lc.device).type != "cpu" and not torch.cuda.is_available():
+            raise UnsupportedConfigError(f"device {lc.device!r} without CUDA")
+        self.cfg = cfg
+        self.clip_eps = lc.clip_eps
+        self.actor_ = MegatronActor(cfg, fused_to_hf(cfg, fused), lr=lc.lr, betas=tuple(lc.betas), eps=1e-8)
+        self.generation = 0
+
+    @property
+    def w(self) -> dict[str, torch.Tensor]:
+        """The bf16 weights in rlk's fused layout (copies made at each read: the sync fingerprints
+        and copies them)."""
+        from rlk.models.qwen3.layouts import megatron_to_fused
+
+        return megatron_to_fused(self.cfg, {k: p.detach() for k, p in self.actor_.model.named_parameters()})
+
+    def actor(self, prompts, responses, old_logp, adv):
+        """Forward + backward of the clipped loss (one micro-batch); returns (logp per sequence,
+        None: the gradients live in megatron's main_grad buffers, loss)."""
+        from rlk.kernels.common import host_validated
+        from rlk.replay import trainer
+        from rlk.rl.loop import actor_batch
+
+        pk, fn = actor_batch(self.cfg.vocab_size, prompts, responses, old_logp, adv, self.clip_eps)
+        with host_validated():
+            (lp,) = self.actor_.forward_backward([(pk, fn)])
+        with torch.no_grad():
+            loss = float(fn(lp, 0, pk.ids.shape[0]).sum())
+        return trainer.response_logp(pk, lp, len(prompts)), None, loss
+
+    def apply(self, grads) -> float:
+        """megatron's optimizer step on the main_grads of the last :meth:`actor`; returns megatron's
+        gradient 2-norm."""
+        if grads is not None:
+            raise UnsupportedConfigError("RLTrainer.apply steps on megatron's main_grad buffers; pass None")
+        out = self.actor_.step()
+        self.generation += 1
+        return out["grad_norm"]

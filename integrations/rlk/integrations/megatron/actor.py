@@ -30,17 +30,20 @@ distributed optimizer, param) buffer with ``device=torch.cuda.current_device()``
 ``start_grad_sync`` reads ``torch.cuda.current_stream()`` (only to wait on CUDA-graph events);
 ``Float16OptimizerWithFloat16Params`` / ``DistributedOptimizer`` accept a parameter only when
 ``param.type()`` is ``torch.cuda.BFloat16Tensor`` and create their unit loss scale with
-``device='cuda'``; the schedule creates its token counter with ``device="cuda"``. On a machine
-without CUDA, :func:`cuda_names_on_cpu` answers exactly those queries with the CPU (device
-``"cuda"`` -> ``"cpu"``, a CPU tensor's ``type()`` -> the CUDA type name, no current stream)
-while megatron's own DDP, schedule and optimizer code runs unmodified. It is never used when
-CUDA is available.
+``device='cuda'``; the schedule creates its token counter with ``device="cuda"``; activation
+recompute (``tensor_parallel.checkpoint``) saves the CUDA RNG state with
+``torch.cuda.random.get_rng_state``. On a machine without CUDA, :func:`cuda_names_on_cpu`
+answers exactly those queries with the CPU (device ``"cuda"`` -> ``"cpu"``, a CPU tensor's
+``type()`` -> the CUDA type name, no current stream, an empty CUDA RNG state: no CUDA generator
+exists and nothing here draws random numbers) while megatron's own DDP, schedule, recompute and
+optimizer code runs unmodified. It is never used when CUDA is available.
 
-Not covered: TP > 1 (the fused LM head + loss path is single-shard), ``overlap_grad_reduce``
-(its bucket readiness needs a ``.grad`` on every parameter; the fused LM head gives none), and
-activation recompute: megatron's ``recompute_granularity`` checkpoints through
-``tensor_parallel.checkpoint``, which saves and restores the CUDA RNG state
-(``torch.cuda.get_rng_state``) and has no CPU path; the strict guard pins it to None.
+Activation recompute (``recompute="full"``: every layer, megatron's uniform method, one layer
+per checkpoint; ``"selective"``: the core attention) re-runs the same rlk modules in backward:
+the gradients are bitwise those without recompute (actor_test).
+
+Not covered: TP > 1 (the fused LM head + loss path is single-shard) and ``overlap_grad_reduce``
+(its bucket readiness needs a ``.grad`` on every parameter; the fused LM head gives none).
 """
 
 from __future__ import annotations
@@ -78,14 +81,22 @@ def cuda_names_on_cpu():
     if torch.cuda.is_available():
         yield
         return
-    saved = torch.cuda.current_device, torch.cuda.current_stream
+    saved = torch.cuda.current_device, torch.cuda.current_stream, torch.cuda.random.get_rng_state
     torch.cuda.current_device = lambda: "cpu"
     torch.cuda.current_stream = lambda *a, **k: None
+    # No CUDA generator exists, so there is no state to save (megatron's restore of it is queued
+    # by torch for a CUDA initialization that never comes).
+    torch.cuda.random.get_rng_state = lambda *a, **k: torch.empty((0,), dtype=torch.uint8)
     try:
         with _CudaNamesOnCpu():
             yield
     finally:
-        torch.cuda.current_device, torch.cuda.current_stream = saved
+        torch.cuda.current_device, torch.cuda.current_stream, torch.cuda.random.get_rng_state = saved
+
+
+# TransformerConfig fields of each recompute choice.
+_RECOMPUTE = {None: {}, "full": dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1),
+              "selective": dict(recompute_granularity="selective", recompute_modules=["core_attn"])}
 
 
 class MegatronActor:
@@ -97,11 +108,12 @@ class MegatronActor:
       distributed_optimizer: megatron's ``DistributedOptimizer`` (True) or the plain
         ``Float16OptimizerWithFloat16Params`` (False); both keep fp32 main parameters.
       forward_audit: run each forward under the dispatch audit (no native compute allowed).
+      recompute: None, ``"full"`` or ``"selective"`` activation recompute (module docstring).
     """
 
     def __init__(self, cfg, hf: dict[str, torch.Tensor], *, lr: float = 1e-3,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, distributed_optimizer: bool = True,
-                 forward_audit: bool = False):
+                 forward_audit: bool = False, recompute: Optional[str] = None):
         from megatron.core import parallel_state as ps
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from megatron.core.distributed.finalize_model_grads import finalize_model_grads
@@ -114,7 +126,10 @@ class MegatronActor:
         spec.init_parallel(1)
         if ps.get_data_parallel_world_size() != 1:
             raise UnsupportedConfigError("MegatronActor: data parallel size must be 1 (one process at TP=1)")
-        model = spec.build_gpt_model(cfg, 1, calculate_per_token_loss=True)
+        rc = _RECOMPUTE.get(recompute)
+        if rc is None:
+            raise UnsupportedConfigError(f"MegatronActor: recompute={recompute!r} (covered: {sorted(map(str, _RECOMPUTE))})")
+        model = spec.build_gpt_model(cfg, 1, calculate_per_token_loss=True, **rc)
         weights.load_into(model, weights.hf_to_megatron(cfg, hf, 1, 0))
         self.model = model
         self.ddp_config = DistributedDataParallelConfig(

@@ -9,6 +9,8 @@ rlk's spec, on the tiny Qwen3, one gloo process, Triton interpreter.
   (megatron's fused QKV rows mapped to rlk's ``[Q|K|V]``); the LM head: ``main_grad`` is the
   unrounded fp32 chain (gradient-accumulation fusion), equal bitwise to rlk's op fed the same
   hidden states with a zero main_grad, and its bf16 rounding equals rlk's bf16 gradient;
+* activation recompute ("full" layers, "selective" core attention) re-runs the core attention in
+  backward and changes no byte;
 * each check fails on a broken input: a perturbed token (run to run and the Adam step), the
   native route (against rlk's trainer), a bf16 main_grad (refused).
 
@@ -37,10 +39,10 @@ def _grpo_loss(pk, old_logp):
     return grpo.token_loss_fn(old_logp, adv, mask, 0.2, int(mask.sum()))
 
 
-def _run(hf, pk, token_loss):
+def _run(hf, pk, token_loss, recompute=None):
     from rlk.integrations.megatron.actor import MegatronActor, actor_step
 
-    actor = MegatronActor(TINY, hf, lr=1e-2)
+    actor = MegatronActor(TINY, hf, lr=1e-2, recompute=recompute)
     before = actor.weights()
     (logp,), out = actor_step(actor, [(pk, token_loss)])
     return dict(logp=logp, grads=out["main_grads"], weights=actor.weights(), before=before,
@@ -159,6 +161,39 @@ def test_trainer_comparison_fails_on_the_native_route(runs):
         for k, g in a["grads"].items():
             if k != LM_HEAD:
                 assert_bitwise_equal(g, ref[k].float(), f"main_grad vs the native trainer: {k}")
+
+
+@pytest.mark.parametrize("mode", ["full", "selective"])
+def test_activation_recompute_same_bytes(runs, mode, monkeypatch):
+    """megatron's activation recompute re-runs the core attention in backward (counted: 2 layers
+    forward, 2 more in backward) and leaves logp, every main_grad and the step's weights bitwise."""
+    from rlk.integrations.megatron import modules
+
+    calls = []
+    real = modules.RlkCoreAttention.forward
+
+    def counted(self, *a, **k):
+        calls.append(torch.is_grad_enabled())
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(modules.RlkCoreAttention, "forward", counted)
+    r = _run(runs["hf"], runs["pk"], runs["loss"], recompute=mode)
+    # Checkpointed forwards run without grad; the recomputation in backward with grad.
+    assert calls == [False] * TINY.num_hidden_layers + [True] * TINY.num_hidden_layers, calls
+    a = runs["a"]
+    assert_bitwise_equal(r["logp"], a["logp"], f"logp, recompute {mode}")
+    _assert_all_equal(r["grads"], a["grads"], f"main_grad, recompute {mode}")
+    _assert_all_equal(r["weights"], a["weights"], f"weights after the step, recompute {mode}")
+
+
+def test_recompute_guard():
+    from rlk.integrations.megatron import spec
+    from rlk.integrations.megatron.actor import MegatronActor
+
+    with pytest.raises(UnsupportedConfigError, match="recompute_modules"):
+        spec.transformer_config(TINY, 1, recompute_granularity="selective", recompute_modules=["mlp"])
+    with pytest.raises(UnsupportedConfigError, match="recompute="):
+        MegatronActor(TINY, {}, recompute="block")
 
 
 def test_bf16_main_grad_is_refused(runs):

@@ -9,6 +9,8 @@ rlk's spec, on the tiny Qwen3, one gloo process, Triton interpreter.
   (megatron's fused QKV rows mapped to rlk's ``[Q|K|V]``); the LM head: ``main_grad`` is the
   unrounded fp32 chain (gradient-accumulation fusion), equal bitwise to rlk's op fed the same
   hidden states with a zero main_grad, and its bf16 rounding equals rlk's bf16 gradient;
+* two micro-batches through megatron's schedule: every main_grad the in-order fp32 sum of rlk's
+  per-micro-batch gradients; the LM head's the fused op's fp32 chain continued over both;
 * activation recompute ("full" layers, "selective" core attention) re-runs the core attention in
   backward and changes no byte;
 * each check fails on a broken input: a perturbed token (run to run and the Adam step), the
@@ -152,6 +154,48 @@ def test_adam_step_equals_rlk_loop_trainer(runs, strict_ref):
     rounded = step(megatron_to_fused(TINY, strict_ref[1]))
     _assert_all_equal({k: v for k, v in a["weights"].items() if k != LM_HEAD},
                       {k: v for k, v in rounded.items() if k != LM_HEAD}, "rlk's bf16 gradients, not the LM head")
+
+
+def test_two_micro_batches_accumulate_in_order(runs):
+    """Two micro-batches through megatron's schedule (sequences 0-1, then 2): every main_grad is
+    the fp32 sum, in order, of rlk's per-micro-batch gradients (DDP adds each bf16 .grad into the
+    fp32 buffer); the LM head's is rlk's op called twice on one main_grad (its fp32 chain
+    continued over the second micro-batch's tokens). The loss is normalized over the whole batch."""
+    from rlk.integrations.megatron import harness
+    from rlk.integrations.megatron.actor import MegatronActor
+    from rlk.models.qwen3.routes import logp_segmentation
+    from rlk.ops.linear_logp import linear_logp_loss
+    from rlk.replay import trainer
+    from rlk.rl import grpo
+
+    hf, pk = runs["hf"], runs["pk"]
+    seqs = [(pk.ids[a:b].tolist(), p, r) for a, b, p, r in
+            zip(pk.host_cu, pk.host_cu[1:], pk.prompt_lens, pk.response_lens)]
+    parts = [[0, 1], [2]]
+    n_tokens = int(pk.loss_mask.sum())
+    batches, refs = [], []
+    for idx in parts:
+        mb = trainer.pack([seqs[i][0][:seqs[i][1]] for i in idx], [seqs[i][0][seqs[i][1]:] for i in idx])
+        adv = torch.arange(mb.ids.shape[0], dtype=torch.float32) / 7 - 1
+        old, _ = harness.reference_logp(TINY, hf, mb, actor=False)
+        loss = grpo.token_loss_fn(old, adv, mb.loss_mask, 0.2, n_tokens)
+        batches.append((mb, loss))
+        refs.append(_rlk_trainer(hf, mb, loss))
+    actor = MegatronActor(TINY, hf)
+    logps = actor.forward_backward(batches)
+    got = actor.main_grads()
+    for (mb, _), lp, ref in zip(batches, logps, refs):
+        assert_bitwise_equal(lp, ref[0], "micro-batch logp")
+    for k, g in got.items():
+        if k != LM_HEAD:
+            assert_bitwise_equal(g, refs[0][1][k].float() + refs[1][1][k].float(), f"two micro-batches: {k}")
+    mg = torch.zeros_like(got[LM_HEAD])
+    for (mb, loss), ref in zip(batches, refs):
+        w = ref[3].detach().clone().requires_grad_(True)
+        out, _ = linear_logp_loss(ref[2], w, mb.targets, loss, segmentation=logp_segmentation(TINY.vocab_size),
+                                  main_grad=mg)
+        out.backward()
+    assert_bitwise_equal(got[LM_HEAD], mg, "LM head: rlk's op twice, in micro-batch order")
 
 
 def test_trainer_comparison_fails_on_the_native_route(runs):

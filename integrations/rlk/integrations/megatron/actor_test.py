@@ -41,14 +41,15 @@ def _grpo_loss(pk, old_logp):
     return grpo.token_loss_fn(old_logp, adv, mask, 0.2, int(mask.sum()))
 
 
-def _run(hf, pk, token_loss, recompute=None):
+def _run(hf, pk, token_loss, recompute=None, distributed_optimizer=True):
     from rlk.integrations.megatron.actor import MegatronActor, actor_step
 
-    actor = MegatronActor(TINY, hf, lr=1e-2, recompute=recompute)
+    actor = MegatronActor(TINY, hf, lr=1e-2, recompute=recompute, distributed_optimizer=distributed_optimizer)
     before = actor.weights()
     (logp,), out = actor_step(actor, [(pk, token_loss)])
+    opts = getattr(actor.optimizer, "chained_optimizers", [actor.optimizer])
     return dict(logp=logp, grads=out["main_grads"], weights=actor.weights(), before=before,
-                lm_head_grad=actor.model.output_layer.weight.grad)
+                lm_head_grad=actor.model.output_layer.weight.grad, optimizers=[type(o).__name__ for o in opts])
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +84,16 @@ def test_run_to_run_logp_grads_and_adam_step_bitwise(runs):
     assert a["lm_head_grad"] is None  # gradient-accumulation fusion: only main_grad
     changed = [k for k in a["weights"] if not torch.equal(a["weights"][k], a["before"][k])]
     assert LM_HEAD in changed and "decoder.layers.0.self_attention.linear_qkv.weight" in changed, changed
+
+
+def test_plain_mixed_precision_optimizer_same_step(runs):
+    """megatron's Float16OptimizerWithFloat16Params (no distributed optimizer; it reads each
+    parameter's main_grad) takes the DistributedOptimizer's step, bitwise, at one data-parallel rank."""
+    r = _run(runs["hf"], runs["pk"], runs["loss"], distributed_optimizer=False)
+    assert r["optimizers"] == ["Float16OptimizerWithFloat16Params"], r["optimizers"]
+    assert runs["a"]["optimizers"] == ["DistributedOptimizer"], runs["a"]["optimizers"]
+    _assert_all_equal(r["grads"], runs["a"]["grads"], "main_grad, Float16Optimizer run")
+    _assert_all_equal(r["weights"], runs["a"]["weights"], "weights after the step, Float16Optimizer vs distributed")
 
 
 def test_run_to_run_checks_fail_on_a_perturbed_token(runs):

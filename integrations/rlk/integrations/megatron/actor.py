@@ -42,8 +42,11 @@ Activation recompute (``recompute="full"``: every layer, megatron's uniform meth
 per checkpoint; ``"selective"``: the core attention) re-runs the same rlk modules in backward:
 the gradients are bitwise those without recompute (actor_test).
 
-Not covered: TP > 1 (the fused LM head + loss path is single-shard) and ``overlap_grad_reduce``
-(its bucket readiness needs a ``.grad`` on every parameter; the fused LM head gives none).
+Not covered: TP > 1 (the fused LM head + loss path is single-shard), ``overlap_grad_reduce``
+(its bucket readiness needs a ``.grad`` on every parameter; the fused LM head gives none), and
+the forward dispatch audit (``audit.forward_audit``): the per-token loss runs inside the
+model call (the output processor), and its torch arithmetic is the caller's, which the audit
+would flag; the forward without the loss is audited by ``megatron_test`` on the same spec.
 """
 
 from __future__ import annotations
@@ -107,13 +110,12 @@ class MegatronActor:
       lr, betas, eps: megatron's Adam (OptimizerConfig ``adam_beta1/2``, ``adam_eps``).
       distributed_optimizer: megatron's ``DistributedOptimizer`` (True) or the plain
         ``Float16OptimizerWithFloat16Params`` (False); both keep fp32 main parameters.
-      forward_audit: run each forward under the dispatch audit (no native compute allowed).
       recompute: None, ``"full"`` or ``"selective"`` activation recompute (module docstring).
     """
 
     def __init__(self, cfg, hf: dict[str, torch.Tensor], *, lr: float = 1e-3,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, distributed_optimizer: bool = True,
-                 forward_audit: bool = False, recompute: Optional[str] = None):
+                 recompute: Optional[str] = None):
         from megatron.core import parallel_state as ps
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from megatron.core.distributed.finalize_model_grads import finalize_model_grads
@@ -122,7 +124,6 @@ class MegatronActor:
         from rlk.integrations.megatron import spec, weights
 
         self.cfg = cfg
-        self.forward_audit = forward_audit
         spec.init_parallel(1)
         if ps.get_data_parallel_world_size() != 1:
             raise UnsupportedConfigError("MegatronActor: data parallel size must be 1 (one process at TP=1)")
@@ -155,7 +156,6 @@ class MegatronActor:
         from megatron.core.packed_seq_params import PackedSeqParams
         from megatron.core.pipeline_parallel.schedules import forward_backward_no_pipelining
 
-        from rlk.integrations.megatron import audit
         from rlk.integrations.megatron.logp import loss_output_processor
 
         if not batches:
@@ -166,17 +166,14 @@ class MegatronActor:
         def forward_step(data_iterator, model):
             pk, token_loss = next(data_iterator)
             cu = pk.cu_seqlens.to(torch.int32)
-            ms = int(max(b - a for a, b in zip(pk.host_cu, pk.host_cu[1:]))) if pk.host_cu else int(
-                (cu[1:] - cu[:-1]).max())
+            host_cu = pk.host_cu if pk.host_cu is not None else cu.tolist()
+            ms = max(b - a for a, b in zip(host_cu, host_cu[1:]))
             psp = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=ms,
                                   max_seqlen_kv=ms)
             T = pk.ids.shape[0]
-            guard = audit.forward_audit() if self.forward_audit else contextlib.nullcontext()
-            with guard:
-                loss, logp = model(pk.ids.view(1, T), None, None, labels=pk.targets.view(1, T),
-                                   packed_seq_params=psp, output_processor=loss_output_processor,
-                                   output_processor_context={"token_loss": token_loss,
-                                                             "vocab_size": self.cfg.vocab_size})
+            loss, logp = model(pk.ids.view(1, T), None, None, labels=pk.targets.view(1, T),
+                               packed_seq_params=psp, output_processor=loss_output_processor,
+                               output_processor_context={"token_loss": token_loss, "vocab_size": self.cfg.vocab_size})
             logps.append(logp.view(T))
 
             def loss_func(out):
@@ -225,7 +222,7 @@ def actor_step(actor: MegatronActor, batches, optimizer_step: bool = True) -> tu
     """Forward + backward over ``batches`` and (optionally) one optimizer step; returns the
     micro-batches' logp and ``{"main_grads": ..., "grad_norm": ...}`` (main_grads before the step)."""
     logps = actor.forward_backward(batches)
-    out: dict[str, Optional[object]] = {"main_grads": actor.main_grads(), "grad_norm": None}
+    out: dict[str, object] = {"main_grads": actor.main_grads(), "grad_norm": None}
     if optimizer_step:
         out.update(actor.step())
     return logps, out

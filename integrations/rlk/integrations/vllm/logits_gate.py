@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from vllm.v1.sample.logits_processor import LogitsProcessor
 
-from rlk.integrations.vllm.gate import check_sampling_params
+from rlk.integrations.vllm.admission import check_sampling_params
 
 
 class RlkRequestGate(LogitsProcessor):

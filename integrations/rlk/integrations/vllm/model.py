@@ -31,7 +31,7 @@ from torch import nn
 
 from rlk.errors import UnsupportedConfigError
 from rlk.integrations.vllm import counters as _counters
-from rlk.integrations.vllm import gate, kv_layout
+from rlk.integrations.vllm import admission, kv_layout
 
 
 class StaleGenerationError(UnsupportedConfigError):
@@ -64,7 +64,7 @@ class RlkStrictQwen3ForCausalLM(nn.Module):
         super().__init__()
         from rlk import determinism
 
-        problems = gate.check_engine_config(vllm_config)
+        problems = admission.check_engine_config(vllm_config)
         if problems:
             raise UnsupportedConfigError("rlk strict vLLM: engine config not covered: " + "; ".join(problems))
         if not torch.cuda.is_available() and not determinism.interpreter_active():
@@ -79,7 +79,7 @@ class RlkStrictQwen3ForCausalLM(nn.Module):
         from vllm.model_executor.layers.attention import Attention
 
         cfg = self.rlk_cfg = _rlk_config(vllm_config)
-        self.temperature = gate.check_strict_temperature(
+        self.temperature = admission.check_strict_temperature(
             getattr(vllm_config.model_config.hf_config, "rlk_temperature", 1.0))
         H, F, V, D = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.head_dim
         self.model = nn.Module()

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rlk.errors import UnsupportedConfigError
-from rlk.integrations.vllm import gate
+from rlk.integrations.vllm import admission
 
 
 def _sp(**kw):
@@ -36,17 +36,17 @@ BAD = {
 @pytest.mark.parametrize("name", sorted(BAD))
 def test_gate_rejects(name):
     with pytest.raises(UnsupportedConfigError, match=name.split("=")[0]):
-        gate.check_sampling_params(_sp(**BAD[name]))
+        admission.check_sampling_params(_sp(**BAD[name]))
 
 
 @pytest.mark.parametrize("kw", [{}, dict(temperature=0.0), dict(top_k=-1), dict(top_k=None)])
 def test_gate_accepts(kw):
-    gate.check_sampling_params(_sp(**kw))
+    admission.check_sampling_params(_sp(**kw))
 
 
 def test_gate_reports_every_problem():
     with pytest.raises(UnsupportedConfigError) as e:
-        gate.check_sampling_params(_sp(top_p=0.5, temperature=2.0, logprobs=3))
+        admission.check_sampling_params(_sp(top_p=0.5, temperature=2.0, logprobs=3))
     assert all(s in str(e.value) for s in ("top_p", "temperature", "logprobs"))
 
 
@@ -60,7 +60,7 @@ def _cfg(**kw):
 
 
 def test_engine_config_ok():
-    assert gate.check_engine_config(_cfg()) == []
+    assert admission.check_engine_config(_cfg()) == []
 
 
 @pytest.mark.parametrize("kw,what", [
@@ -73,30 +73,30 @@ def test_engine_config_ok():
     (dict(parallel_config=types.SimpleNamespace(tensor_parallel_size=2, pipeline_parallel_size=1)), "tensor_parallel"),
 ])
 def test_engine_config_rejects(kw, what):
-    probs = gate.check_engine_config(_cfg(**kw))
+    probs = admission.check_engine_config(_cfg(**kw))
     assert len(probs) == 1 and what in probs[0], probs
 
 
 @pytest.mark.parametrize("t", [0.0, -1.0, float("inf"), float("nan")])
 def test_strict_temperature_must_be_positive_finite(t):
     with pytest.raises(UnsupportedConfigError):
-        gate.check_strict_temperature(t)
+        admission.check_strict_temperature(t)
 
 
 def test_gate_min_tokens_only_where_it_masks_nothing():
-    gate.check_sampling_params(_sp(min_tokens=8, ignore_eos=True, stop_token_ids=None))
+    admission.check_sampling_params(_sp(min_tokens=8, ignore_eos=True, stop_token_ids=None))
     for kw in (dict(min_tokens=8, ignore_eos=False), dict(min_tokens=8, ignore_eos=True, stop_token_ids=[7])):
         with pytest.raises(UnsupportedConfigError, match="min_tokens"):
-            gate.check_sampling_params(_sp(**kw))
+            admission.check_sampling_params(_sp(**kw))
 
 
 def _cc(mode, cg):
     return types.SimpleNamespace(mode=mode, cudagraph_mode=types.SimpleNamespace(name=cg))
 
 
-@pytest.mark.parametrize("cg", gate.GRAPH_MODES)
+@pytest.mark.parametrize("cg", admission.GRAPH_MODES)
 def test_graph_modes_covered_on_cuda(cg):
-    assert gate.graph_problems(_cc(0, cg), cuda=True) == []
+    assert admission.graph_problems(_cc(0, cg), cuda=True) == []
 
 
 @pytest.mark.parametrize("mode,cg,what", [
@@ -106,9 +106,9 @@ def test_graph_modes_covered_on_cuda(cg):
     (0, "FULL", "cudagraph_mode FULL"),
 ])
 def test_graph_modes_refused(mode, cg, what):
-    probs = gate.graph_problems(_cc(mode, cg), cuda=True)
+    probs = admission.graph_problems(_cc(mode, cg), cuda=True)
     assert len(probs) == 1 and what in probs[0], probs
 
 
 def test_graph_modes_refused_on_cpu():
-    assert "on CPU" in gate.graph_problems(_cc(0, "NONE"), cuda=False)[0]
+    assert "on CPU" in admission.graph_problems(_cc(0, "NONE"), cuda=False)[0]

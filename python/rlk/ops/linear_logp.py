@@ -20,7 +20,7 @@ from rlk.kernels.linear_logp import config as _cfg
 from rlk.kernels.linear_logp import launch as _launch
 from rlk.kernels.linear_logp.fused import linear_logp_fused_loss, scale_by_
 from rlk.kernels.linear_logp.launch import SegmentStats, merge_segment_stats, segment_stats
-from rlk.ops._dispatch import direct
+from rlk.kernels.dispatch import direct
 
 CONTRACT_ID = _cfg.CONTRACT_ID
 

@@ -16,7 +16,7 @@ def _bf16(g, *shape, scale=1.0):
 
 def tp_layers(rank: int, world: int, params: dict) -> dict:
     from rlk.nn import tensor_parallel as tp
-    from rlk.ops import gemm as G
+    from rlk.kernels.gemm import autograd as G
     from rlk.ops import rowops
 
     g = torch.Generator().manual_seed(11)

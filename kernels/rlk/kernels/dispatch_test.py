@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from rlk.kernels import dispatch
-from rlk.ops import attention, gemm, linear_logp, rowops
+from rlk.kernels.gemm import autograd as gemm
+from rlk.ops import attention, linear_logp, rowops
 from rlk.testing import assert_bitwise_equal
 
 

@@ -95,7 +95,7 @@ def cases():
     from rlk.kernels.gemm import launch as G
     from rlk.kernels.linear_logp import launch as LP
     from rlk.kernels.rowops import launch as R
-    from rlk.ops import gemm as ogemm
+    from rlk.kernels.gemm import autograd as ogemm
     from rlk.ops import linear_logp as ologp
     from rlk.ops import rowops as orow
 

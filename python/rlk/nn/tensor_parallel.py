@@ -1,6 +1,6 @@
 """Strict tensor-parallel layers: column/row-parallel linear and vocab-parallel embedding.
 
-Arithmetic comes from ``gemm.bf16.v1`` (``rlk.ops.gemm``) and ``embedding.v1``
+Arithmetic comes from ``gemm.bf16.v1`` (``rlk.kernels.gemm.autograd``) and ``embedding.v1``
 (``rlk.ops.rowops``); every cross-rank sum is ``ar.v1`` (``rlk.collectives``): rank order
 0..N-1, fp32, one rounding. Autograd follows megatron-core's conjugate pairs:
 
@@ -39,9 +39,9 @@ def _collectives():
 
 def _gemm_ops():
     try:
-        from rlk.ops import gemm as g
+        from rlk.kernels.gemm import autograd as g
     except ImportError as e:  # fail closed: there is no native fallback
-        raise UnsupportedConfigError(f"tensor_parallel: rlk.ops.gemm unavailable ({e})") from None
+        raise UnsupportedConfigError(f"tensor_parallel: rlk.kernels.gemm.autograd unavailable ({e})") from None
     return g
 
 

@@ -116,7 +116,7 @@ class RlkColumnParallelLinear(torch.nn.Module):
         self.sequence_parallel = False
 
     def forward(self, x: torch.Tensor, *args, **kwargs):
-        from rlk.ops import gemm
+        from rlk.kernels.gemm import autograd as gemm
 
         if self.tp > 1:
             from rlk.nn.tensor_parallel import copy_to_tp
@@ -155,7 +155,7 @@ class RlkRowParallelLinear(torch.nn.Module):
         self.sequence_parallel = False
 
     def forward(self, x: torch.Tensor, *args, **kwargs):
-        from rlk.ops import gemm
+        from rlk.kernels.gemm import autograd as gemm
 
         if self.tp == 1:
             return gemm.linear(x, self.weight), None

@@ -1,6 +1,7 @@
 """Strict GEMM, contract ``gemm.bf16.v1``: ``y = x @ w.T`` (bf16 in/out, fp32 accumulate).
 
-``launch.gemm`` is the entry point; ``config`` holds the contract and the checked-in tables.
+``launch.gemm`` is the entry point; ``autograd`` its differentiable ``torch.library`` op
+(``linear``); ``config`` holds the contract and the checked-in tables.
 """
 
 from rlk.kernels.gemm.config import CONTRACT, CONTRACT_ID

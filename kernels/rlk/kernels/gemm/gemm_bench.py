@@ -10,7 +10,7 @@ TP4), in each timing mode asked for; ``--other-sizes`` adds the other dense Qwen
 (CUDA graph timing), whose launch plans come from the table's default rule (``plan_source``).
 
 ``--backward``: the two training-backward GEMMs of every shape at M (tokens) in BWD_M, as the
-autograd of ``rlk.ops.gemm`` calls them: ``dx = gemm(dy, w.t())`` and ``dw = gemm(dy.t(),
+autograd of ``rlk.kernels.gemm.autograd`` calls them: ``dx = gemm(dy, w.t())`` and ``dw = gemm(dy.t(),
 x.t())`` (transposed views) vs ``dy @ w`` / ``dy.T @ x`` (cuBLAS); ``strict_ptr_us`` is the same
 call with the pointer-load path forced (TMA=0, the path of transposed operands without
 descriptors), ``strict_<variant>_us`` other bit-neutral tiles (BWD_VARIANTS), and

@@ -13,7 +13,7 @@ import torch
 from rlk.errors import UnsupportedConfigError
 from rlk.kernels.gemm import config, gemm
 from rlk.kernels.gemm.reference import reference_fp64, tolerance
-from rlk.ops.gemm import linear
+from rlk.kernels.gemm.autograd import linear
 from rlk.testing.shapes import QWEN3_8B_GEMMS
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"

@@ -10,7 +10,8 @@ import torch
 
 from rlk.kernels import dispatch
 from rlk.kernels.gemm import autograd as gemm
-from rlk.ops import attention, linear_logp, rowops
+from rlk.kernels.rowops import autograd as rowops
+from rlk.ops import attention, linear_logp
 from rlk.testing import assert_bitwise_equal
 
 

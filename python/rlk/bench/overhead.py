@@ -97,7 +97,7 @@ def cases():
     from rlk.kernels.rowops import launch as R
     from rlk.kernels.gemm import autograd as ogemm
     from rlk.ops import linear_logp as ologp
-    from rlk.ops import rowops as orow
+    from rlk.kernels.rowops import autograd as orow
 
     dev = "cuda"
     gen = torch.Generator(device=dev).manual_seed(0)

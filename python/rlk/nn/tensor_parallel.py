@@ -1,8 +1,8 @@
 """Strict tensor-parallel layers: column/row-parallel linear and vocab-parallel embedding.
 
 Arithmetic comes from ``gemm.bf16.v1`` (``rlk.kernels.gemm.autograd``) and ``embedding.v1``
-(``rlk.ops.rowops``); every cross-rank sum is ``ar.v1`` (``rlk.collectives``): rank order
-0..N-1, fp32, one rounding. Autograd follows megatron-core's conjugate pairs:
+(``rlk.kernels.rowops.autograd``); every cross-rank sum is ``ar.v1`` (``rlk.collectives``): rank
+order 0..N-1, fp32, one rounding. Autograd follows megatron-core's conjugate pairs:
 
 | function | forward | backward |
 | --- | --- | --- |
@@ -172,7 +172,7 @@ class VocabParallelEmbedding(torch.nn.Module):
         self.weight = torch.nn.Parameter(_shard(weight_full.detach(), 0, n, r))
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        from rlk.ops import rowops
+        from rlk.kernels.rowops import autograd as rowops
 
         if ids.dtype != torch.int64 or ids.dim() != 1:
             raise UnsupportedConfigError(f"VocabParallelEmbedding: ids must be [T] int64, got {ids.dtype} {tuple(ids.shape)}")

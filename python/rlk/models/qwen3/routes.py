@@ -66,7 +66,8 @@ class StrictOps:
     def __init__(self, vocab_size: int | None = None):
         from rlk.kernels.attention import launch as attn_launch
         from rlk.kernels.gemm import autograd as gemm
-        from rlk.ops import attention, linear_logp, rowops
+        from rlk.kernels.rowops import autograd as rowops
+        from rlk.ops import attention, linear_logp
 
         from rlk.kernels.rowops import launch as rowops_launch
 

@@ -288,7 +288,7 @@ class RlkCoreAttention(torch.nn.Module):
     def forward(self, query, key, value, attention_mask=None, attn_mask_type=None, attention_bias=None,
                 packed_seq_params=None, **kwargs):
         from rlk.kernels.rowops import autograd as rowops
-        from rlk.ops import attention
+        from rlk.kernels.attention import autograd as attention
 
         if attention_bias is not None:
             raise UnsupportedConfigError("RlkCoreAttention: attention_bias is not covered")

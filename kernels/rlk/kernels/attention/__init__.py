@@ -2,6 +2,7 @@
 that give byte-identical rows, an exact KV-cache write, and a deterministic backward.
 
 Entry points live in :mod:`rlk.kernels.attention.launch` (``prefill``, ``paged``, ``write_kv``,
-``backward``); importing this package registers the contract (``config``)."""
+``backward``), the trainer's differentiable op in :mod:`rlk.kernels.attention.autograd`
+(``varlen_attention``); importing this package registers the contract (``config``)."""
 
 from rlk.kernels.attention import config  # noqa: F401  (registers attn.v2)

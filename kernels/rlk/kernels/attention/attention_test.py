@@ -90,7 +90,7 @@ def test_backward_accuracy_and_determinism():
 
 
 def test_autograd_op_matches_kernels():
-    from rlk.ops.attention import varlen_attention
+    from rlk.kernels.attention.autograd import varlen_attention
 
     lens = [9, 66]
     q, k, v, cu = T.packed(lens, 2, 1, 16, seed=11)

@@ -67,7 +67,8 @@ class StrictOps:
         from rlk.kernels.attention import launch as attn_launch
         from rlk.kernels.gemm import autograd as gemm
         from rlk.kernels.rowops import autograd as rowops
-        from rlk.ops import attention, linear_logp
+        from rlk.kernels.attention import autograd as attention
+        from rlk.ops import linear_logp
 
         from rlk.kernels.rowops import launch as rowops_launch
 

@@ -42,9 +42,12 @@ KNOWN_BIT_RELEVANT_KNOBS = frozenset(
     {"num_warps", "BLOCK_K", "SPLIT_K", "KV_CHUNK", "BLOCK_D", "BLOCK_V", "enable_fp_fusion"}
 )
 
-# Modules that define and register contracts. Import failures are errors, not skips.
+# Modules that define and register contracts, and the modules that register the kernels
+# implementing them (an op's ``schedule`` registers its kernels with the configs of its tables).
+# Import failures are errors, not skips.
 CONTRACT_MODULES = (
-    "rlk.kernels.gemm.config",
+    "rlk.kernels.gemm.contract",
+    "rlk.kernels.gemm.schedule",
     "rlk.kernels.rowops.config",
     "rlk.kernels.attention.config",
     "rlk.kernels.linear_logp.config",

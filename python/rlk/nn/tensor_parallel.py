@@ -187,7 +187,7 @@ class VocabParallelEmbedding(torch.nn.Module):
 
 def row_parallel_matches_tp1(K: int, N: int, tp: int) -> bool:
     """Whether ``RowParallelLinear`` at TP=``tp`` gives the TP=1 bits for weight ``[N, K]``."""
-    from rlk.kernels.gemm.config import split_k
+    from rlk.kernels.gemm.contract import split_k
 
     if tp == 1:
         return True

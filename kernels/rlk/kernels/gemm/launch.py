@@ -11,9 +11,9 @@ from rlk.errors import UnsupportedConfigError
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from rlk.kernels.common import dot_dtype_for, interpret_flag, launch_options
-from rlk.kernels.gemm import config as cfgmod
-from rlk.kernels.gemm import kernel, kernel_tiled
+from rlk.kernels.common import cdiv, dot_dtype_for, interpret_flag, launch_options
+from rlk.kernels.gemm import contract, kernel, kernel_tiled
+from rlk.kernels.gemm import schedule as gemm_schedule
 from rlk.kernels.launcher import launch
 
 def _check(x: torch.Tensor, w: torch.Tensor, out_dtype) -> None:
@@ -56,15 +56,15 @@ def plan(M: int, K: int, N: int, device: torch.device, schedule: str | None = No
     if not config:
         # A pure function of (M, K, N, device, schedule, table file): memoized (computing it costs
         # ~17 us of Python per launch); callers get a copy and cannot alter the memo.
-        key = (M, K, N, device, schedule, os.environ.get(cfgmod.TABLE_ENV))
+        key = (M, K, N, device, schedule, os.environ.get(gemm_schedule.TABLE_ENV))
         p = _PLANS.get(key)
         if p is None:
             if len(_PLANS) >= _PLANS_MAX:
                 _PLANS.clear()
-            arch = cfgmod.arch_of(device)
+            arch = gemm_schedule.arch_of(device)
             p = _PLANS[key] = _plan(M, K, N, arch, schedule, device.type == "cpu")
         return dict(p)
-    return _plan(M, K, N, cfgmod.arch_of(device), schedule, device.type == "cpu", config)
+    return _plan(M, K, N, gemm_schedule.arch_of(device), schedule, device.type == "cpu", config)
 
 
 _PLANS: dict = {}
@@ -80,36 +80,36 @@ def _plan(M: int, K: int, N: int, arch: str, schedule: str | None, cpu: bool, co
     """:func:`plan`'s body."""
     fields = None
     if schedule is None:
-        schedule, fields = cfgmod.pick_schedule(M, K, N, arch)
-    cfg = cfgmod.schedule_config(K, N, schedule, arch)
+        schedule, fields = gemm_schedule.pick_schedule(M, K, N, arch)
+    cfg = gemm_schedule.schedule_config(K, N, schedule, arch)
     if isinstance(fields, dict):
         cfg.update(fields)
     elif fields is not None:
         cfg["BLOCK_M"] = int(fields)
     if schedule == "decode" and "BLOCK_M" not in cfg:
-        cfg["BLOCK_M"] = cfgmod.decode_block_m(M)
-    n_chunks = cfgmod.cdiv(K, cfgmod.CHUNK_K)
-    split = cfgmod.split_k(K, N)
+        cfg["BLOCK_M"] = gemm_schedule.decode_block_m(M)
+    n_chunks = cdiv(K, contract.CHUNK_K)
+    split = contract.split_k(K, N)
     seg_chunks = n_chunks // split
     if config:
-        unknown = set(config) - set(cfgmod.SCHEDULE_KEYS[schedule])
+        unknown = set(config) - set(gemm_schedule.SCHEDULE_KEYS[schedule])
         if unknown:
             raise UnsupportedConfigError(f"gemm: {sorted(unknown)} are not schedule fields of {schedule!r}")
         cfg.update(config)
-        if (seg_chunks * cfgmod.CHUNK_K) % cfg["BLOCK_K"]:
+        if (seg_chunks * contract.CHUNK_K) % cfg["BLOCK_K"]:
             raise UnsupportedConfigError(f"gemm: BLOCK_K={cfg['BLOCK_K']} does not divide the segment "
                                          f"({seg_chunks} chunks of 64)")
-    if cfg["BLOCK_K"] % cfgmod.CHUNK_K:
+    if cfg["BLOCK_K"] % contract.CHUNK_K:
         raise UnsupportedConfigError(f"gemm: BLOCK_K={cfg['BLOCK_K']} is not a multiple of 64")
-    if (seg_chunks * cfgmod.CHUNK_K) % cfg["BLOCK_K"] or cpu:
+    if (seg_chunks * contract.CHUNK_K) % cfg["BLOCK_K"] or cpu:
         # A function of (K, N) only. Under the interpreter one dot is one exact fp64 chunk sum, so
         # a 128-wide dot would model another arithmetic than the GPU's chained 64-chunks.
-        cfg["BLOCK_K"] = cfgmod.CHUNK_K
+        cfg["BLOCK_K"] = contract.CHUNK_K
     if schedule == "prefill":
         for key in ("FLAT", "PERSISTENT", "TMA"):
             cfg[key] = int(cfg.get(key, 0))
     return {"arch": arch, "schedule": schedule, "split_k": split, "seg_chunks": seg_chunks,
-            "seg_steps": seg_chunks * cfgmod.CHUNK_K // cfg["BLOCK_K"], **cfg}
+            "seg_steps": seg_chunks * contract.CHUNK_K // cfg["BLOCK_K"], **cfg}
 
 
 @functools.lru_cache(maxsize=None)
@@ -181,7 +181,6 @@ def gemm(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfl
     flags = dict(DOT_DTYPE=_dot_dtype(x.device), OUT_FP32=out_dtype == torch.float32,
                  INTERPRET=interpret_flag())
     opts = launch_options()
-    cdiv = cfgmod.cdiv
     S = p["split_k"]
     bm, bn, bk = p["BLOCK_M"], p["BLOCK_N"], p["BLOCK_K"]
     handles = []
@@ -201,7 +200,7 @@ def gemm(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfl
                 SPLIT_K=S, SEG_STEPS=p["seg_steps"], BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
                 num_warps=p["num_warps"], num_stages=p["num_stages"], **flags, **opts))
             if S > 1:
-                f = cfgmod.fold_config(p["arch"])
+                f = gemm_schedule.fold_config(p["arch"])
                 fgrid = (cdiv(N, f["BLOCK_N"]), cdiv(M, f["BLOCK_M"]))
                 handles.append(launch(kernel.gemm_fold_kernel, fgrid,
                     y, out, M, N, y.stride(0), y.stride(1), M * N,

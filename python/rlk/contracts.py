@@ -48,7 +48,8 @@ KNOWN_BIT_RELEVANT_KNOBS = frozenset(
 CONTRACT_MODULES = (
     "rlk.kernels.gemm.contract",
     "rlk.kernels.gemm.schedule",
-    "rlk.kernels.rowops.config",
+    "rlk.kernels.rowops.contract",
+    "rlk.kernels.rowops.schedule",
     "rlk.kernels.attention.config",
     "rlk.kernels.linear_logp.config",
     "rlk.collectives.contracts",

@@ -50,7 +50,8 @@ CONTRACT_MODULES = (
     "rlk.kernels.gemm.schedule",
     "rlk.kernels.rowops.contract",
     "rlk.kernels.rowops.schedule",
-    "rlk.kernels.attention.config",
+    "rlk.kernels.attention.contract",
+    "rlk.kernels.attention.schedule",
     "rlk.kernels.linear_logp.config",
     "rlk.collectives.contracts",
     "rlk.collectives.ipc",  # registers the one-shot transport's fold kernel (ar.v1)

@@ -92,9 +92,9 @@ def selected_logp(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Ten
     n, r = torch.distributed.get_world_size(tp_group), torch.distributed.get_rank(tp_group)
     if weight.shape[0] * n != vocab_size:
         raise UnsupportedConfigError(f"selected_logp: shard {weight.shape[0]} x TP {n} != vocab {vocab_size}")
-    from rlk.kernels.linear_logp import config as lcfg
+    from rlk.kernels.linear_logp import contract
 
-    align, seg_v = lcfg.DEFAULT_SEGMENTATION if seg is None else seg
+    align, seg_v = contract.DEFAULT_SEGMENTATION if seg is None else seg
     logp, ent = _VocabParallelLogp.apply(hidden.contiguous(), weight, targets.contiguous(), r * weight.shape[0],
                                          vocab_size, float(temperature), bool(entropy), (align, seg_v), tp_group)
     return logp, (ent if entropy else None)

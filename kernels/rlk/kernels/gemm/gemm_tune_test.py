@@ -141,7 +141,7 @@ def test_tuner_rejects_a_candidate_with_other_bytes(tmp_path, monkeypatch):
 
 def test_tuner_end_to_end_smoke(tmp_path, monkeypatch):
     """The whole tuner (compile, per-shape buckets, default rule, holdout) on interpreter-sized
-    shapes: it writes a table that config.py accepts and whose plans every M can launch."""
+    shapes: it writes a table that schedule.py accepts and whose plans every M can launch."""
     import torch
 
     from rlk.kernels.gemm import gemm, launch

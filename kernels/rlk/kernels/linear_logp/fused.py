@@ -31,13 +31,13 @@ import torch
 
 from rlk.errors import UnsupportedConfigError
 from rlk.kernels.common import cdiv, interpret_flag, launch_options
-from rlk.kernels.linear_logp import config as cfgmod
+from rlk.kernels.linear_logp import contract, schedule
 from rlk.kernels.linear_logp import kernel as K
 from rlk.kernels.launcher import launch
 from rlk.kernels.linear_logp.launch import (GradGemms, _check_device, _inv_temp, _vec, check_inputs,
                                             linear_logp_fwd)
 
-CONTRACT_ID = cfgmod.CONTRACT_ID
+CONTRACT_ID = contract.CONTRACT_ID
 _BYTES_PER_ELEMENT = 4 + 2  # fp32 logits + bf16 G per (row, column) of a chunk
 
 
@@ -94,7 +94,7 @@ def linear_logp_fused_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: 
     fused_test's GPU cases); d_hidden rows independent of T; bitwise run to run.
     """
     vocab_real = int(weight.shape[0] + vocab_start if vocab_real is None else vocab_real)
-    align, seg_v = cfgmod.DEFAULT_SEGMENTATION if segmentation is None else tuple(segmentation)
+    align, seg_v = contract.DEFAULT_SEGMENTATION if segmentation is None else tuple(segmentation)
     if return_entropy:
         raise UnsupportedConfigError(f"{CONTRACT_ID}: the fused logp + loss path has no entropy; use "
                                      "linear_logp (unfused) for entropy terms")
@@ -112,7 +112,7 @@ def linear_logp_fused_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: 
     hidden, weight, targets = hidden.contiguous(), weight.contiguous(), targets.contiguous()
     T, H = hidden.shape
     dev = hidden.device
-    tab = cfgmod.table(cfgmod.arch_of(dev))
+    tab = schedule.table(schedule.arch_of(dev))
     unit = row_unit(tab)
     if rows_per_chunk is None:
         rows = rows_per_chunk_for(T, V_local, tab)
@@ -137,7 +137,7 @@ def linear_logp_fused_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: 
     g = (torch.empty((rows, -(-V_local // 8) * 8), dtype=torch.bfloat16, device=dev)  # 16-byte rows (TMA)
          if need_grads else None)
     gemms = GradGemms(hidden, weight, tab)
-    gc = cfgmod.grad_from_logits_fields(tab)
+    gc = schedule.grad_from_logits_fields(tab)
     cd = cdiv
     # Reduction order (d_weight): row chunks ascending, the fp32 chain continuing across them.
     for c, lo in enumerate(range(0, T, rows)):
@@ -202,7 +202,7 @@ def scale_by_(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     if n == 0:
         return x
     s = scale.reshape(1).float()
-    sc = cfgmod.scale_fields(cfgmod.arch_of(x.device))
+    sc = schedule.scale_fields(schedule.arch_of(x.device))
     launch(K.scale_kernel, (cdiv(n, sc["BLOCK"] * sc["ITERS"]),),
         x, s, n, BLOCK=sc["BLOCK"], ITERS=sc["ITERS"], OUT_BF16=x.dtype == torch.bfloat16,
         INTERPRET=interpret_flag(), num_warps=sc["num_warps"], num_stages=sc["num_stages"], **launch_options())

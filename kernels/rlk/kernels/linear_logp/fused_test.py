@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from rlk.errors import ExactnessError, UnsupportedConfigError
-from rlk.kernels.linear_logp import config as cfgmod
+from rlk.kernels.linear_logp import contract
 from rlk.kernels.linear_logp import fused, launch
 from rlk.kernels.linear_logp import reference as R
 from rlk.kernels.linear_logp.linear_logp_test import CPU_SEG, FWD_TOL, GRAD_TOL, _close, make
@@ -88,7 +88,7 @@ def test_broken_chunk_chain_is_caught(case, monkeypatch):
 
 
 def test_rows_per_chunk_for_budget():
-    tab = cfgmod.load_table("sm_90")
+    tab = contract.load_table("sm_90")
     assert fused.row_unit(tab) == 128
     # 4096 MB / (6 * 151936) = 4711 rows -> cap 4608; T 8192 -> 2 equal chunks of 4096.
     assert fused.rows_per_chunk_for(8192, 151936, tab) == 4096

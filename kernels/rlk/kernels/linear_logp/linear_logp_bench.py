@@ -100,10 +100,10 @@ def _validated(fn):
 
 def _with_budget(fn, mb):
     """``fn`` with the fused path's row-chunk budget overridden (schedule field)."""
-    from rlk.kernels.linear_logp import config as cfgmod
+    from rlk.kernels.linear_logp import schedule
 
     def call():
-        with cfgmod.override("fused", ROWS_BUDGET_MB=mb):
+        with schedule.override("fused", ROWS_BUDGET_MB=mb):
             return fn()
 
     return call

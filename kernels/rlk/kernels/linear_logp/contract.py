@@ -1,8 +1,11 @@
-"""Contract ``logp.v2`` (fused LM head + selected-token log-prob) and its config tables.
+"""Contract ``logp.v2`` (fused LM head + selected-token log-prob) and the tables it covers.
 
-Every block size below is a bit field (it fixes tl.max/tl.sum trees and MMA shapes); none is
-ever chosen from the number of tokens T. Tables: ``configs/sm90.json`` (GPU, embedded in the
-contract so its hash covers them) and ``CPU_TABLE`` (Triton interpreter, tests only).
+Every block size of a launch table is a bit field (it fixes tl.max/tl.sum trees and MMA shapes)
+except the schedule fields (``SCHEDULE_FIELDS``); none is ever chosen from the number of tokens
+T. So the contract reads its tables: ``configs/sm90.json`` (GPU) and ``CPU_TABLE`` (Triton
+interpreter, tests only) are embedded in the record, and its bit hash covers them. The
+bit-neutral choices made on top of them (overrides, decode tiles, merge unroll, grad_out scaling
+tiles) are in ``schedule.py``.
 """
 
 from __future__ import annotations
@@ -11,14 +14,9 @@ import functools
 import json
 import os
 
-import torch
-
 from rlk import contracts
 from rlk.determinism import FP_FUSION
 from rlk.errors import UnsupportedConfigError
-from rlk.kernels import registry
-from rlk.kernels.common import TableOverrides, device_capability, interpret_flag
-from rlk.kernels.linear_logp import kernel as K
 
 CONTRACT_ID = "logp.v2"
 BLOCK_K = 64  # the gemm.bf16.v1 K chunk
@@ -52,16 +50,22 @@ CPU_TABLE = {
     # 0.25 MB: about 170 rows at V 257, so the interpreter tests run several row chunks by default.
     "fused": {"ROWS_BUDGET_MB": 0.25},
 }
+
+
 # Schedule fields: they choose the load path (TMA descriptors or masked pointers), the program
 # order or the pipeline depth, never a sum. Everything else in a table is a bit field.
 SCHEDULE_FIELDS = ("GROUP_T", "GROUP_M", "TMA", "num_stages", "G_BUDGET_MB", "V_CHUNK_MAX", "ROWS_BUDGET_MB",
                    "DECODE_T_MAX", "DECODE_STAGES")
+
+
 SCHEDULE_EVIDENCE = ("linear_logp_variants@sm_90, docs/results/linear_logp_variants_*h200.json: "
                      "logp/lse byte-identical with TMA on/off, GROUP 1/8/32, num_stages 2/3/4 (T 8..8192, "
                      "v1 and v2 tables), d_hidden/d_weight byte-identical with TMA on/off and 128 MB vocab "
                      "chunks vs 4096-column chunks; linear_logp_invariance_test (interpreter: TMA on/off, "
                      "vocab chunk sizes; the d_hidden chain continues across chunks through an exact fp32 "
                      "store/load)")
+
+
 DECODE_EVIDENCE = ("linear_logp_variants --graph@sm_90 (docs/results/"
                    "linear_logp_variants_decode_graph_h200.json): the forward with one-warpgroup tiles "
                    "(BLOCK_T 64, 4 warps, stages 2/3/4) gives logp/lse byte-identical to the table's "
@@ -69,36 +73,11 @@ DECODE_EVIDENCE = ("linear_logp_variants --graph@sm_90 (docs/results/"
                    "does not: its warpgroups split the columns); GPU test "
                    "linear_logp_invariance_test::test_gpu_rows_logits_run_to_run compares rows of T <= 64 "
                    "(decode tiles) with the same rows of T = 1000")
+
+
 FUSED_EVIDENCE = ("fused_test (interpreter): fused d_hidden/d_weight byte-identical to linear_logp_bwd for 1, "
                   "2 and 3 row chunks (the d_weight fp32 chain continues across chunks cut at multiples of "
                   "BLOCK_K); GPU: fused_test::test_gpu_fused_equals_unfused (H200)")
-
-# grad_out scaling of the fused loss's gradients (``kernel.scale_kernel``, ``fused.scale_by_``):
-# elementwise, one fp32 multiply and one RNE rounding per element, so its tile is no bit field and
-# it is not in the tables (whose bit hash would change with it). BLOCK * ITERS elements per program;
-# when grad_out == 1 each program only reads the scalar, so few large programs keep that launch short.
-SCALE_FIELDS = {"BLOCK": 4096, "ITERS": 8, "num_warps": 8, "num_stages": 1}
-SCALE_FIELDS_CPU = {"BLOCK": 512, "ITERS": 2, "num_warps": 4, "num_stages": 1}  # several programs in tests
-
-
-# Segments per trip of merge_kernel's loops (loads issued together; the per-row order and
-# operations are unchanged and the padding segments of the last trip are exact no-ops, so it is
-# no bit field: merge_kernel's docstring). 3 under the interpreter: tests cover a partial trip.
-# 16 rather than 8: CUDA-graph device time of the merge alone on the H200, unroll 8 -> 16, bytes equal
-# at every point (docs/results/linear_logp_variants_merge_unroll_h200.json): V=151936 (600
-# segments) T=8 76 -> 60 us, T=1024 103 -> 95, T=8192 112 -> 105; V=37984 (150) T=8 20.7 -> 17.8,
-# T=1024 27.4 -> 26.0, T=8192 28.6 -> 27.1. 32 and 64 were slower at decode sizes. gfx942 uses
-# the same constant (bit-neutral by construction; its speed there is unmeasured).
-MERGE_UNROLL = 16
-MERGE_UNROLL_CPU = 3
-
-
-def merge_unroll(arch: str) -> int:
-    return MERGE_UNROLL_CPU if arch == "cpu-interpreter" else MERGE_UNROLL
-
-
-def scale_fields(arch: str) -> dict:
-    return SCALE_FIELDS_CPU if arch == "cpu-interpreter" else SCALE_FIELDS
 
 
 def bit_table(t: dict) -> dict:
@@ -115,21 +94,6 @@ def bit_table(t: dict) -> dict:
             e = bits
         out[k] = e
     return out
-
-
-def fwd_entry(tab: dict, T: int) -> dict:
-    """The forward's launch entry for ``T`` rows (a schedule choice, never a byte).
-
-    With ``DECODE_T_MAX`` set, ``T <= DECODE_T_MAX`` runs one-warpgroup tiles: 64 rows and 4
-    warps instead of the table's 128 rows and 8 warps. On sm_90 a 128-row tile is two
-    warpgroups of 64 rows each doing exactly what the 64-row tile does (wgmma m64 per warpgroup,
-    row reductions inside a warpgroup), so every row's bytes are the same (``DECODE_EVIDENCE``);
-    at decode sizes it halves the padded MMA work and lets two programs share an SM.
-    """
-    f = tab["fwd"]
-    if T > (f.get("DECODE_T_MAX") or 0):
-        return f
-    return {**f, "BLOCK_T": 64, "num_warps": 4, "num_stages": f.get("DECODE_STAGES", f["num_stages"])}
 
 
 @functools.lru_cache(maxsize=None)
@@ -151,30 +115,6 @@ def load_table(arch: str) -> dict:
     if t.get("V_CHUNK_MAX") is not None and t["V_CHUNK_MAX"] % BLOCK_K:
         raise UnsupportedConfigError(f"{TABLE_FILES[arch]}: V_CHUNK_MAX must be a multiple of {BLOCK_K}")
     return t
-
-
-# Table overrides for sweeps and tests only (``with override("fwd", BLOCK_V=256):``).
-_OVERRIDES = TableOverrides()
-override = _OVERRIDES.use
-
-
-def table(arch: str) -> dict:
-    """The launch table of ``arch`` with any active :func:`override` applied (a copy)."""
-    t = load_table(arch)
-    if not _OVERRIDES.active:
-        return t
-    return {k: _OVERRIDES.apply(k, e) if isinstance(e, dict) else e for k, e in t.items()}
-
-
-def arch_of(device: torch.device) -> str:
-    if device.type == "cpu" or interpret_flag():
-        return "cpu-interpreter"
-    if torch.version.hip:
-        return "gfx942"
-    major, minor = device_capability(device)
-    if (major, minor) != (9, 0):
-        raise UnsupportedConfigError(f"{CONTRACT_ID}: sm_{major}{minor} has no config table (sm_90 only)")
-    return "sm_90"
 
 
 def check_segmentation(align: int, seg_v: int) -> None:
@@ -236,97 +176,3 @@ CONTRACT = contracts.register(contracts.Contract(
     kernels=("linear_logp.fwd_stats", "linear_logp.merge", "linear_logp.bwd_grad", "linear_logp.gemm",
              "linear_logp.grad_from_logits", "linear_logp.scale"),
 ))
-
-
-def _launch_fields(entry: dict) -> dict:
-    """A table entry as kernel constexprs: ``TMA`` -> ``USE_TMA=False`` (the registry's compile
-    check uses pointer loads; TMA needs descriptors made from real tensors)."""
-    out = {k: v for k, v in entry.items() if k not in ("TMA", "DECODE_T_MAX", "DECODE_STAGES")}
-    if "TMA" in entry:
-        out["USE_TMA"] = False
-    return out
-
-
-def grad_from_logits_fields(t: dict) -> dict:
-    """Launch fields of grad_from_logits: bwd_grad's tile and warps (elementwise, so any tile
-    gives the same bytes; no bit field of its own)."""
-    return {k: t["bwd_grad"][k] for k in ("BLOCK_T", "BLOCK_V", "num_warps", "num_stages")}
-
-
-def _register_kernels() -> None:
-    t = load_table("sm_90")
-    ptr = "*fp32"
-    regs = [
-        ("fwd_stats", K.fwd_stats_kernel,
-         {"m_ptr": ptr, "s_ptr": ptr, "e_ptr": ptr, "tg_ptr": ptr, "logits_ptr": ptr,
-          "h_ptr": "*bf16", "w_ptr": "*bf16", "tgt_ptr": "*i64", "h_desc": "constexpr",
-          "w_desc": "constexpr", "T": "i32", "V_local": "i32",
-          "H": "i32", "vocab_start": "i32", "vocab_real": "i32", "n_seg": "i32", "stride_ht": "i32",
-          "stride_wv": "i32", "stride_lt": "i32", "inv_temp": "fp32"},
-         {"ALIGN": DEFAULT_SEGMENTATION[0], "SEG_V": DEFAULT_SEGMENTATION[1], "WITH_ENTROPY": True,
-          "WITH_LOGITS": True, "h_desc": None, "w_desc": None, **_launch_fields(t["fwd"])}),
-        ("merge", K.merge_kernel,
-         {"logp_ptr": ptr, "lse_ptr": ptr, "ent_ptr": ptr, "m_ptr": ptr, "s_ptr": ptr, "e_ptr": ptr,
-          "tg_ptr": ptr, "S": "i32", "R": "i32", "T": "i32"},
-         {"WITH_ENTROPY": True, "UNROLL": MERGE_UNROLL, **t["merge"]}),
-        ("bwd_grad", K.bwd_grad_kernel,
-         {"g_ptr": "*bf16", "h_ptr": "*bf16", "w_ptr": "*bf16", "tgt_ptr": "*i64",
-          "lse_ptr": ptr, "ent_ptr": ptr, "dlogp_ptr": ptr, "dlse_ptr": ptr, "dent_ptr": ptr,
-          "h_desc": "constexpr", "w_desc": "constexpr", "T": "i32",
-          "V_local": "i32", "H": "i32", "col0": "i32", "col_end": "i32", "vocab_start": "i32",
-          "vocab_real": "i32", "stride_ht": "i32", "stride_wv": "i32", "stride_gt": "i32", "inv_temp": "fp32"},
-         {"HAS_DLSE": True, "HAS_DENT": True, "INTERPRET": False,
-          "h_desc": None, "w_desc": None, **_launch_fields(t["bwd_grad"])}),
-        ("gemm", K.gemm_kernel,
-         {"c_ptr": ptr, "a_ptr": "*bf16", "b_ptr": "*bf16", "a_desc": "constexpr", "b_desc": "constexpr",
-          "M": "i32", "N": "i32", "K": "i32",
-          "stride_am": "i32", "stride_ak": "i32", "stride_bk": "i32", "stride_bn": "i32",
-          "stride_cm": "i32", "stride_cn": "i32"},
-         {"ACC_IN": True, "OUT_BF16": False, "INTERPRET": False, "a_desc": None, "b_desc": None,
-          "A_KM": False, "B_KN": False, **_launch_fields(t["gemm"])}),
-        ("grad_from_logits", K.grad_from_logits_kernel,
-         {"g_ptr": "*bf16", "x_ptr": ptr, "tgt_ptr": "*i64", "lse_ptr": ptr, "dlogp_ptr": ptr, "T": "i32",
-          "V_local": "i32", "vocab_start": "i32", "vocab_real": "i32", "stride_xt": "i32", "stride_gt": "i32",
-          "inv_temp": "fp32"},
-         {"INTERPRET": False, **grad_from_logits_fields(t)}),
-        ("scale", K.scale_kernel, {"x_ptr": "*bf16", "s_ptr": ptr, "n": "i32"},
-         {"OUT_BF16": True, "INTERPRET": False, **SCALE_FIELDS}),
-    ]
-    # The forward's one-warpgroup decode tile (fwd_entry) is compiled and fingerprinted too.
-    decode = [_launch_fields(fwd_entry(t, 1))] if t["fwd"].get("DECODE_T_MAX") else []
-    for name, fn, sig, cfg in regs:
-        extra = [{**cfg, **d} for d in decode] if name == "fwd_stats" else []
-        if name == "merge":
-            # Triton specializes an int argument equal to 1 as a constexpr: a one-row merge (a
-            # rollout step of one sampling row) compiles that variant, so L0 compiles it too.
-            extra = [{**cfg, "T": 1}]
-        _register(name, fn, sig, [cfg, *extra])
-
-
-def _register(name, fn, sig0, cfgs) -> None:
-    """The entry's signature is the first config's; a later config's extra constexprs (e.g. the
-    one-row merge's T=1) become constexpr for that config only (the compile harness marks every
-    constexpr of a config as such)."""
-    configs, entry_sig = [], None
-    for cfg in cfgs:
-        sig, cfg = dict(sig0), dict(cfg)
-        # GPU values of the interpreter-only constexprs (kernel.py: loop bounds).
-        for k in ("INTERPRET", "H_I", "S_I", "R_I", "K_I"):
-            if k in fn.arg_names:
-                cfg[k] = False if k == "INTERPRET" else 0
-        if "DOT_DTYPE" in fn.arg_names:
-            cfg["DOT_DTYPE"] = "bf16"
-        for k in cfg:
-            if k not in ("num_warps", "num_stages"):
-                sig[k] = "constexpr"
-        missing = [a for a in fn.arg_names if a not in sig]
-        if missing:
-            raise RuntimeError(f"linear_logp.{name}: signature lacks {missing}")
-        configs.append(cfg)
-        entry_sig = entry_sig or sig
-    registry.register_kernel(registry.KernelEntry(
-        name=f"linear_logp.{name}", contract_id=CONTRACT_ID, fn=fn, signature=entry_sig,
-        configs=tuple(configs), expects_mma=name not in ("merge", "grad_from_logits", "scale")))
-
-
-_register_kernels()

@@ -12,7 +12,7 @@ from rlk.kernels import dispatch
 from rlk.kernels.gemm import autograd as gemm
 from rlk.kernels.rowops import autograd as rowops
 from rlk.kernels.attention import autograd as attention
-from rlk.ops import linear_logp
+from rlk.kernels.linear_logp import autograd as linear_logp
 from rlk.testing import assert_bitwise_equal
 
 

@@ -96,7 +96,7 @@ def cases():
     from rlk.kernels.linear_logp import launch as LP
     from rlk.kernels.rowops import launch as R
     from rlk.kernels.gemm import autograd as ogemm
-    from rlk.ops import linear_logp as ologp
+    from rlk.kernels.linear_logp import autograd as ologp
     from rlk.kernels.rowops import autograd as orow
 
     dev = "cuda"

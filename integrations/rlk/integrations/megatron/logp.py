@@ -6,7 +6,7 @@ Use::
     logp = model(tokens, position_ids, None, labels=labels, packed_seq_params=psp,
                  output_processor=output_processor, output_processor_context={"entropy": False})
 
-* TP=1: :func:`rlk.ops.linear_logp.linear_logp` (autograd registered on the op).
+* TP=1: :func:`rlk.kernels.linear_logp.autograd.linear_logp` (autograd registered on the op).
 * TP>1: each rank computes its vocabulary shard's segment statistics, the statistics are
   gathered in rank order (``ag.v1``) and merged by ``logp.v2``'s merge
   (``rlk.collectives.merge_logsumexp_stats`` with ``merge_segment_stats``): the bytes equal TP=1
@@ -37,7 +37,7 @@ class _VocabParallelLogp(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, targets, vocab_start, vocab_real, temperature, with_entropy, seg, group):
         from rlk import collectives
-        from rlk.ops.linear_logp import SegmentStats, merge_segment_stats, segment_stats
+        from rlk.kernels.linear_logp.autograd import SegmentStats, merge_segment_stats, segment_stats
 
         st, _ = segment_stats(hidden, weight, targets, vocab_start, vocab_real, temperature,
                               with_entropy, False, seg)
@@ -85,7 +85,7 @@ def selected_logp(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Ten
     """
     seg = _segmentation(vocab_size)
     if tp_group is None or torch.distributed.get_world_size(tp_group) == 1:
-        from rlk.ops.linear_logp import linear_logp
+        from rlk.kernels.linear_logp.autograd import linear_logp
 
         out = linear_logp(hidden, weight, targets, 0, vocab_size, temperature, entropy, segmentation=seg)
         return out.logp, out.entropy

@@ -169,9 +169,9 @@ def linear_logp_fused_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: 
 def scale_by_(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """x *= scale in place, with ``scale`` a one-element float tensor read on the device; returns x.
 
-    The backward of :func:`rlk.ops.linear_logp.linear_logp_loss` uses it to apply grad_out to the
-    gradients formed in the forward without a host read of grad_out (which would block the host
-    until the whole forward has run), so it also runs under CUDA-graph capture. One launch of
+    The backward of :func:`rlk.kernels.linear_logp.autograd.linear_logp_loss` uses it to apply
+    grad_out to the gradients formed in the forward without a host read of grad_out (which would
+    block the host until the whole forward has run), so it also runs under CUDA-graph capture. One launch of
     ``scale_kernel`` over x's elements (flat grid): when scale == 1.0 (the usual
     ``loss.backward()``) every program returns after reading it and x keeps its bytes; otherwise
     each element becomes fp32(x) * fp32(scale) rounded once to x's dtype (RNE), the bytes of

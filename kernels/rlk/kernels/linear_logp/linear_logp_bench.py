@@ -131,7 +131,7 @@ def run(shapes, out_path, rounds: int = ROUNDS, dev: str = "cuda", fused_budgets
     import triton.testing as tt
 
     from rlk.kernels.linear_logp import reference as R
-    from rlk.ops.linear_logp import linear_logp, linear_logp_loss
+    from rlk.kernels.linear_logp.autograd import linear_logp, linear_logp_loss
     from rlk.testing.timing import interleaved_us
 
     liger_fn, liger_reason = _liger()

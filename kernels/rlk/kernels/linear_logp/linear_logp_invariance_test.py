@@ -10,7 +10,7 @@ import torch
 
 from rlk.kernels.linear_logp import launch
 from rlk.kernels.linear_logp.linear_logp_test import CPU_SEG, make
-from rlk.ops.linear_logp import linear_logp, merge_segment_stats, segment_stats
+from rlk.kernels.linear_logp.autograd import linear_logp, merge_segment_stats, segment_stats
 from rlk.testing import assert_bitwise_equal
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")

@@ -92,7 +92,7 @@ def _host_vs_device(h, w, tg, dlogp, calls: int = 20) -> dict:
     import triton.testing
 
     from rlk.kernels.common import host_validated
-    from rlk.ops.linear_logp import linear_logp_loss
+    from rlk.kernels.linear_logp.autograd import linear_logp_loss
 
     hg, wg = h.clone().requires_grad_(True), w.clone().requires_grad_(True)
 

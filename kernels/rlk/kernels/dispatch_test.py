@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from rlk.kernels import dispatch
-from rlk.kernels.gemm import autograd as gemm
-from rlk.kernels.rowops import autograd as rowops
 from rlk.kernels.attention import autograd as attention
+from rlk.kernels.gemm import autograd as gemm
 from rlk.kernels.linear_logp import autograd as linear_logp
+from rlk.kernels.rowops import autograd as rowops
 from rlk.testing import assert_bitwise_equal
 
 

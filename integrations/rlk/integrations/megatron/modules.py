@@ -1,8 +1,8 @@
 """rlk modules in megatron-core's layer-spec slots: thin adapters, no arithmetic of their own.
 
-Every floating-point operation below is an rlk op (``rlk.ops``) or an rlk fixed-order collective
-(``rlk.nn.tensor_parallel`` over ``rlk.collectives``); the adapters only reshape, slice and
-copy. Constructor and call signatures are megatron-core 0.19.2's (``../shared/ENGINES.md``):
+Every floating-point operation below is an rlk op (``rlk.kernels.<op>.autograd``) or an rlk
+fixed-order collective (``rlk.nn.tensor_parallel`` over ``rlk.collectives``); the adapters only
+reshape, slice and copy. Constructor and call signatures are megatron-core 0.19.2's (``../shared/ENGINES.md``):
 
 | slot | class | contract |
 | --- | --- | --- |
@@ -287,8 +287,8 @@ class RlkCoreAttention(torch.nn.Module):
 
     def forward(self, query, key, value, attention_mask=None, attn_mask_type=None, attention_bias=None,
                 packed_seq_params=None, **kwargs):
-        from rlk.kernels.rowops import autograd as rowops
         from rlk.kernels.attention import autograd as attention
+        from rlk.kernels.rowops import autograd as rowops
 
         if attention_bias is not None:
             raise UnsupportedConfigError("RlkCoreAttention: attention_bias is not covered")

@@ -11,6 +11,7 @@ from rlk.errors import UnsupportedConfigError
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from rlk.kernels import plans
 from rlk.kernels.common import cdiv, dot_dtype_for, interpret_flag, launch_options
 from rlk.kernels.gemm import contract, kernel, kernel_tiled
 from rlk.kernels.gemm import schedule as gemm_schedule
@@ -59,20 +60,19 @@ def plan(M: int, K: int, N: int, device: torch.device, schedule: str | None = No
         key = (M, K, N, device, schedule, os.environ.get(gemm_schedule.TABLE_ENV))
         p = _PLANS.get(key)
         if p is None:
-            if len(_PLANS) >= _PLANS_MAX:
-                _PLANS.clear()
-            arch = gemm_schedule.arch_of(device)
-            p = _PLANS[key] = _plan(M, K, N, arch, schedule, device.type == "cpu")
+            p = _plan(M, K, N, gemm_schedule.arch_of(device), schedule, device.type == "cpu")
+            _PLANS.put(key, p)
         return dict(p)
     return _plan(M, K, N, gemm_schedule.arch_of(device), schedule, device.type == "cpu", config)
 
 
-_PLANS: dict = {}
-_PLANS_MAX = 4096
+# Emptied when full (a training run's varying token counts make new keys every step). It holds
+# schedule lookups only, no checks and no launch arguments, so RLK_HOST_PLANS does not switch it.
+_PLANS = plans.PlanCache("gemm", max_entries=4096)
 
 
 def clear_plan_cache() -> None:
-    """Forget memoized plans (tests that patch the config module's rules)."""
+    """Forget memoized plans (tests that patch the contract's or the schedule's rules)."""
     _PLANS.clear()
 
 

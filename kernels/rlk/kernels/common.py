@@ -204,6 +204,7 @@ class TableOverrides:
 
 
 _CAPABILITY: dict[int, tuple[int, int]] = {}
+_SMS: dict[int, int] = {}
 
 
 def device_capability(device: torch.device) -> tuple[int, int]:
@@ -214,3 +215,14 @@ def device_capability(device: torch.device) -> tuple[int, int]:
     if cap is None:
         cap = _CAPABILITY[idx] = tuple(torch.cuda.get_device_capability(idx))
     return cap
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors (compute units) of a GPU, memoized per device index: the one SM
+    count every launcher sizes one-wave and persistent grids by (a property read per launch costs
+    host time). Never part of a contract: no reduction is split by it."""
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    n = _SMS.get(idx)
+    if n is None:
+        n = _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return n

@@ -215,7 +215,7 @@ def test_gpu_one_wave_prefill_rows_equal_packed(hq, hk):
     """A sequence prefilled alone (its grid fits in one wave: the one-wave schedule) gives the
     bytes of the same sequence packed with others (many waves: the default schedule)."""
     from rlk.kernels import plans
-    from rlk.kernels.attention import schedule
+    from rlk.kernels.common import sm_count
 
     lens = [1024, 700, 4099, 33]
     q, k, v, cu = T.packed(lens, hq, hk, 128, device="cuda", seed=7)
@@ -238,10 +238,10 @@ def test_gpu_one_wave_prefill_rows_equal_packed(hq, hk):
         finally:
             launch.pick_prefill_schedule = real
             plans.set_enabled(was)
-        assert picked == [-(-n // 64) * hq <= schedule.sm_count(q.device)], (n, hq, picked)
+        assert picked == [-(-n // 64) * hq <= sm_count(q.device)], (n, hq, picked)
         assert_bitwise_equal(o1, out[a0:a0 + n], f"alone vs packed, len {n}")
         assert_bitwise_equal(l1, lse[a0:a0 + n], f"alone vs packed lse, len {n}")
-    assert -(-1024 // 64) * 8 <= schedule.sm_count(q.device), "S=1024 at 8 heads is one wave on this GPU"
+    assert -(-1024 // 64) * 8 <= sm_count(q.device), "S=1024 at 8 heads is one wave on this GPU"
 
 
 @pytest.mark.gpu

@@ -22,7 +22,7 @@ from rlk.kernels.attention.contract import HEAD_DIMS, PAGE_SIZES
 from rlk.kernels.attention.kernel import attn_fwd_kernel, attn_merge_kernel, write_kv_kernel
 from rlk.kernels.attention.kernel_bwd import bwd_delta_kernel, bwd_dkdv_kernel, bwd_dq_kernel, bwd_fold_kernel
 from rlk.kernels.common import (cdiv, check_tensor, device_value_checks_enabled, dot_dtype_for, interpret_flag,
-                                launch_options, next_pow2)
+                                launch_options, next_pow2, sm_count)
 from rlk.kernels.launcher import LaunchSite, launch
 
 
@@ -135,7 +135,7 @@ def _prefill_plan(q, k, v, cu_seqlens, max_seqlen, scale, contract, val):
     g = hq // hk
     s, gp, grid = pick_prefill_schedule(schedule.schedule("prefill", q.device),
                                         schedule.one_wave_schedule("prefill", q.device),
-                                        max_seqlen, hk, g, nb, lambda: schedule.sm_count(q.device))
+                                        max_seqlen, hk, g, nb, lambda: sm_count(q.device))
     return _fwd_plan(grid, q, k, v, None, qk, c, g, gp, s, paged=False, split=1, page=16)
 
 

@@ -86,17 +86,6 @@ def one_wave_schedule(kind: str, device):
     return _OVERRIDES.apply(kind + "_one_wave", out) if _OVERRIDES.active else out
 
 
-_SMS: dict[int, int] = {}
-
-
-def sm_count(device) -> int:
-    """Streaming multiprocessors (compute units) of a GPU, memoized by device index."""
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _SMS:
-        _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return _SMS[idx]
-
-
 def _sig(names, types):
     return dict(zip(names, types))
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
@@ -12,7 +11,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from rlk.kernels import plans
-from rlk.kernels.common import cdiv, dot_dtype_for, interpret_flag, launch_options
+from rlk.kernels.common import cdiv, dot_dtype_for, interpret_flag, launch_options, sm_count
 from rlk.kernels.gemm import contract, kernel, kernel_tiled
 from rlk.kernels.gemm import schedule as gemm_schedule
 from rlk.kernels.launcher import launch
@@ -112,16 +111,11 @@ def _plan(M: int, K: int, N: int, arch: str, schedule: str | None, cpu: bool, co
             "seg_steps": seg_chunks * contract.CHUNK_K // cfg["BLOCK_K"], **cfg}
 
 
-@functools.lru_cache(maxsize=None)
-def _num_sms(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def num_progs(device: torch.device) -> int:
     """Persistent grid size: the SM count (the interpreter uses 3 to exercise multi-tile walks)."""
     if device.type == "cpu":
         return 3
-    return _num_sms(device.index if device.index is not None else torch.cuda.current_device())
+    return sm_count(device)
 
 
 def tma_ok(t: torch.Tensor) -> bool:

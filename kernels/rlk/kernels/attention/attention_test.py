@@ -188,6 +188,7 @@ def test_pick_prefill_schedule_one_wave_rule(monkeypatch):
     re-derived per entry; a sweep overriding "prefill" (or a table without the entry, or the CPU)
     gets the default entry."""
     from rlk.kernels.attention import schedule
+    from rlk.kernels.common import load_table
 
     default = {"BLOCK_M": 64, "GP": 4, "num_stages": 2}
     one = {"BLOCK_M": 64, "GP": 1, "num_stages": 3}
@@ -203,7 +204,7 @@ def test_pick_prefill_schedule_one_wave_rule(monkeypatch):
     gpu = torch.device("cuda", 0)
     assert schedule.one_wave_schedule("prefill", torch.device("cpu")) is None
     monkeypatch.setattr(schedule, "arch_of", lambda d: "sm_90")
-    assert schedule.one_wave_schedule("prefill", gpu) == schedule._table("sm90")["prefill_one_wave"]
+    assert schedule.one_wave_schedule("prefill", gpu) == load_table("attention", "sm_90")["prefill_one_wave"]
     assert schedule.one_wave_schedule("paged_chunk", gpu) is None
     with schedule.override("prefill", num_stages=4):
         assert schedule.one_wave_schedule("prefill", gpu) is None

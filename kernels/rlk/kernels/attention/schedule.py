@@ -4,19 +4,13 @@ keyed by batch or length), the CPU-interpreter schedule, and the kernel registry
 
 from __future__ import annotations
 
-import functools
-import json
-import os
-
-import torch
-
-from rlk.errors import UnsupportedConfigError
 from rlk.kernels import registry
 from rlk.kernels.attention import kernel, kernel_bwd
 from rlk.kernels.attention.contract import KV_CHUNK
-from rlk.kernels.common import TableOverrides, device_capability, interpret_flag
+from rlk.kernels.common import CPU_ARCH, TableOverrides, arch_of, load_table
 
-# Schedule used under the CPU interpreter: large blocks, few loop steps.
+# Schedule of the interpreter (arch cpu-interpreter): large blocks, few loop steps. Every field is
+# bit-neutral (the contract's schedule fields), so the CPU may keep a table of its own.
 _CPU = {
     "prefill": {"BLOCK_M": 64, "GP": 1},
     "paged_decode": {"BLOCK_M": 16},
@@ -28,26 +22,6 @@ _CPU = {
     "bwd_fold": {"BLOCK_T": 64},
     "bwd_dq": {"BLOCK_M": 64, "BLOCK_N": 64},
 }
-
-
-@functools.lru_cache(maxsize=None)
-def _table(arch: str) -> dict:
-    path = os.path.join(os.path.dirname(__file__), "configs", f"{arch}.json")
-    if not os.path.exists(path):
-        raise UnsupportedConfigError(f"attention: no schedule table for {arch} ({path})")
-    with open(path) as f:
-        return json.load(f)
-
-
-def arch_of(device) -> str:
-    if interpret_flag() or device.type == "cpu":
-        return "cpu-interpreter"
-    if torch.version.hip:
-        return "gfx942"
-    major, minor = device_capability(device)
-    if (major, minor) != (9, 0):
-        raise UnsupportedConfigError(f"attention: no table for sm_{major}{minor} (have sm_90)")
-    return "sm_90"
 
 
 # Schedule overrides for sweeps only (``with override("prefill", BLOCK_M=64):``).
@@ -65,12 +39,8 @@ def schedule(kind: str, device) -> dict:
     own entry (read it, never change it: every launch of ``kind`` shares it), or a copy with the
     active :func:`override` applied (copying it for every launch cost host time for nothing)."""
     arch = arch_of(device)
-    out = _CPU[kind] if arch == "cpu-interpreter" else _gpu_table(arch)[kind]
+    out = _CPU[kind] if arch == CPU_ARCH else load_table("attention", arch)[kind]
     return _OVERRIDES.apply(kind, out) if _OVERRIDES.active else out
-
-
-def _gpu_table(arch: str) -> dict:
-    return _table("sm90" if arch == "sm_90" else "gfx942")
 
 
 def one_wave_schedule(kind: str, device):
@@ -78,9 +48,9 @@ def one_wave_schedule(kind: str, device):
     programs, one per SM), or None: no such entry (the CPU table, gfx942), or a sweep overriding
     ``kind`` (it times ``kind``'s own entry). Every field of it is bit-neutral, like ``kind``'s."""
     arch = arch_of(device)
-    if arch == "cpu-interpreter" or kind in _OVERRIDES.active:
+    if arch == CPU_ARCH or kind in _OVERRIDES.active:
         return None
-    out = _gpu_table(arch).get(kind + "_one_wave")
+    out = load_table("attention", arch).get(kind + "_one_wave")
     if out is None:
         return None
     return _OVERRIDES.apply(kind + "_one_wave", out) if _OVERRIDES.active else out
@@ -105,7 +75,7 @@ def _arg_type(name: str) -> str:
 
 
 def _register() -> None:
-    gpu = _table("sm90")
+    gpu = load_table("attention", "sm_90")
     fwd_consts = dict(G=4, GP=1, HEAD_DIM=128, KV_CHUNK=KV_CHUNK, SEG=512, PAGE=16, PAGED=0,
                       SPLIT=0, DOT_DTYPE="bf16", INTERPRET=False)
     fwd_cfgs = (

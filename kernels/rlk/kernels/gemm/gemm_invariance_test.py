@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from rlk.errors import UnsupportedConfigError
-
+from rlk.kernels.common import arch_of
 from rlk.kernels.gemm import contract, gemm
 from rlk.kernels.gemm import schedule as gemm_schedule
 from rlk.testing import assert_bitwise_equal
@@ -86,7 +86,7 @@ def test_plan_memo_equals_fresh_plan_and_follows_the_table_file(monkeypatch, tmp
     dev = torch.device(DEV)
     for args in ((8, 4096, 6144), (1700, 4096, 6144), (6144, 1700, 4096)):
         p = launch.plan(*args, dev)
-        fresh = launch._plan(*args, gemm_schedule.arch_of(dev), None, dev.type == "cpu")
+        fresh = launch._plan(*args, arch_of(dev), None, dev.type == "cpu")
         assert p == fresh
         p["BLOCK_N"] = -1  # a caller's change never reaches the cache
         assert launch.plan(*args, dev)["BLOCK_N"] == fresh["BLOCK_N"]

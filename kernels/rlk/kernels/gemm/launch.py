@@ -11,7 +11,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from rlk.kernels import plans
-from rlk.kernels.common import cdiv, dot_dtype_for, interpret_flag, launch_options, sm_count
+from rlk.kernels.common import arch_of, cdiv, dot_dtype_for, interpret_flag, launch_options, sm_count
 from rlk.kernels.gemm import contract, kernel, kernel_tiled
 from rlk.kernels.gemm import schedule as gemm_schedule
 from rlk.kernels.launcher import launch
@@ -59,10 +59,10 @@ def plan(M: int, K: int, N: int, device: torch.device, schedule: str | None = No
         key = (M, K, N, device, schedule, os.environ.get(gemm_schedule.TABLE_ENV))
         p = _PLANS.get(key)
         if p is None:
-            p = _plan(M, K, N, gemm_schedule.arch_of(device), schedule, device.type == "cpu")
+            p = _plan(M, K, N, arch_of(device), schedule, device.type == "cpu")
             _PLANS.put(key, p)
         return dict(p)
-    return _plan(M, K, N, gemm_schedule.arch_of(device), schedule, device.type == "cpu", config)
+    return _plan(M, K, N, arch_of(device), schedule, device.type == "cpu", config)
 
 
 # Emptied when full (a training run's varying token counts make new keys every step). It holds

@@ -18,11 +18,9 @@ import functools
 import json
 import os
 
-import torch
-
 from rlk.errors import UnsupportedConfigError
-from rlk.kernels import registry
-from rlk.kernels.common import device_capability
+from rlk.kernels import common, registry
+from rlk.kernels.common import CPU_ARCH
 from rlk.kernels.gemm import kernel, kernel_tiled
 from rlk.kernels.gemm.contract import CONTRACT_ID, SCHEDULES, split_rule
 
@@ -34,17 +32,18 @@ SCHEDULE_KEYS = {
 }
 DECODE_BLOCK_M = (16, 32, 64)  # auto decode BLOCK_M: the smallest that covers M (max 64)
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
-TABLE_FILES = {"sm_90": "sm90.json", "gfx942": "gfx942.json"}
 TABLE_ENV = "RLK_GEMM_TABLE"  # path of an sm_90 table replacing configs/sm90.json (tuner output)
 
 
 def table_path(arch: str = "sm_90") -> str:
-    if arch not in TABLE_FILES:
-        raise UnsupportedConfigError(f"gemm.bf16.v1: no table for arch {arch!r} (have {sorted(TABLE_FILES)})")
+    """The table file of ``arch`` (``rlk.kernels.common.arch_of``). The interpreter
+    (``cpu-interpreter``) runs the sm_90 table: the same code paths, and no table field changes
+    a byte. ``$RLK_GEMM_TABLE`` replaces that table."""
+    if arch == CPU_ARCH:
+        arch = "sm_90"
     if arch == "sm_90" and os.environ.get(TABLE_ENV):
         return os.environ[TABLE_ENV]
-    return os.path.join(_HERE, "configs", TABLE_FILES[arch])
+    return common.table_path("gemm", arch)
 
 
 def load_table(arch: str = "sm_90") -> dict:
@@ -95,19 +94,6 @@ def _check_buckets(name: str, key: str, bks: list) -> None:
             raise UnsupportedConfigError(f"{name}: {key} bucket {b}: fields must be null, BLOCK_M or a dict")
     if bks and bks[-1][0] is not None:
         raise UnsupportedConfigError(f"{name}: {key} buckets must end with an open [null, ...] bucket")
-
-
-def arch_of(device: torch.device) -> str:
-    """Table name for ``device``; the interpreter uses the sm_90 table (same code paths)."""
-    if device.type == "cpu":
-        return "sm_90"
-    if getattr(torch.version, "hip", None):
-        return "gfx942"
-    major, minor = device_capability(device)
-    if (major, minor) != (9, 0):
-        raise UnsupportedConfigError(f"gemm.bf16.v1: sm_{major}{minor} is not a target of the contract "
-                                     "(sm_90 measured; add a table and invariance evidence first)")
-    return "sm_90"
 
 
 def schedule_config(K: int, N: int, schedule: str, arch: str = "sm_90") -> dict:

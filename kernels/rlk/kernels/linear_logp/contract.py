@@ -11,17 +11,15 @@ tiles) are in ``schedule.py``.
 from __future__ import annotations
 
 import functools
-import json
-import os
 
 from rlk import contracts
 from rlk.determinism import FP_FUSION
 from rlk.errors import UnsupportedConfigError
+from rlk.kernels import common
+from rlk.kernels.common import CPU_ARCH
 
 CONTRACT_ID = "logp.v2"
 BLOCK_K = 64  # the gemm.bf16.v1 K chunk
-_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
-TABLE_FILES = {"sm_90": "sm90.json", "gfx942": "gfx942.json"}
 
 # Vocabulary segmentation (bit fields). Columns are cut into "alignment blocks" of ALIGN global
 # columns; each block into segments of SEG_V columns (the last one shorter when SEG_V does not
@@ -98,22 +96,22 @@ def bit_table(t: dict) -> dict:
 
 @functools.lru_cache(maxsize=None)
 def load_table(arch: str) -> dict:
-    if arch == "cpu-interpreter":
+    """The launch table of ``arch`` (``rlk.kernels.common.arch_of``): ``CPU_TABLE`` under the
+    interpreter (its block sizes are bit fields too, so the CPU keeps its own), else the
+    checked-in file, checked against the rules above."""
+    if arch == CPU_ARCH:
         return CPU_TABLE
-    if arch not in TABLE_FILES:
-        raise UnsupportedConfigError(f"{CONTRACT_ID}: no config table for arch {arch!r} "
-                                     f"(have {sorted(TABLE_FILES)} and 'cpu-interpreter')")
-    with open(os.path.join(_DIR, TABLE_FILES[arch])) as f:
-        t = json.load(f)
-    for name in ("fwd", "bwd_grad", "gemm"):
-        if t[name]["BLOCK_K"] % BLOCK_K:
-            raise UnsupportedConfigError(f"{TABLE_FILES[arch]}: {name}.BLOCK_K must be a multiple of {BLOCK_K}")
+    t = common.load_table("linear_logp", arch)
+    name = common.TABLE_FILES[arch]
+    for kind in ("fwd", "bwd_grad", "gemm"):
+        if t[kind]["BLOCK_K"] % BLOCK_K:
+            raise UnsupportedConfigError(f"{name}: {kind}.BLOCK_K must be a multiple of {BLOCK_K}")
     f = t["fwd"]
     if f.get("DECODE_T_MAX") and (f["BLOCK_T"], f["num_warps"]) != (128, 8):
-        raise UnsupportedConfigError(f"{TABLE_FILES[arch]}: DECODE_T_MAX needs fwd tiles of two 64-row "
+        raise UnsupportedConfigError(f"{name}: DECODE_T_MAX needs fwd tiles of two 64-row "
                                      f"warpgroups (BLOCK_T 128, 8 warps), not {f['BLOCK_T']} / {f['num_warps']}")
     if t.get("V_CHUNK_MAX") is not None and t["V_CHUNK_MAX"] % BLOCK_K:
-        raise UnsupportedConfigError(f"{TABLE_FILES[arch]}: V_CHUNK_MAX must be a multiple of {BLOCK_K}")
+        raise UnsupportedConfigError(f"{name}: V_CHUNK_MAX must be a multiple of {BLOCK_K}")
     return t
 
 

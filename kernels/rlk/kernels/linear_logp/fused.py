@@ -30,7 +30,7 @@ from typing import Callable, Optional
 import torch
 
 from rlk.errors import UnsupportedConfigError
-from rlk.kernels.common import cdiv, interpret_flag, launch_options
+from rlk.kernels.common import arch_of, cdiv, interpret_flag, launch_options
 from rlk.kernels.linear_logp import contract, schedule
 from rlk.kernels.linear_logp import kernel as K
 from rlk.kernels.launcher import launch
@@ -112,7 +112,7 @@ def linear_logp_fused_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: 
     hidden, weight, targets = hidden.contiguous(), weight.contiguous(), targets.contiguous()
     T, H = hidden.shape
     dev = hidden.device
-    tab = schedule.table(schedule.arch_of(dev))
+    tab = schedule.table(arch_of(dev))
     unit = row_unit(tab)
     if rows_per_chunk is None:
         rows = rows_per_chunk_for(T, V_local, tab)
@@ -202,7 +202,7 @@ def scale_by_(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     if n == 0:
         return x
     s = scale.reshape(1).float()
-    sc = schedule.scale_fields(schedule.arch_of(x.device))
+    sc = schedule.scale_fields(arch_of(x.device))
     launch(K.scale_kernel, (cdiv(n, sc["BLOCK"] * sc["ITERS"]),),
         x, s, n, BLOCK=sc["BLOCK"], ITERS=sc["ITERS"], OUT_BF16=x.dtype == torch.bfloat16,
         INTERPRET=interpret_flag(), num_warps=sc["num_warps"], num_stages=sc["num_stages"], **launch_options())

@@ -17,8 +17,8 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from rlk.errors import UnsupportedConfigError
-from rlk.kernels.common import (cdiv, check_tensor, device_value_checks_enabled, dot_dtype_for, interpret_flag,
-                                launch_options)
+from rlk.kernels.common import (arch_of, cdiv, check_tensor, device_value_checks_enabled, dot_dtype_for,
+                                interpret_flag, launch_options)
 from rlk.kernels.linear_logp import contract, schedule
 from rlk.kernels.linear_logp import kernel as K
 from rlk.kernels.launcher import launch
@@ -157,7 +157,7 @@ def segment_stats(hidden, weight, targets, vocab_start: int = 0, vocab_real: Opt
     hidden, weight, targets = hidden.contiguous(), weight.contiguous(), targets.contiguous()
     T, H = hidden.shape
     V_local = weight.shape[0]
-    cfg = schedule.fwd_entry(schedule.table(schedule.arch_of(hidden.device)), hidden.shape[0])
+    cfg = schedule.fwd_entry(schedule.table(arch_of(hidden.device)), hidden.shape[0])
     S = num_segments(V_local, align, seg_v)
     dev = hidden.device
     m = torch.empty((S, T), dtype=torch.float32, device=dev)
@@ -211,14 +211,14 @@ def merge_segment_stats(stats: Sequence[SegmentStats]):
     # (torch.stack is a copy kernel: a launch and host time for the same bytes).
     tg = stats[0].tg.contiguous()[None] if len(stats) == 1 else torch.stack([st.tg for st in stats], 0).contiguous()
     dev = m.device
-    cfg = schedule.table(schedule.arch_of(dev))["merge"]
+    cfg = schedule.table(arch_of(dev))["merge"]
     logp = torch.empty((T,), dtype=torch.float32, device=dev)
     lse = torch.empty_like(logp)
     ent = torch.empty_like(logp) if with_e else None
     launch(K.merge_kernel, (cdiv(T, cfg["BLOCK"]),),
         logp, lse, ent if with_e else logp, m, s, e if with_e else m, tg, m.shape[0], tg.shape[0], T,
         WITH_ENTROPY=with_e, BLOCK=cfg["BLOCK"], INTERPRET=interpret_flag(), S_I=_bound(m.shape[0]),
-        R_I=_bound(tg.shape[0]), UNROLL=schedule.merge_unroll(schedule.arch_of(dev)), num_warps=cfg["num_warps"],
+        R_I=_bound(tg.shape[0]), UNROLL=schedule.merge_unroll(arch_of(dev)), num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"], **launch_options())
     return logp, lse, ent
 
@@ -293,7 +293,7 @@ def linear_logp_bwd(hidden, weight, targets, lse, dlogp, vocab_start: int = 0,
     if dlogp is None:
         dlogp = torch.zeros((T,), dtype=torch.float32, device=dev)
     hidden, weight, targets = hidden.contiguous(), weight.contiguous(), targets.contiguous()
-    tab = schedule.table(schedule.arch_of(dev))
+    tab = schedule.table(arch_of(dev))
     gc = tab["bwd_grad"]
     VC = vocab_chunk(T, V_local, tab)
     dot = _dot(dev)

@@ -188,7 +188,7 @@ def test_gpu_rows_logits_run_to_run(V, vocab_real):
         assert_bitwise_equal(part.logp, full.logp[:k], f"rows[:{k}] of 1000")
 
 
-def test_decode_tile_selection():
+def test_decode_tile_selection(monkeypatch):
     """fwd_entry: T <= DECODE_T_MAX gets the one-warpgroup tile (64 rows, 4 warps, DECODE_STAGES);
     larger T and tables without the field keep the table's tile; a table whose tile is not two
     64-row warpgroups cannot declare it."""
@@ -206,22 +206,16 @@ def test_decode_tile_selection():
     assert sm90["fwd"]["DECODE_T_MAX"] == 64
     assert "DECODE_T_MAX" not in str(contract.bit_table(sm90))  # a schedule field: not in the hash
     bad = {**sm90, "fwd": {**sm90["fwd"], "BLOCK_T": 64, "num_warps": 4}}
-    import json
-    import os
-    import tempfile
+    from rlk.kernels import common
 
-    with tempfile.TemporaryDirectory() as d:
-        with open(os.path.join(d, "sm90.json"), "w") as f:
-            json.dump(bad, f)
-        old_dir = contract._DIR
-        contract._DIR = d
+    monkeypatch.setattr(common, "load_table", lambda op, arch: bad)  # the file read gives `bad`
+    contract.load_table.cache_clear()
+    try:
+        with pytest.raises(UnsupportedConfigError, match="two 64-row"):
+            contract.load_table("sm_90")
+    finally:
+        monkeypatch.undo()
         contract.load_table.cache_clear()
-        try:
-            with pytest.raises(UnsupportedConfigError, match="two 64-row"):
-                contract.load_table("sm_90")
-        finally:
-            contract._DIR = old_dir
-            contract.load_table.cache_clear()
 
 
 @pytest.mark.gpu

@@ -7,11 +7,8 @@ tiles (none of them changes a byte).
 
 from __future__ import annotations
 
-import torch
-
-from rlk.errors import UnsupportedConfigError
 from rlk.kernels import registry
-from rlk.kernels.common import TableOverrides, device_capability, interpret_flag
+from rlk.kernels.common import CPU_ARCH, TableOverrides
 from rlk.kernels.linear_logp import kernel as K
 from rlk.kernels.linear_logp.contract import CONTRACT_ID, DEFAULT_SEGMENTATION, load_table
 
@@ -36,11 +33,11 @@ MERGE_UNROLL_CPU = 3
 
 
 def merge_unroll(arch: str) -> int:
-    return MERGE_UNROLL_CPU if arch == "cpu-interpreter" else MERGE_UNROLL
+    return MERGE_UNROLL_CPU if arch == CPU_ARCH else MERGE_UNROLL
 
 
 def scale_fields(arch: str) -> dict:
-    return SCALE_FIELDS_CPU if arch == "cpu-interpreter" else SCALE_FIELDS
+    return SCALE_FIELDS_CPU if arch == CPU_ARCH else SCALE_FIELDS
 
 
 def fwd_entry(tab: dict, T: int) -> dict:
@@ -69,17 +66,6 @@ def table(arch: str) -> dict:
     if not _OVERRIDES.active:
         return t
     return {k: _OVERRIDES.apply(k, e) if isinstance(e, dict) else e for k, e in t.items()}
-
-
-def arch_of(device: torch.device) -> str:
-    if device.type == "cpu" or interpret_flag():
-        return "cpu-interpreter"
-    if torch.version.hip:
-        return "gfx942"
-    major, minor = device_capability(device)
-    if (major, minor) != (9, 0):
-        raise UnsupportedConfigError(f"{CONTRACT_ID}: sm_{major}{minor} has no config table (sm_90 only)")
-    return "sm_90"
 
 
 def _launch_fields(entry: dict) -> dict:

@@ -9,17 +9,11 @@ dim); nothing here ever looks at the number of rows. A hidden size missing from 
 
 from __future__ import annotations
 
-import functools
-import json
-import os
-
 from rlk.errors import UnsupportedConfigError
 from rlk.kernels import registry
-from rlk.kernels.common import TableOverrides, next_pow2
+from rlk.kernels.common import CPU_ARCH, TableOverrides, load_table, next_pow2
 from rlk.kernels.rowops import kernel as K
 
-_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
-ARCH_FILES = {"sm_90": "sm90.json", "gfx942": "gfx942.json", "cpu-interpreter": "sm90.json"}
 MAX_HIDDEN = 16384  # largest normalized row (BLOCK_H 16384 fp32 in registers)
 
 
@@ -32,14 +26,10 @@ def norm_rule(hidden: int) -> dict:
     return {"BLOCK_H": bh, "BLOCK_ROWS": br, "num_warps": nw, "BWD_TILES": max(1, bwd_rows // br)}
 
 
-@functools.lru_cache(maxsize=None)
 def table(arch: str = "sm_90") -> dict:
-    try:
-        name = ARCH_FILES[arch]
-    except KeyError:
-        raise UnsupportedConfigError(f"rowops: no config table for arch {arch!r} (have {sorted(ARCH_FILES)})")
-    with open(os.path.join(_DIR, name)) as f:
-        return json.load(f)
+    """The table of ``arch`` (``rlk.kernels.common.arch_of``); the interpreter
+    (``cpu-interpreter``) runs the sm_90 table, so CPU tests walk the GPU's reduction trees."""
+    return load_table("rowops", "sm_90" if arch == CPU_ARCH else arch)
 
 
 # Table overrides for sweeps only (``with override("embedding", TILE_ELEMS=8192):``).

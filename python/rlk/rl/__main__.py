@@ -6,6 +6,10 @@ Exit status 0 when the strict arm (if run) had every importance ratio exactly 1.
 bitwise equal to the rollout's and every weight sync verified; 1 otherwise. ``--min-reward-gain
 G`` also fails a strict arm whose reward gain (mean of the last k steps minus the first k) is below
 ``G``. A fingerprint mismatch aborts with the diagnostic (status 2).
+
+``--trainer megatron --route strict``: the actor is megatron-core's GPTModel on rlk's strict spec
+(``rlk.integrations.megatron.actor.RLTrainer``: megatron's DDP with fp32 main_grad buffers, its
+no-pipelining schedule and DistributedOptimizer Adam); the rollout engine is unchanged.
 """
 
 from __future__ import annotations
@@ -34,6 +38,9 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m rlk.rl", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--route", choices=("strict", "native", "both"), default="both")
+    p.add_argument("--trainer", choices=("rlk", "megatron"), default="rlk",
+                   help="the actor: rlk's own trainer, or megatron-core's GPTModel on rlk's strict spec "
+                        "(megatron's DDP, schedule and Adam; strict route only)")
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--out", required=True, help="report folder")
     p.add_argument("--model", default=d.model, help="trained checkpoint (rlk.models.qwen3.trained.TRAINED)")
@@ -90,8 +97,15 @@ def main(argv=None) -> int:
     from rlk.rl import loop, sync
     lc = loop.LoopConfig(steps=a.steps, model=a.model, prompts_per_step=a.prompts, group_size=a.group_size,
                          response_len=a.response_len, lr=a.lr, clip_eps=a.clip_eps, target=ord(a.target),
-                         seed=a.seed, jitter=a.jitter, device=a.device)
+                         seed=a.seed, jitter=a.jitter, device=a.device, trainer=a.trainer)
     routes = ["strict", "native"] if a.route == "both" else [a.route]
+    make_trainer = None
+    if a.trainer == "megatron":
+        if routes != ["strict"]:
+            parser.error("--trainer megatron runs the strict route only: add --route strict")
+        from rlk.integrations.megatron.actor import RLTrainer
+
+        make_trainer = RLTrainer
     try:
         for r in routes:
             dataclasses.replace(lc, route=r).check()  # bad arguments fail before any work
@@ -106,7 +120,7 @@ def main(argv=None) -> int:
 
     t0 = time.perf_counter()
     try:
-        report = loop.run_and_report(lc, routes, a.out, on_step=on_step)
+        report = loop.run_and_report(lc, routes, a.out, on_step=on_step, make_trainer=make_trainer)
     except sync.WeightSyncError as e:
         close()
         print(f"ABORT: {e}", file=sys.stderr)

@@ -44,6 +44,9 @@ from rlk.rl import grpo, sync
 from rlk.rl.task import TargetByteTask
 
 
+TRAINERS = ("rlk", "megatron")
+
+
 @dataclasses.dataclass
 class LoopConfig:
     route: str = "strict"
@@ -63,6 +66,9 @@ class LoopConfig:
     max_batch: int | None = None  # running requests at most (default: every request of the step)
     jitter: float = 0.25  # probability a ready request is deferred a step (batch composition changes)
     device: str = "cpu"
+    # The actor: "rlk" (Trainer below) or "megatron" (megatron-core's GPTModel on rlk's strict
+    # spec; its adapter sits above this layer, so run_arm receives it as ``make_trainer``).
+    trainer: str = "rlk"
 
     def check(self) -> None:
         if self.route not in ROUTES:
@@ -80,6 +86,11 @@ class LoopConfig:
             raise UnsupportedConfigError(f"clip_eps must lie in (0, 1) (got {self.clip_eps})")
         if not 0 <= self.jitter < 1:
             raise UnsupportedConfigError(f"jitter must lie in [0, 1) (got {self.jitter})")
+        if self.trainer not in TRAINERS:
+            raise UnsupportedConfigError(f"trainer {self.trainer!r} unknown (known: {', '.join(TRAINERS)})")
+        if self.trainer == "megatron" and self.route != "strict":
+            raise UnsupportedConfigError("trainer 'megatron' runs the strict route only (the megatron actor is "
+                                         "built on rlk's strict spec)")
 
     def task(self) -> TargetByteTask:
         return TargetByteTask(target=self.target)
@@ -109,6 +120,29 @@ def _clone_weights(w: dict[str, torch.Tensor], device, zero: bool = False) -> di
     return out
 
 
+def actor_batch(vocab_size: int, prompts: list[list[int]], responses: list[list[int]], old_logp: list[torch.Tensor],
+                adv: torch.Tensor, clip_eps: float, device="cpu"):
+    """The actor's packed batch (host tensors, :func:`rlk.replay.trainer.pack`) and its GRPO
+    per-token loss (``token_loss(logp_rows, lo, hi)`` over the packed rows, tensors on ``device``):
+    each response row gets its sequence's old logp and advantage; normalized by the batch's
+    response tokens."""
+    rollout.check_tokens(vocab_size, prompts, responses)
+    pk = trainer.pack(prompts, responses, device="cpu")
+    T = pk.ids.shape[0]
+    old_rows = torch.zeros(T, dtype=torch.float32)
+    adv_rows = torch.zeros(T, dtype=torch.float32)
+    for j, i in enumerate(pk.order):
+        a = pk.host_cu[j] + pk.prompt_lens[j] - 1
+        r = pk.response_lens[j]
+        if old_logp[i].shape != (r,):
+            raise UnsupportedConfigError(f"sequence {i}: {tuple(old_logp[i].shape)} old logp for {r} response tokens")
+        old_rows[a:a + r] = old_logp[i].detach().float().cpu()
+        adv_rows[a:a + r] = float(adv[i])
+    n_tokens = sum(pk.response_lens)
+    fn = grpo.token_loss_fn(old_rows.to(device), adv_rows.to(device), pk.loss_mask.to(device), clip_eps, n_tokens)
+    return pk, fn
+
+
 class Trainer:
     """The actor: a Qwen3 model of ``route`` over bf16 weights, fp32 master weights, Adam."""
 
@@ -134,26 +168,12 @@ class Trainer:
         from rlk.kernels.common import host_validated
 
         dev = self.model.device
-        rollout.check_tokens(self.model.cfg.vocab_size, prompts, responses)
-        pk = trainer.pack(prompts, responses, device="cpu")
-        T = pk.ids.shape[0]
-        old_rows = torch.zeros(T, dtype=torch.float32)
-        adv_rows = torch.zeros(T, dtype=torch.float32)
-        for j, i in enumerate(pk.order):
-            a = pk.host_cu[j] + pk.prompt_lens[j] - 1
-            r = pk.response_lens[j]
-            if old_logp[i].shape != (r,):
-                raise UnsupportedConfigError(f"sequence {i}: {tuple(old_logp[i].shape)} old logp for {r} response tokens")
-            old_rows[a:a + r] = old_logp[i].detach().float().cpu()
-            adv_rows[a:a + r] = float(adv[i])
-        n_tokens = sum(pk.response_lens)
-        mask = pk.loss_mask
-        fn = grpo.token_loss_fn(old_rows.to(dev), adv_rows.to(dev), mask.to(dev), self.clip_eps, n_tokens)
+        pk, fn = actor_batch(self.model.cfg.vocab_size, prompts, responses, old_logp, adv, self.clip_eps, dev)
         with host_validated():
             lp, grads = self.model.trainer_logp(pk.ids.to(dev), pk.cu_seqlens.to(dev), pk.targets.to(dev), actor=True,
                                                 host_cu=pk.host_cu, token_loss=fn)
         with torch.no_grad():
-            loss = float(fn(lp, 0, T).sum())
+            loss = float(fn(lp, 0, pk.ids.shape[0]).sum())
         return trainer.response_logp(pk, lp, len(prompts)), grads, loss
 
     def apply(self, grads: dict[str, torch.Tensor]) -> float:
@@ -210,11 +230,19 @@ def _sync(trainer_: Trainer, engine: RolloutEngine, hooks: Hooks) -> dict:
     return {k: rec[k] for k in ("generation", "sha256_trainer", "sha256_rollout", "match", "seconds")}
 
 
-def run_arm(lc: LoopConfig, hooks: Hooks | None = None, on_step: Callable[[dict], None] | None = None) -> dict:
+def run_arm(lc: LoopConfig, hooks: Hooks | None = None, on_step: Callable[[dict], None] | None = None,
+            make_trainer: Callable | None = None) -> dict:
     """Runs ``lc.steps`` RL steps on ``lc.route``; returns ``{"route", "config", "task", "initial_sync",
     "steps": [record per step], "summary"}`` (JSON-able). ``on_step(record)`` sees each record as it
-    is made. Raises :class:`rlk.rl.sync.WeightSyncError` on a fingerprint mismatch or stale weights."""
+    is made. Raises :class:`rlk.rl.sync.WeightSyncError` on a fingerprint mismatch or stale weights.
+
+    ``make_trainer(cfg, fused, route, lc)``: the actor when ``lc.trainer`` is not ``"rlk"`` (e.g.
+    ``rlk.integrations.megatron.actor.RLTrainer``); it offers :class:`Trainer`'s ``w``,
+    ``generation``, ``actor(...)`` and ``apply(grads)``."""
     lc.check()
+    if (lc.trainer == "rlk") != (make_trainer is None):
+        raise UnsupportedConfigError(f"trainer {lc.trainer!r} with make_trainer={make_trainer!r}: the rlk trainer "
+                                     "takes none, any other trainer needs its factory")
     hooks = hooks or Hooks()
     task = lc.task()
     cfg, hf = trained_weights(lc.model, dtype=torch.bfloat16, device=lc.device)
@@ -223,7 +251,7 @@ def run_arm(lc: LoopConfig, hooks: Hooks | None = None, on_step: Callable[[dict]
         raise UnsupportedConfigError(f"prompt + {lc.response_len} response tokens exceed max_position_embeddings "
                                      f"{cfg.max_position_embeddings}")
     fused = hf_to_fused(cfg, hf)
-    actor = Trainer(cfg, fused, lc.route, lc)
+    actor = (make_trainer or Trainer)(cfg, fused, lc.route, lc)
     engine = RolloutEngine(cfg, fused, lc.route, lc)
     initial = _sync(actor, engine, hooks)
     records = []
@@ -334,7 +362,7 @@ def strict_failures(arm: dict) -> list[str]:
 
 
 def run_and_report(lc: LoopConfig, routes: list[str], out_dir: str, on_step: Callable[[dict], None] | None = None,
-                   hooks: Hooks | None = None) -> dict:
+                   hooks: Hooks | None = None, make_trainer: Callable | None = None) -> dict:
     """Runs one arm per route of ``routes`` (config ``lc`` with the route replaced), writes
     :func:`output_paths`' files and returns the report (``arms``, ``passed``, ``failures``, ``files``).
 
@@ -356,7 +384,8 @@ def run_and_report(lc: LoopConfig, routes: list[str], out_dir: str, on_step: Cal
                 on_step(rec)
 
         for route in routes:
-            arms[route] = run_arm(dataclasses.replace(lc, route=route), hooks=hooks, on_step=record)
+            arms[route] = run_arm(dataclasses.replace(lc, route=route), hooks=hooks, on_step=record,
+                                  make_trainer=make_trainer)
     failures = strict_failures(arms["strict"]) if "strict" in arms else []
     report = {"arms": arms, "routes": list(routes), "passed": not failures, "failures": failures,
               "provenance": _provenance(lc, routes)}

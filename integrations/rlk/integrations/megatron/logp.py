@@ -130,6 +130,50 @@ def output_processor(*, hidden_states, output_layer, output_weight=None, labels=
     return (logp, ent.view(b, s)) if ctx.get("entropy", False) else logp
 
 
+def loss_output_processor(*, hidden_states, output_layer, output_weight=None, labels=None, context=None,
+                          **unused):
+    """megatron-core 0.19.2 ``GPTModel`` output processor of the actor: the fused logp + per-token
+    loss path (:func:`rlk.kernels.linear_logp.autograd.linear_logp_loss`, ``logp.v2``), never
+    megatron's logits.
+
+    hidden_states ``[s, b, H]``, labels ``[b, s]``. context (dict): ``token_loss`` (required:
+    ``token_loss(logp_rows [n] fp32, lo, hi) -> [n]`` over the flattened ``b * s`` rows, as
+    ``Qwen3.trainer_logp`` takes it), ``vocab_size``, ``temperature``. Returns ``(loss, logp)``:
+    the fp32 sum of the per-token losses and the detached logp ``[b, s]`` fp32.
+
+    Gradient-accumulation fusion (megatron's convention): when the LM-head weight carries an fp32
+    ``main_grad`` (megatron's DDP with ``grad_reduce_in_fp32``), d_weight is accumulated into it
+    during this call and the weight gets no ``.grad``; the loss's backward must then run with
+    grad_out == 1 (no loss scaling after this point). TP=1 only (the fused path is single-shard).
+
+    Determinism: logp.v2; main_grad bytes: the fp32 chain of the bf16 d_weight, continued from
+    main_grad's contents.
+    """
+    from rlk.kernels.linear_logp.autograd import linear_logp_loss
+
+    ctx = dict(context or {})
+    if labels is None:
+        raise UnsupportedConfigError("loss_output_processor: labels (the selected tokens) are required")
+    token_loss = ctx.get("token_loss")
+    if not callable(token_loss):
+        raise UnsupportedConfigError("loss_output_processor: context['token_loss'] must be the per-token loss "
+                                     "callable (logp_rows, lo, hi) -> losses")
+    w = output_weight if output_weight is not None else output_layer.weight
+    from megatron.core import parallel_state as ps
+
+    if ps.get_tensor_model_parallel_world_size() != 1:
+        raise UnsupportedConfigError("loss_output_processor: the fused logp + loss path is single-shard (TP=1); "
+                                     "at TP>1 call output_processor and form the loss from its logp")
+    s, b, H = hidden_states.shape
+    h = hidden_states.transpose(0, 1).reshape(b * s, H)
+    targets = labels.reshape(b * s).long().contiguous()
+    vocab = int(ctx.get("vocab_size", w.shape[0]))
+    main_grad = getattr(w, "main_grad", None) if w.requires_grad else None
+    loss, logp = linear_logp_loss(h, w, targets, token_loss, 0, vocab, float(ctx.get("temperature", 1.0)),
+                                  segmentation=_segmentation(vocab), main_grad=main_grad)
+    return loss, logp.view(b, s)
+
+
 def gather_cp(logp: torch.Tensor, cu_seqlens, group=None) -> torch.Tensor:
     """Every CP rank's selected-token logp rows in global packed order.
 

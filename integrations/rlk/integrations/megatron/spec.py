@@ -73,13 +73,19 @@ _PINNED = {
     "params_dtype": torch.bfloat16,
     "num_moe_experts": None,
     "multi_latent_attention": False,
-    "recompute_granularity": None,
     "layernorm_zero_centered_gamma": False,
     "qk_l2_norm": False,
     "use_mup": False,
     "hierarchical_context_parallel_sizes": None,
     "hybrid_context_parallel": False,
 }
+
+# Activation recompute covered: megatron re-runs the same rlk modules in backward (the same
+# bytes: every contract is run-to-run bitwise), "full" for whole layers or "selective" for the
+# core attention only; other selective modules are untested here.
+RECOMPUTE_GRANULARITIES = (None, "full", "selective")
+RECOMPUTE_SELECTIVE_MODULES = ("core_attn",)
+
 
 def _swiglu_marker(x):  # pragma: no cover - never called: the activation slot holds RlkSwiGLU
     raise UnsupportedConfigError("config.activation_func called: the activation slot must be RlkSwiGLU")
@@ -133,6 +139,13 @@ def check_config(cfg: Qwen3Config, tc, tp_size: int | None = None) -> None:
         comm = getattr(tc, "cp_comm_type", None)
         if any(c not in CP_COMM_TYPES for c in (comm if isinstance(comm, list) else [comm])):
             bad.append(f"cp_comm_type={comm!r} (rlk's CP attention all-gathers K/V with ag.v1: None or 'all_gather')")
+    gran = getattr(tc, "recompute_granularity", None)
+    if gran not in RECOMPUTE_GRANULARITIES:
+        bad.append(f"recompute_granularity={gran!r} (strict covers {RECOMPUTE_GRANULARITIES})")
+    elif gran == "selective":
+        mods = sorted(set(getattr(tc, "recompute_modules", None) or []) - set(RECOMPUTE_SELECTIVE_MODULES))
+        if mods:
+            bad.append(f"recompute_modules {mods} (strict's selective recompute covers {RECOMPUTE_SELECTIVE_MODULES})")
     if getattr(tc, "virtual_pipeline_model_parallel_size", None) not in (None, 1):
         bad.append("virtual pipeline parallelism is not covered")
     if getattr(tc, "fp8_param", False):

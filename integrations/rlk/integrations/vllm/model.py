@@ -114,6 +114,8 @@ class RlkStrictQwen3ForCausalLM(nn.Module):
             _install_tripwire(a, self.counters)
         self.rlk_weight_generation = 0
         self._plan = None
+        self._max_tokens = int(vllm_config.scheduler_config.max_num_batched_tokens)
+        self._warmed = False
 
     # ---- weights -----------------------------------------------------------------------------
     def _fused(self) -> dict[str, torch.Tensor]:
@@ -180,7 +182,22 @@ class RlkStrictQwen3ForCausalLM(nn.Module):
             self.counters.meta["contracts"] = dict(m.ops.contracts)
             m.ops = _counters.CountingOps(m.ops, self.counters)
             self._plan = (self.rlk_weight_generation, m)
+            if not self._warmed:
+                self._warm_up_gemms()
         return self._plan[1]
+
+    def _warm_up_gemms(self) -> None:
+        """Compile every GEMM variant the table picks for 1..max_num_batched_tokens rows, for the
+        four projection shapes, before vLLM's warm-up and capture (vLLM's dummy runs cover only
+        its capture sizes and the largest batch; a prefill chunk of another size would otherwise
+        compile its tiles while serving)."""
+        from rlk.kernels.gemm import launch as gemm_launch
+
+        lay = self.model.layers[0]
+        for w in (lay.self_attn.qkv_proj.weight, lay.self_attn.o_proj.weight, lay.mlp.gate_up_proj.weight,
+                  lay.mlp.down_proj.weight):
+            gemm_launch.warm_up(w.data, self._max_tokens)
+        self._warmed = True
 
     # ---- vLLM model interface -----------------------------------------------------------------
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:

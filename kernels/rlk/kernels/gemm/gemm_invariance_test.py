@@ -278,3 +278,28 @@ def test_gpu_tuner_candidates_identical(name):
             for m in ((1, 300, 2048) if sched == "prefill" else (1, 63, 129)):
                 y = gemm(x[:m], w, out_dtype=dt, schedule=sched, config=cfg)
                 assert_bitwise_equal(y, ref[:m], f"{name} {dt} {sched} {cfg} M={m}")
+
+
+def test_warm_up_launches_each_plan_once(monkeypatch, tmp_path):
+    """warm_up runs one launch per distinct plan of M in 1..max_m (decode BLOCK_M steps included),
+    at the smallest M of each, and refuses a bad max_m."""
+    from rlk.kernels.gemm import launch
+
+    K, N = 128, 40
+    table = json.loads(open(gemm_schedule.table_path()).read())
+    table["shapes"][f"{K}x{N}"] = {"split_k": contract.split_rule(K, N),
+                                   "buckets": [[20, "decode", None], [40, "decode", {"BLOCK_M": 64}],
+                                               [None, "prefill", {"BLOCK_M": 16}]]}
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(table))
+    monkeypatch.setenv(gemm_schedule.TABLE_ENV, str(path))
+    w = _rand(N, K, seed=3)
+    calls = []
+    real = launch.gemm
+    monkeypatch.setattr(launch, "gemm", lambda x, w, **kw: calls.append(x.shape[0]) or real(x, w, **kw))
+    # decode BLOCK_M 16 (M 1-16), 32 (M 17-20), the 64 bucket (21-40), prefill (41-).
+    assert launch.warm_up(w, 100) == [1, 17, 21, 41] == calls
+    calls.clear()
+    assert launch.warm_up(w, 18) == [1, 17] == calls  # buckets past max_m are not compiled
+    with pytest.raises(UnsupportedConfigError, match="max_m"):
+        launch.warm_up(w, 0)

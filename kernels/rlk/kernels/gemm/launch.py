@@ -221,6 +221,39 @@ def gemm(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfl
     return y
 
 
+def warm_up(w: torch.Tensor, max_m: int) -> list[int]:
+    """Compile (and run once) every kernel variant the table can pick for ``x @ w.T`` with
+    1 <= M <= ``max_m``: one launch on zero rows per distinct launch plan, at the smallest M that
+    selects it. Engines call it at load so that no Triton compilation lands inside timed or
+    served steps (the M buckets pick different tiles for different M). Returns the M launched.
+
+    Bytes are unaffected: the plans are bit-neutral and the outputs are discarded.
+    """
+    _check(w[:1], w, torch.bfloat16)
+    if int(max_m) < 1:
+        raise UnsupportedConfigError(f"gemm.warm_up: max_m must be >= 1, got {max_m}")
+    N, K = w.shape
+    arch = arch_of(w.device)
+    points, lo = [], 1
+    for max_b, sched, fields in gemm_schedule.buckets(K, N, arch):
+        if lo > max_m:
+            break
+        hi = max_m if max_b is None else min(int(max_b), max_m)
+        points.append(lo)
+        if sched == "decode" and fields is None:  # BLOCK_M follows M: it steps up at 17 and 33
+            points += [bm + 1 for bm in gemm_schedule.DECODE_BLOCK_M[:-1] if lo <= bm < hi]
+        lo = hi + 1
+    seen, launched = set(), []
+    x = torch.zeros((max(points), K), dtype=torch.bfloat16, device=w.device)
+    for m in sorted(set(points)):
+        key = tuple(sorted(plan(m, K, N, w.device).items()))
+        if key not in seen:
+            seen.add(key)
+            gemm(x[:m], w)
+            launched.append(m)
+    return launched
+
+
 class _nullctx:
     def __enter__(self):
         return None

@@ -140,7 +140,7 @@ class _LinearLogpLoss(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, targets, loss_fn, vocab_start, vocab_real, temperature, segmentation,
-                rows_per_chunk):
+                rows_per_chunk, main_grad):
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         losses = hidden.new_empty((hidden.shape[0],), dtype=torch.float32)
 
@@ -161,7 +161,9 @@ class _LinearLogpLoss(torch.autograd.Function):
 
         logp, _, dh, dw = linear_logp_fused_loss(
             hidden, weight, targets, dlogp_fn, vocab_start, vocab_real, temperature, rows_per_chunk,
-            segmentation=segmentation, need_d_hidden=need_h, need_d_weight=need_w)
+            segmentation=segmentation, need_d_hidden=need_h, need_d_weight=need_w,
+            main_grad=main_grad if need_w else None)
+        ctx.into_main_grad = main_grad is not None and need_w
         # Held as plain attributes (they are neither inputs nor outputs) and dropped in backward,
         # so the returned buffers have no other owner and AccumulateGrad adopts them as .grad
         # instead of copying them (a save_for_backward reference forces a copy: [V, H] bf16).
@@ -176,7 +178,25 @@ class _LinearLogpLoss(torch.autograd.Function):
                                "the first time); call the loss again for a second backward")
         dh, dw = ctx.grads
         ctx.grads = None
-        return (_times(dh, grad_loss), _times(dw, grad_loss)) + (None,) * 7
+        if ctx.into_main_grad:
+            _require_unit_grad_out(grad_loss)
+        return (_times(dh, grad_loss), _times(dw, grad_loss)) + (None,) * 8
+
+
+def _require_unit_grad_out(grad_out: Optional[torch.Tensor]) -> None:
+    """d_weight went into main_grad during the forward, unscaled, so the backward's grad_out must
+    be exactly 1 (fold any loss scale into loss_fn). CPU: checked on the host; CUDA: a
+    device-side assert (no host read, so no wait for the forward and graph capture still works)."""
+    if grad_out is None:
+        return
+    one = grad_out.reshape(()) == 1
+    if grad_out.device.type == "cuda":
+        torch._assert_async(one, f"{CONTRACT_ID}: linear_logp_loss with main_grad needs grad_out == 1")
+    elif not bool(one):
+        raise UnsupportedConfigError(
+            f"{CONTRACT_ID}: linear_logp_loss accumulated d_weight into main_grad during the forward, so "
+            f"its backward needs grad_out == 1 (got {float(grad_out.reshape(()))}); put any loss scale "
+            "(e.g. 1 / micro-batches) into loss_fn")
 
 
 def _times(grad: Optional[torch.Tensor], grad_out: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
@@ -198,7 +218,8 @@ def linear_logp_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.
                      loss_fn: Callable[[torch.Tensor, int, int], torch.Tensor], vocab_start: int = 0,
                      vocab_real: Optional[int] = None, temperature: float = 1.0, *,
                      segmentation: Optional[tuple[int, int]] = None,
-                     rows_per_chunk: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
+                     rows_per_chunk: Optional[int] = None,
+                     main_grad: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Loss of selected-token log-probs through the LM head, fused: (loss scalar fp32, logp [T] fp32).
 
     L = sum over tokens of ``loss_fn(logp_chunk [Tc] fp32, lo, hi) -> per-token losses [Tc]`` (rows
@@ -218,10 +239,20 @@ def linear_logp_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.
     use :func:`linear_logp`. Not traceable by torch.compile (Python loss inside). Args otherwise as
     :func:`linear_logp`; ``rows_per_chunk`` overrides the table's row chunk (tests).
 
+    ``main_grad``: optional fp32 ``[V_local, H]`` contiguous tensor (megatron's gradient-
+    accumulation fusion passes ``weight.main_grad``). d_weight is then accumulated into it during
+    this call, through the same fp32 chain the bf16 d_weight comes from (no second accumulator,
+    no rounding), and ``weight`` receives no ``.grad`` (its backward returns None); the backward's
+    grad_out must be exactly 1 (UnsupportedConfigError on CPU, device assert on CUDA). Wrong
+    dtype, shape, device or layout: UnsupportedConfigError before any launch.
+
     Determinism: logp.v2 — logp bytes equal ``linear_logp``'s; gradients equal the unfused path's
     for the same per-token dlogp (tested bitwise; on GPU by fused_test's GPU cases); bitwise run
-    to run.
+    to run; with a zero ``main_grad`` its bf16 rounding is the bf16 d_weight bitwise, and two calls
+    accumulate in call order (each element's fp32 chain continues over the second call's tokens).
     """
+    if main_grad is not None:
+        _launch.check_main_grad(main_grad, weight)
     return _LinearLogpLoss.apply(hidden, weight, targets, loss_fn, int(vocab_start),
                                  None if vocab_real is None else int(vocab_real), float(temperature),
-                                 segmentation, rows_per_chunk)
+                                 segmentation, rows_per_chunk, main_grad)

@@ -35,7 +35,7 @@ from rlk.kernels.linear_logp import contract, schedule
 from rlk.kernels.linear_logp import kernel as K
 from rlk.kernels.launcher import launch
 from rlk.kernels.linear_logp.launch import (GradGemms, _check_device, _inv_temp, _vec, check_inputs,
-                                            linear_logp_fwd)
+                                            check_main_grad, linear_logp_fwd)
 
 CONTRACT_ID = contract.CONTRACT_ID
 _BYTES_PER_ELEMENT = 4 + 2  # fp32 logits + bf16 G per (row, column) of a chunk
@@ -66,7 +66,7 @@ def linear_logp_fused_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: 
                            vocab_start: int = 0, vocab_real: Optional[int] = None, temperature: float = 1.0,
                            rows_per_chunk: Optional[int] = None, *, segmentation=None,
                            return_entropy: bool = False, need_d_hidden: bool = True,
-                           need_d_weight: bool = True):
+                           need_d_weight: bool = True, main_grad: Optional[torch.Tensor] = None):
     """Forward and gradients of L = sum_t l_t(logp_t) in one pass (3 GEMM-equivalents).
 
     Args:
@@ -80,10 +80,17 @@ def linear_logp_fused_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: 
         ``fused.ROWS_BUDGET_MB``: :func:`rows_per_chunk_for`). Tests use it to force chunks.
       segmentation: the forward's (ALIGN, SEG_V), as ``linear_logp``.
       need_d_hidden / need_d_weight: skip a GEMM whose result is not wanted (None returned).
+      main_grad: optional fp32 [V_local, H], contiguous (megatron's gradient-accumulation fusion:
+        the weight's ``main_grad``). d_weight is then accumulated into it and not returned: the
+        fp32 chain that otherwise lives in the d_weight accumulator starts from main_grad's
+        values (ACC_IN on the first chunk too) and is never rounded. With main_grad all zeros it
+        ends with the fp32 bytes whose bf16 rounding is the d_weight returned without it; a
+        second call continues each element's chain over its own tokens (call order = order).
 
     Returns: (logp [T] fp32, lse [T] fp32, d_hidden [T, H] bf16 | None, d_weight [V_local, H]
-    bf16 | None). Peak extra memory: the chunk's fp32 logits and bf16 G (6 * rows * V_local
-    bytes) and, with more than one chunk, an fp32 [V_local, H] d_weight accumulator.
+    bf16 | None; None too with main_grad). Peak extra memory: the chunk's fp32 logits and bf16 G
+    (6 * rows * V_local bytes) and, with more than one chunk and no main_grad, an fp32
+    [V_local, H] d_weight accumulator (main_grad is that accumulator when given).
 
     Not supported (UnsupportedConfigError): vocabulary-parallel shards (they need every rank's
     statistics before any G: keep ``segment_stats`` / ``merge_segment_stats`` +
@@ -127,12 +134,16 @@ def linear_logp_fused_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: 
 
     logp = torch.empty((T,), dtype=torch.float32, device=dev)
     lse = torch.empty_like(logp)
+    acc_in = main_grad is not None and need_d_weight
+    if acc_in:
+        check_main_grad(main_grad, weight)
     dh = torch.empty_like(hidden) if need_d_hidden else None
-    dw = torch.empty_like(weight) if need_d_weight else None
+    dw = torch.empty_like(weight) if need_d_weight and not acc_in else None
     # d_weight: one fp32 chain over all tokens; with several chunks it lives in an fp32 buffer
-    # between them and is rounded once at the end.
-    dw_acc = (torch.empty((V_local, H), dtype=torch.float32, device=dev)
-              if need_d_weight and n_chunks > 1 else dw)
+    # between them and is rounded once at the end. With main_grad that buffer is main_grad,
+    # whose contents start the chain, and nothing is rounded.
+    dw_acc = (main_grad if acc_in else
+              torch.empty((V_local, H), dtype=torch.float32, device=dev) if need_d_weight and n_chunks > 1 else dw)
     need_grads = need_d_hidden or need_d_weight
     g = (torch.empty((rows, -(-V_local // 8) * 8), dtype=torch.bfloat16, device=dev)  # 16-byte rows (TMA)
          if need_grads else None)
@@ -160,8 +171,8 @@ def linear_logp_fused_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: 
         if need_d_hidden:
             gemms.d_hidden(gv, weight, dh[lo:hi], ACC_IN=False, OUT_BF16=True)
         if need_d_weight:
-            gemms.d_weight(gv, h_c, dw_acc, ACC_IN=c > 0, OUT_BF16=n_chunks == 1)
-    if need_d_weight and n_chunks > 1:
+            gemms.d_weight(gv, h_c, dw_acc, ACC_IN=c > 0 or acc_in, OUT_BF16=n_chunks == 1 and not acc_in)
+    if need_d_weight and n_chunks > 1 and not acc_in:
         dw.copy_(dw_acc)  # one RNE rounding (torch's fp32 -> bf16 cast, as linear_logp_bwd's d_hidden)
     return logp, lse, dh, dw
 

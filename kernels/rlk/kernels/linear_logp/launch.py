@@ -262,9 +262,27 @@ def _vec(name, t, T, dev):
     return t.contiguous()
 
 
+def check_main_grad(main_grad, weight) -> None:
+    """Raises ``UnsupportedConfigError`` unless ``main_grad`` can take d_weight accumulation:
+    fp32, the weight's shape and device, contiguous (the GEMM stores rows of unit stride)."""
+    if not isinstance(main_grad, torch.Tensor):
+        raise UnsupportedConfigError(f"{CONTRACT_ID}: main_grad must be a torch.Tensor, got "
+                                     f"{type(main_grad).__name__}")
+    if main_grad.dtype != torch.float32:
+        raise UnsupportedConfigError(f"{CONTRACT_ID}: main_grad must be fp32 (d_weight accumulates in the "
+                                     f"GEMM's fp32 chain), got {main_grad.dtype}")
+    if tuple(main_grad.shape) != tuple(weight.shape):
+        raise UnsupportedConfigError(f"{CONTRACT_ID}: main_grad has shape {tuple(main_grad.shape)}, the weight "
+                                     f"{tuple(weight.shape)}")
+    if main_grad.device != weight.device:
+        raise UnsupportedConfigError(f"{CONTRACT_ID}: main_grad on {main_grad.device}, weight on {weight.device}")
+    if not main_grad.is_contiguous():
+        raise UnsupportedConfigError(f"{CONTRACT_ID}: main_grad must be contiguous (strides {main_grad.stride()})")
+
+
 def linear_logp_bwd(hidden, weight, targets, lse, dlogp, vocab_start: int = 0,
                     vocab_real: Optional[int] = None, temperature: float = 1.0, dlse=None,
-                    entropy=None, dentropy=None):
+                    entropy=None, dentropy=None, main_grad=None):
     """Gradients (d_hidden [T, H] bf16, d_weight [V_local, H] bf16) from the saved lse [T] fp32.
 
     dlogp [T] fp32 (zeros if None), dlse / dentropy [T] fp32 optional (dentropy needs entropy).
@@ -272,6 +290,11 @@ def linear_logp_bwd(hidden, weight, targets, lse, dlogp, vocab_start: int = 0,
     pre-temperature logits G [T, chunk] is written, then d_weight[chunk] = G^T @ hidden (tokens
     ascending, one chain) and d_hidden += G @ weight[chunk] (vocab ascending, one fp32 chain that
     continues across chunks), rounded once at the end. No atomics.
+
+    main_grad: optional fp32 [V_local, H] (megatron's gradient-accumulation fusion): d_weight is
+    not rounded or returned (None) but accumulated into it: each element's fp32 chain starts from
+    main_grad's value and continues over the tokens ascending (a zero main_grad ends with the
+    unrounded bytes whose bf16 rounding is the d_weight returned without it).
 
     Determinism: logp.v2; bitwise run to run; d_hidden rows independent of T.
     """
@@ -305,7 +328,9 @@ def linear_logp_bwd(hidden, weight, targets, lse, dlogp, vocab_start: int = 0,
     ghd, gwd = ((_desc(hidden, (gc["BLOCK_T"], gc["BLOCK_K"])), _desc(weight, (gc["BLOCK_V"], gc["BLOCK_K"])))
                 if gtm else (None, None))
     gemms = GradGemms(hidden, weight, tab)
-    dw = torch.empty_like(weight)
+    if main_grad is not None:
+        check_main_grad(main_grad, weight)
+    dw = torch.empty_like(weight) if main_grad is None else main_grad
     dh_acc = torch.empty((T, H), dtype=torch.float32, device=dev)
     cd = cdiv
     # Reduction order (d_hidden): vocab chunks ascending; the fp32 chain continues across chunks.
@@ -321,10 +346,12 @@ def linear_logp_bwd(hidden, weight, targets, lse, dlogp, vocab_start: int = 0,
             HAS_DENT=dentropy is not None, INTERPRET=interp, H_I=_bound(H),
             num_warps=gc["num_warps"], num_stages=gc["num_stages"], **opts)
         # d_weight[chunk] = G^T @ hidden (tokens ascending); d_hidden (+)= G @ weight[chunk].
-        gemms.d_weight(g[:, :nc], hidden, dw[col0:col0 + nc], ACC_IN=False, OUT_BF16=True)
+        # With main_grad the chain starts from its fp32 contents (ACC_IN) and stays unrounded.
+        gemms.d_weight(g[:, :nc], hidden, dw[col0:col0 + nc], ACC_IN=main_grad is not None,
+                       OUT_BF16=main_grad is None)
         gemms.d_hidden(g[:, :nc], weight[col0:col0 + nc], dh_acc, ACC_IN=c > 0, OUT_BF16=False)
     # One RNE rounding (torch's fp32 -> bf16 cast is round-to-nearest-even on CPU and GPU).
-    return dh_acc.to(hidden.dtype), dw
+    return dh_acc.to(hidden.dtype), (dw if main_grad is None else None)
 
 
 class GradGemms:

@@ -24,6 +24,13 @@ weight, targets, are excluded; outputs and gradients are included). ``*_workspac
 minus what the pass returns (fwd: logp [T] fp32; fwd_bwd: the bf16 gradients of hidden and weight,
 the same for every arm), ``workspace_ratio`` = strict / native workspace.
 
+``fwd_bwd_fused_main_grad``: the fused path accumulating d_weight into an fp32 ``main_grad`` the
+trainer already holds (megatron's gradient-accumulation fusion; allocated before the call, so not
+counted): its workspace is peak minus d_hidden (its only returned gradient); the like-for-like
+comparison is Liger with an fp32 accumulator (``ratio_vs_liger_fp32acc``; Liger's workspace there
+holds its fp32 accumulator). ``main_grad_equal_unfused``: from a zero main_grad, d_hidden and
+bf16(main_grad) torch.equal to the unfused path's gradients.
+
 ``--fused-budgets MB [MB ...]`` adds arms of the fused path with the row-chunk budget
 (``fused.ROWS_BUDGET_MB``, a bit-neutral schedule field) overridden; the ``fwd_bwd_fused`` row
 lists their times, peaks and workspaces in ``budget_variants`` (the memory/time trade-off of the
@@ -180,11 +187,17 @@ def run(shapes, out_path, rounds: int = ROUNDS, dev: str = "cuda", fused_budgets
         def fused_fb():
             linear_logp_loss(hg, wg, tg, lambda lp, lo, hi: lp * coef[lo:hi])[0].backward()
 
+        mg = torch.zeros(V, H, dtype=torch.float32, device=dev)  # the trainer's buffer: held, not workspace
+
+        def fused_mg_fb():
+            linear_logp_loss(hg, wg, tg, lambda lp, lo, hi: lp * coef[lo:hi], main_grad=mg)[0].backward()
+
         passes = {
             "fwd": {"strict": _validated(strict_fwd), "strict_checked": strict_fwd, "native": native_fwd},
             "fwd_bwd": {"strict": _validated(strict_fb), "strict_checked": strict_fb, "native": native_fb,
                         **({"liger": liger_fb, "liger_fp32acc": liger_fp32acc_fb} if liger_fn is not None else {}),
                         "fused": _validated(fused_fb), "fused_checked": fused_fb,
+                        "fused_main_grad": _validated(fused_mg_fb),
                         **{_arm(mb): _validated(_with_budget(fused_fb, mb)) for mb in fused_budgets}},
         }
         for pas, fns in passes.items():
@@ -196,7 +209,7 @@ def run(shapes, out_path, rounds: int = ROUNDS, dev: str = "cuda", fused_budgets
             t = interleaved_us(fns, rounds=rounds, measure=measure)
             hg.grad = wg.grad = None
             peaks = {}
-            for name in ("strict", "native", "liger", "liger_fp32acc", "fused",
+            for name in ("strict", "native", "liger", "liger_fp32acc", "fused", "fused_main_grad",
                          *map(_arm, fused_budgets)):
                 if name in fns and "us" in t[name]:
                     try:
@@ -230,6 +243,10 @@ def run(shapes, out_path, rounds: int = ROUNDS, dev: str = "cuda", fused_budgets
                 fused["grads_equal_unfused"] = _grads_equal(fused_fb, strict_fb, hg, wg)
                 rows.append(fused)
                 _print_row(fused)
+                mrow = _main_grad_row(T, V, t, peaks)
+                mrow["main_grad_equal_unfused"] = _main_grad_equal(fused_mg_fb, strict_fb, hg, wg, mg)
+                rows.append(mrow)
+                _print_row(mrow)
         del h, w, hg, wg
         torch.cuda.empty_cache()
         _write(out_path, prov, rows)  # after every shape: a stage time limit keeps what was measured
@@ -269,6 +286,48 @@ def _fill(row, t, peaks, strict, native, liger, out_mb):
         row["ratio_vs_liger"] = row["strict_us"] / row["liger_us"]
     if row.get("native_workspace_mb") and "strict_workspace_mb" in row:
         row["workspace_ratio"] = row["strict_workspace_mb"] / row["native_workspace_mb"]
+
+
+def _main_grad_row(T, V, t, peaks) -> dict:
+    """The ``fwd_bwd_fused_main_grad`` row: the main_grad arm's time, peak and workspace (peak
+    minus d_hidden: d_weight went into the held main_grad), against native and Liger (fp32
+    accumulator: like for like; workspaces minus their returned bf16 gradients)."""
+    row = {"T": T, "V": V, "H": H, "pass": "fwd_bwd_fused_main_grad", "main_grad_mb": V * H * 4 / 2**20}
+    arm = t["fused_main_grad"]
+    if "us" not in arm:
+        row["strict_error"] = arm["error"]
+        return row
+    row.update(strict_us=arm["us"], strict_rounds_us=arm["rounds"])
+    if peaks.get("fused_main_grad") is not None:
+        row["strict_peak_mb"] = peaks["fused_main_grad"]
+        row["strict_workspace_mb"] = peaks["fused_main_grad"] - T * H * 2 / 2**20
+    for name in ("native", "liger_fp32acc"):
+        if name in t and "us" in t[name]:
+            row[f"{name}_us"] = t[name]["us"]
+            row[f"ratio_vs_{name}" if name != "native" else "ratio"] = arm["us"] / t[name]["us"]
+            if peaks.get(name) is not None:
+                row[f"{name}_workspace_mb"] = peaks[name] - _out_mb("fwd_bwd", T, V)
+    if row.get("native_workspace_mb") and "strict_workspace_mb" in row:
+        row["workspace_ratio"] = row["strict_workspace_mb"] / row["native_workspace_mb"]
+    return row
+
+
+def _main_grad_equal(fused_mg_fb, strict_fb, hg, wg, mg):
+    """From a zero main_grad: d_hidden equal to the unfused path's and bf16(main_grad) equal to
+    its d_weight (torch.equal); None on OOM."""
+    try:
+        hg.grad = wg.grad = None
+        mg.zero_()
+        fused_mg_fb()
+        dh, no_dw = hg.grad, wg.grad
+        hg.grad = wg.grad = None
+        strict_fb()
+        same = bool(no_dw is None and torch.equal(dh, hg.grad) and torch.equal(mg.to(torch.bfloat16), wg.grad))
+    except torch.cuda.OutOfMemoryError:
+        same = None
+    hg.grad = wg.grad = None
+    torch.cuda.empty_cache()
+    return same
 
 
 def _grads_equal(fused_fb, strict_fb, hg, wg):

@@ -39,7 +39,12 @@ def test_rows_columns_and_budget_arms(fake_device, tmp_path, monkeypatch):
     d = json.loads(out.read_text())
     assert "provenance" in d
     rows = {r["pass"]: r for r in d["rows"]}
-    assert set(rows) == {"fwd", "fwd_bwd", "fwd_bwd_fused"}
+    assert set(rows) == {"fwd", "fwd_bwd", "fwd_bwd_fused", "fwd_bwd_fused_main_grad"}
+    mg = rows.pop("fwd_bwd_fused_main_grad")
+    assert mg["main_grad_equal_unfused"] is True
+    assert mg["strict_workspace_mb"] == pytest.approx(mg["strict_peak_mb"] - 64 * B.H * 2 / 2**20)
+    assert mg["ratio"] == pytest.approx(mg["strict_us"] / mg["native_us"])
+    assert mg["strict_us"] not in (rows["fwd_bwd"]["strict_us"], rows["fwd_bwd_fused"]["strict_us"])
     for r in rows.values():
         assert r["ratio"] == pytest.approx(r["strict_us"] / r["native_us"])
         out_mb = B._out_mb("fwd" if r["pass"] == "fwd" else "fwd_bwd", 64, 160)

@@ -1,0 +1,282 @@
+"""megatron-core actor on rlk's strict spec: forward + backward + optimizer step through
+megatron's own training machinery.
+
+One :class:`MegatronActor` holds
+
+* the strict ``GPTModel`` (:func:`rlk.integrations.megatron.spec.build_gpt_model`, bf16
+  parameters, TP=1) wrapped in megatron's ``DistributedDataParallel`` with
+  ``grad_reduce_in_fp32=True``: every parameter gets an fp32 ``main_grad`` in DDP's contiguous
+  grad buffer; backward hooks add the bf16 ``.grad`` of each parameter into it (exact: fp32
+  holds every bf16 value, and the buffer starts at +0.0);
+* megatron's optimizer from ``get_megatron_optimizer`` (``OptimizerConfig(optimizer="adam",
+  bf16=True)``: fp32 main parameters, the ``DistributedOptimizer`` by default or the plain
+  ``Float16OptimizerWithFloat16Params``); without TransformerEngine or Apex megatron's Adam is
+  ``torch.optim.AdamW`` (``weight_decay=0`` here: the decay factor is exactly 1);
+* the LM head through :func:`rlk.integrations.megatron.logp.loss_output_processor`: rlk's fused
+  logp + per-token loss path accumulates d_weight straight into ``output_layer.weight.main_grad``
+  (megatron's gradient-accumulation-fusion convention; the weight gets no ``.grad``).
+
+A step is megatron's ``train_step`` order: ``zero_grad_buffer`` + ``optimizer.zero_grad``, the
+no-pipelining schedule (``forward_backward_no_pipelining``: one forward and backward per
+micro-batch, then ``finalize_model_grads``: DDP's ``finish_grad_sync``), ``optimizer.step()``.
+Loss normalization lives in the per-token loss (``rlk.rl.grpo``'s ``n_tokens``, as rlk's own
+trainer): the schedule runs with ``calculate_per_token_loss=True`` (no division by micro-batch
+count) and the gradients are not rescaled by a token count afterwards, so the backward's
+grad_out is exactly 1 and micro-batches add up in order.
+
+**CPU.** megatron-core 0.19.2's DDP and optimizers assume a CUDA device in a few host-side
+spots that carry no arithmetic: ``_ParamAndGradBuffer`` allocates its grad (and, with the
+distributed optimizer, param) buffer with ``device=torch.cuda.current_device()``;
+``start_grad_sync`` reads ``torch.cuda.current_stream()`` (only to wait on CUDA-graph events);
+``Float16OptimizerWithFloat16Params`` / ``DistributedOptimizer`` accept a parameter only when
+``param.type()`` is ``torch.cuda.BFloat16Tensor`` and create their unit loss scale with
+``device='cuda'``; the schedule creates its token counter with ``device="cuda"``; activation
+recompute (``tensor_parallel.checkpoint``) saves the CUDA RNG state with
+``torch.cuda.random.get_rng_state``. On a machine without CUDA, :func:`cuda_names_on_cpu`
+answers exactly those queries with the CPU (device ``"cuda"`` -> ``"cpu"``, a CPU tensor's
+``type()`` -> the CUDA type name, no current stream, an empty CUDA RNG state: no CUDA generator
+exists and nothing here draws random numbers) while megatron's own DDP, schedule, recompute and
+optimizer code runs unmodified. It is never used when CUDA is available.
+
+Activation recompute (``recompute="full"``: every layer, megatron's uniform method, one layer
+per checkpoint; ``"selective"``: the core attention) re-runs the same rlk modules in backward:
+the gradients are bitwise those without recompute (actor_test).
+
+Not covered: TP > 1 (the fused LM head + loss path is single-shard), ``overlap_grad_reduce``
+(its bucket readiness needs a ``.grad`` on every parameter; the fused LM head gives none), and
+the forward dispatch audit (``audit.forward_audit``): the per-token loss runs inside the
+model call (the output processor), and its torch arithmetic is the caller's, which the audit
+would flag; the forward without the loss is audited by ``megatron_test`` on the same spec.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Optional
+
+import torch
+
+from rlk.errors import UnsupportedConfigError
+
+_CUDA_TYPE_NAMES = {torch.bfloat16: "torch.cuda.BFloat16Tensor", torch.float16: "torch.cuda.HalfTensor",
+                    torch.float32: "torch.cuda.FloatTensor"}
+
+
+class _CudaNamesOnCpu(torch.overrides.TorchFunctionMode):
+    """Factory calls asking for ``device="cuda"`` get the CPU; a CPU tensor's ``type()`` (no
+    arguments) reports the CUDA type name megatron's optimizers test for."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func is torch.Tensor.type and len(args) == 1 and not kwargs and args[0].device.type == "cpu" \
+                and args[0].dtype in _CUDA_TYPE_NAMES:
+            return _CUDA_TYPE_NAMES[args[0].dtype]
+        dev = kwargs.get("device")
+        if dev is not None and torch.device(dev).type == "cuda":
+            kwargs["device"] = "cpu"
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def cuda_names_on_cpu():
+    """Runs megatron's DDP / schedule / optimizer host code on a machine without CUDA (module
+    docstring lists every query it answers). A no-op when CUDA is available."""
+    if torch.cuda.is_available():
+        yield
+        return
+    saved = torch.cuda.current_device, torch.cuda.current_stream, torch.cuda.random.get_rng_state
+    torch.cuda.current_device = lambda: "cpu"
+    torch.cuda.current_stream = lambda *a, **k: None
+    # No CUDA generator exists, so there is no state to save (megatron's restore of it is queued
+    # by torch for a CUDA initialization that never comes).
+    torch.cuda.random.get_rng_state = lambda *a, **k: torch.empty((0,), dtype=torch.uint8)
+    try:
+        with _CudaNamesOnCpu():
+            yield
+    finally:
+        torch.cuda.current_device, torch.cuda.current_stream, torch.cuda.random.get_rng_state = saved
+
+
+# TransformerConfig fields of each recompute choice.
+_RECOMPUTE = {None: {}, "full": dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1),
+              "selective": dict(recompute_granularity="selective", recompute_modules=["core_attn"])}
+
+
+class MegatronActor:
+    """The strict megatron-core actor (module docstring).
+
+    Args:
+      cfg: the Qwen3 config; hf: Hugging Face tensors (bf16) loaded exactly.
+      lr, betas, eps: megatron's Adam (OptimizerConfig ``adam_beta1/2``, ``adam_eps``).
+      distributed_optimizer: megatron's ``DistributedOptimizer`` (True) or the plain
+        ``Float16OptimizerWithFloat16Params`` (False); both keep fp32 main parameters.
+      recompute: None, ``"full"`` or ``"selective"`` activation recompute (module docstring).
+    """
+
+    def __init__(self, cfg, hf: dict[str, torch.Tensor], *, lr: float = 1e-3,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, distributed_optimizer: bool = True,
+                 recompute: Optional[str] = None):
+        from megatron.core import parallel_state as ps
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+        from megatron.core.distributed.finalize_model_grads import finalize_model_grads
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+        from rlk.integrations.megatron import spec, weights
+
+        self.cfg = cfg
+        spec.init_parallel(1)
+        if ps.get_data_parallel_world_size() != 1:
+            raise UnsupportedConfigError("MegatronActor: data parallel size must be 1 (one process at TP=1)")
+        rc = _RECOMPUTE.get(recompute)
+        if rc is None:
+            raise UnsupportedConfigError(f"MegatronActor: recompute={recompute!r} (covered: {sorted(map(str, _RECOMPUTE))})")
+        model = spec.build_gpt_model(cfg, 1, calculate_per_token_loss=True, **rc)
+        weights.load_into(model, weights.hf_to_megatron(cfg, hf, 1, 0))
+        self.model = model
+        self.ddp_config = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=distributed_optimizer)
+        self.opt_config = OptimizerConfig(
+            optimizer="adam", lr=float(lr), min_lr=float(lr), weight_decay=0.0, adam_beta1=float(betas[0]),
+            adam_beta2=float(betas[1]), adam_eps=float(eps), bf16=True, params_dtype=torch.bfloat16,
+            use_distributed_optimizer=distributed_optimizer, clip_grad=0.0)
+        with cuda_names_on_cpu():
+            self.ddp = DistributedDataParallel(model.config, self.ddp_config, module=model)
+            self.optimizer = get_megatron_optimizer(self.opt_config, [self.ddp])
+        # The per-token loss is already normalized: finalize without a token-count rescale.
+        model.config.finalize_model_grads_func = (
+            lambda chunks, num_tokens=None, **kw: finalize_model_grads(chunks, None, **kw))
+        self.steps = 0
+
+    # ---- one training step ---------------------------------------------------------------------
+    def forward_backward(self, batches: list[tuple[object, Callable]]) -> list[torch.Tensor]:
+        """Zeroes the grad buffers, then megatron's no-pipelining schedule over ``batches`` (one
+        micro-batch each: a :class:`rlk.replay.trainer.Packed` and its ``token_loss(logp_rows, lo,
+        hi)``); returns each micro-batch's logp ``[T]`` fp32 (detached). Afterwards every
+        parameter's ``main_grad`` holds the summed gradients (micro-batches in order)."""
+        from megatron.core.packed_seq_params import PackedSeqParams
+        from megatron.core.pipeline_parallel.schedules import forward_backward_no_pipelining
+
+        from rlk.integrations.megatron.logp import loss_output_processor
+
+        if not batches:
+            raise UnsupportedConfigError("forward_backward: no micro-batches")
+        logps: list[torch.Tensor] = []
+        it = iter(batches)
+
+        def forward_step(data_iterator, model):
+            pk, token_loss = next(data_iterator)
+            cu = pk.cu_seqlens.to(torch.int32)
+            host_cu = pk.host_cu if pk.host_cu is not None else cu.tolist()
+            ms = max(b - a for a, b in zip(host_cu, host_cu[1:]))
+            psp = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=ms,
+                                  max_seqlen_kv=ms)
+            T = pk.ids.shape[0]
+            loss, logp = model(pk.ids.view(1, T), None, None, labels=pk.targets.view(1, T),
+                               packed_seq_params=psp, output_processor=loss_output_processor,
+                               output_processor_context={"token_loss": token_loss, "vocab_size": self.cfg.vocab_size})
+            logps.append(logp.view(T))
+
+            def loss_func(out):
+                # (loss, token count, logged value): calculate_per_token_loss keeps the loss as is.
+                return out, torch.tensor(T, dtype=torch.int), {"loss": out.detach()}
+
+            return loss, loss_func
+
+        self.ddp.train()
+        with cuda_names_on_cpu():
+            self.ddp.zero_grad_buffer()
+            self.optimizer.zero_grad()
+            self.last_losses = forward_backward_no_pipelining(
+                forward_step_func=forward_step, data_iterator=it, model=[self.ddp], num_microbatches=len(batches),
+                seq_length=0, micro_batch_size=1, forward_only=False)
+        return logps
+
+    def step(self) -> dict:
+        """megatron's optimizer step (fp32 main parameters updated, copied back to bf16)."""
+        with cuda_names_on_cpu():
+            ok, grad_norm, zeros = self.optimizer.step()
+        if not ok:
+            raise UnsupportedConfigError("megatron optimizer step skipped (found inf/nan in the gradients)")
+        self.steps += 1
+        return {"grad_norm": None if grad_norm is None else float(grad_norm)}
+
+    # ---- state --------------------------------------------------------------------------------
+    def main_grads(self) -> dict[str, torch.Tensor]:
+        """Every parameter's fp32 ``main_grad`` (clones), by megatron name."""
+        return {k: p.main_grad.detach().clone() for k, p in self.model.named_parameters()}
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """Every bf16 parameter (clones), by megatron name."""
+        from rlk.integrations.megatron import weights
+
+        return weights.state_of(self.model)
+
+    def hf_weights(self) -> dict[str, torch.Tensor]:
+        """The bf16 parameters as Hugging Face tensors (exact copies)."""
+        from rlk.integrations.megatron import weights
+
+        return weights.megatron_to_hf(self.cfg, [self.weights()])
+
+
+def actor_step(actor: MegatronActor, batches, optimizer_step: bool = True) -> tuple[list[torch.Tensor], dict]:
+    """Forward + backward over ``batches`` and (optionally) one optimizer step; returns the
+    micro-batches' logp and ``{"main_grads": ..., "grad_norm": ...}`` (main_grads before the step)."""
+    logps = actor.forward_backward(batches)
+    out: dict[str, object] = {"main_grads": actor.main_grads(), "grad_norm": None}
+    if optimizer_step:
+        out.update(actor.step())
+    return logps, out
+
+
+class RLTrainer:
+    """The RL loop's actor (``rlk.rl.loop.run_arm(..., make_trainer=RLTrainer)``, ``python -m rlk.rl
+    --trainer megatron``) on :class:`MegatronActor`: the same packed batch and GRPO loss as the
+    loop's own ``Trainer`` (``rlk.rl.loop.actor_batch``), megatron's forward/backward and Adam
+    (the loop's lr and betas, eps 1e-8), weights handed to the sync in rlk's fused layout (exact
+    copies; megatron's interleaved QKV rows reordered to ``[Q|K|V]``).
+
+    Args as ``rlk.rl.loop.Trainer``: cfg, fused weights, route (strict only), the LoopConfig.
+    """
+
+    def __init__(self, cfg, fused: dict[str, torch.Tensor], route: str, lc):
+        from rlk.models.qwen3.layouts import fused_to_hf
+
+        if route != "strict":
+            raise UnsupportedConfigError(f"the megatron actor runs rlk's strict spec; route {route!r} is not covered")
+        if torch.device(lc.device).type != "cpu" and not torch.cuda.is_available():
+            raise UnsupportedConfigError(f"device {lc.device!r} without CUDA")
+        self.cfg = cfg
+        self.clip_eps = lc.clip_eps
+        self.actor_ = MegatronActor(cfg, fused_to_hf(cfg, fused), lr=lc.lr, betas=tuple(lc.betas), eps=1e-8)
+        self.generation = 0
+
+    @property
+    def w(self) -> dict[str, torch.Tensor]:
+        """The bf16 weights in rlk's fused layout (copies made at each read: the sync fingerprints
+        and copies them)."""
+        from rlk.models.qwen3.layouts import megatron_to_fused
+
+        return megatron_to_fused(self.cfg, {k: p.detach() for k, p in self.actor_.model.named_parameters()})
+
+    def actor(self, prompts, responses, old_logp, adv):
+        """Forward + backward of the clipped loss (one micro-batch); returns (logp per sequence,
+        None: the gradients live in megatron's main_grad buffers, loss)."""
+        from rlk.kernels.common import host_validated
+        from rlk.replay import trainer
+        from rlk.rl.loop import actor_batch
+
+        pk, fn = actor_batch(self.cfg.vocab_size, prompts, responses, old_logp, adv, self.clip_eps)
+        with host_validated():
+            (lp,) = self.actor_.forward_backward([(pk, fn)])
+        with torch.no_grad():
+            loss = float(fn(lp, 0, pk.ids.shape[0]).sum())
+        return trainer.response_logp(pk, lp, len(prompts)), None, loss
+
+    def apply(self, grads) -> float:
+        """megatron's optimizer step on the main_grads of the last :meth:`actor`; returns megatron's
+        gradient 2-norm."""
+        if grads is not None:
+            raise UnsupportedConfigError("RLTrainer.apply steps on megatron's main_grad buffers; pass None")
+        out = self.actor_.step()
+        self.generation += 1
+        return out["grad_norm"]

@@ -1,0 +1,54 @@
+"""The RL loop (``rlk.rl.loop``) with the megatron-core actor (``actor.RLTrainer``) on the CPU:
+every importance ratio exactly 1.0 and every weight sync verified, also at the step after
+megatron's Adam update (the engine then runs the weights megatron's optimizer wrote); an engine
+weight changed after a verified sync makes the ratios differ from 1 (the check can fail).
+
+megatron-core 0.19.2 is required (``CI`` set: the tests fail when it is missing).
+"""
+
+import pytest
+
+from rlk.errors import UnsupportedConfigError
+from rlk.integrations.megatron.testing import require_megatron
+from rlk.rl import loop
+
+# As rlk.rl's loop_test: 1 prompt x 4 samples x 3 tokens.
+SMALL = dict(prompts_per_step=1, group_size=4, response_len=3, trainer="megatron")
+
+
+@pytest.fixture(scope="module")
+def trainer_cls():
+    require_megatron()
+    from rlk.integrations.megatron.actor import RLTrainer
+
+    return RLTrainer
+
+
+def test_megatron_actor_ratios_exactly_one(trainer_cls):
+    arm = loop.run_arm(loop.LoopConfig(route="strict", steps=2, **SMALL), make_trainer=trainer_cls)
+    assert loop.strict_failures(arm) == []
+    for r in arm["steps"]:
+        assert r["tokens"] == 12 and r["ratio_not_one"] == 0 and r["logp_mismatch"] == 0, r
+        assert r["sync"]["match"] and r["sync"]["sha256_trainer"] == r["sync"]["sha256_rollout"]
+    digests = [arm["initial_sync"]["sha256_rollout"]] + [r["sync"]["sha256_rollout"] for r in arm["steps"]]
+    assert arm["steps"][0]["grad_norm"] > 0 and digests[1] != digests[0]  # megatron's step moved the weights
+    assert arm["config"]["trainer"] == "megatron"
+
+
+def test_engine_weight_changed_after_sync_is_caught(trainer_cls):
+    def perturb(generation, engine):
+        if generation == 0:
+            w = engine.w["model.norm.weight"]
+            w[0] = w[0] * 1.5 + 0.25
+
+    arm = loop.run_arm(loop.LoopConfig(route="strict", steps=1, **SMALL), hooks=loop.Hooks(after_sync=perturb),
+                       make_trainer=trainer_cls)
+    assert arm["steps"][0]["ratio_not_one"] > 0
+    assert "ratio_not_one" in loop.strict_failures(arm)[0]
+
+
+def test_trainer_and_factory_must_agree(trainer_cls):
+    with pytest.raises(UnsupportedConfigError, match="needs its factory"):
+        loop.run_arm(loop.LoopConfig(route="strict", steps=1, **SMALL))
+    with pytest.raises(UnsupportedConfigError, match="strict route only"):
+        loop.run_arm(loop.LoopConfig(route="native", steps=1, **SMALL), make_trainer=trainer_cls)

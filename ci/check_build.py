@@ -290,7 +290,6 @@ ROOT_PACKAGE = "rlk"
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("base", (ROOT_PACKAGE, "rlk.errors", "rlk.contracts", "rlk.determinism", "rlk.strict", "rlk.testing")),
     ("kernels", ("rlk.kernels", "rlk.testing.timing")),
-    ("ops", ("rlk.ops",)),
     ("collectives", ("rlk.collectives",)),
     ("model", ("rlk.nn", "rlk.models")),
     ("provenance", ("rlk.provenance",)),

@@ -195,7 +195,7 @@ def _layer_errors(repo, allowlist=None):
 
 @pytest.fixture
 def layered(repo):
-    """The synthetic repository with imports that follow the layer order (base, kernels, ops),
+    """The synthetic repository with imports that follow the layer order (base, kernels, collectives),
     lazy and relative ones included, and a test that imports the top layer."""
     _write(repo, "python/rlk/__init__.py", "from rlk.errors import RlkError\n")
     _write(repo, "python/rlk/errors.py", "class RlkError(Exception):\n    pass\n")
@@ -207,9 +207,9 @@ def layered(repo):
         def f():
             from ...common import cdiv  # relative: rlk.kernels.common
         """)
-    _write(repo, "python/rlk/ops/BUILD.bazel", 'rlk_py_library(name = "ops", srcs = glob(["*.py"]))\n')
-    _write(repo, "python/rlk/ops/gemm.py", "def g():\n    import rlk.kernels.gemm.sub.kernel\n")
-    _write(repo, "python/rlk/ops/rowops.py", "from rlk.kernels import common\n")
+    _write(repo, "collectives/rlk/collectives/BUILD.bazel", 'rlk_py_library(name = "collectives", srcs = glob(["*.py"]))\n')
+    _write(repo, "collectives/rlk/collectives/tp.py", "def g():\n    import rlk.kernels.gemm.sub.kernel\n")
+    _write(repo, "collectives/rlk/collectives/merge.py", "from rlk.kernels import common\n")
     _write(repo, "kernels/rlk/kernels/gemm/sub/kernel_test.py", "from rlk.integrations import vllm\n")
     return repo
 
@@ -220,10 +220,10 @@ def test_layered_tree_passes(layered):
 
 
 def test_upward_import_fails(layered):
-    _write(layered, "kernels/rlk/kernels/gemm/sub/kernel.py", "from rlk import errors\nfrom rlk.ops import rowops\n")
+    _write(layered, "kernels/rlk/kernels/gemm/sub/kernel.py", "from rlk import errors\nfrom rlk.collectives import merge\n")
     errs = _layer_errors(layered)
     assert errs == ["kernels/rlk/kernels/gemm/sub/kernel.py:2: upward import rlk.kernels.gemm.sub.kernel (kernels) "
-                    "-> rlk.ops.rowops (ops)"], errs
+                    "-> rlk.collectives.merge (collectives)"], errs
 
 
 def test_function_level_upward_import_fails(layered):
@@ -239,10 +239,10 @@ def test_function_level_upward_import_fails(layered):
 
 
 def test_relative_upward_import_fails(layered):
-    _write(layered, "python/rlk/testing/asserts.py", "def a():\n    from ..ops import gemm\n")
+    _write(layered, "python/rlk/testing/asserts.py", "def a():\n    from ..collectives import tp\n")
     errs = _layer_errors(layered)
     assert errs == ["python/rlk/testing/asserts.py:2: upward import rlk.testing.asserts (base) -> "
-                    "rlk.ops.gemm (ops)"], errs
+                    "rlk.collectives.tp (collectives)"], errs
 
 
 def test_import_cycle_fails(layered):
@@ -255,9 +255,9 @@ def test_import_cycle_fails(layered):
 def test_library_must_not_import_a_tool(layered):
     _write(layered, "kernels/rlk/kernels/gemm/sub/gemm_bench.py", "from rlk.integrations import vllm\n")
     assert _layer_errors(layered) == []  # a tool may import any layer
-    _write(layered, "python/rlk/ops/gemm.py", "from rlk.kernels.gemm.sub import gemm_bench\n")
+    _write(layered, "collectives/rlk/collectives/tp.py", "from rlk.kernels.gemm.sub import gemm_bench\n")
     errs = _layer_errors(layered)
-    assert errs == ["python/rlk/ops/gemm.py:1: upward import rlk.ops.gemm (ops) -> "
+    assert errs == ["collectives/rlk/collectives/tp.py:1: upward import rlk.collectives.tp (collectives) -> "
                     "rlk.kernels.gemm.sub.gemm_bench (tools)"], errs
 
 
@@ -269,11 +269,11 @@ def test_module_in_no_layer_fails(layered):
 
 
 def test_allowlist_skips_an_entry_and_must_shrink(layered):
-    _write(layered, "kernels/rlk/kernels/common.py", "from rlk.ops import gemm\n")
-    assert _layer_errors(layered, {("rlk.kernels.common", "rlk.ops.gemm"): "why"}) == []
-    stale = {("rlk.kernels.common", "rlk.ops.gemm"): "why", ("rlk.ops.gemm", "rlk.errors"): "gone"}
+    _write(layered, "kernels/rlk/kernels/common.py", "from rlk.collectives import tp\n")
+    assert _layer_errors(layered, {("rlk.kernels.common", "rlk.collectives.tp"): "why"}) == []
+    stale = {("rlk.kernels.common", "rlk.collectives.tp"): "why", ("rlk.collectives.tp", "rlk.errors"): "gone"}
     errs = _layer_errors(layered, stale)
-    assert errs == ["IMPORT_ALLOWLIST entry rlk.ops.gemm -> rlk.errors no longer matches an import: remove it"]
+    assert errs == ["IMPORT_ALLOWLIST entry rlk.collectives.tp -> rlk.errors no longer matches an import: remove it"]
 
 
 def test_architecture_doc_must_match_layers(repo):
@@ -282,8 +282,9 @@ def test_architecture_doc_must_match_layers(repo):
     swapped[1], swapped[2] = swapped[2], swapped[1]
     _write(repo, "ARCHITECTURE.md", architecture_doc(swapped))
     _one_error(repo, "ARCHITECTURE.md's layer table lists")
-    moved = [(n, p + ("rlk.extra",) if n == "ops" else p) for n, p in check_build.LAYERS]
+    moved = [(n, p + ("rlk.extra",) if n == "collectives" else p) for n, p in check_build.LAYERS]
     _write(repo, "ARCHITECTURE.md", architecture_doc(moved))
-    _one_error(repo, "ARCHITECTURE.md's layer ops lists ['rlk.extra', 'rlk.ops'], LAYERS ['rlk.ops']")
+    _one_error(repo, "ARCHITECTURE.md's layer collectives lists ['rlk.collectives', 'rlk.extra'], "
+                     "LAYERS ['rlk.collectives']")
     os.remove(os.path.join(repo, "ARCHITECTURE.md"))
     _one_error(repo, "ARCHITECTURE.md is missing")

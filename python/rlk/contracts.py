@@ -6,7 +6,7 @@ lane rule, rank order, floating-point fusion). Its ID (``gemm.bf16.v1``) is what
 record. Schedule fields (launch geometry along independent rows, warps, stages, ...) are kept
 apart: they may change freely, but only with evidence that they are bit-neutral.
 
-Contracts are defined next to their kernels (``rlk.kernels.<op>.config``) and registered when
+Contracts are defined next to their kernels (``rlk.kernels.<op>.contract``) and registered when
 that module is imported; :func:`load_all` imports every module listed in
 ``CONTRACT_MODULES``. Changing a bit field without bumping the version is caught by the L0 check
 against ``contracts.lock.json`` (see :func:`check_lock`).
@@ -42,12 +42,18 @@ KNOWN_BIT_RELEVANT_KNOBS = frozenset(
     {"num_warps", "BLOCK_K", "SPLIT_K", "KV_CHUNK", "BLOCK_D", "BLOCK_V", "enable_fp_fusion"}
 )
 
-# Modules that define and register contracts. Import failures are errors, not skips.
+# Modules that define and register contracts, and the modules that register the kernels
+# implementing them (an op's ``schedule`` registers its kernels with the configs of its tables).
+# Import failures are errors, not skips.
 CONTRACT_MODULES = (
-    "rlk.kernels.gemm.config",
-    "rlk.kernels.rowops.config",
-    "rlk.kernels.attention.config",
-    "rlk.kernels.linear_logp.config",
+    "rlk.kernels.gemm.contract",
+    "rlk.kernels.gemm.schedule",
+    "rlk.kernels.rowops.contract",
+    "rlk.kernels.rowops.schedule",
+    "rlk.kernels.attention.contract",
+    "rlk.kernels.attention.schedule",
+    "rlk.kernels.linear_logp.contract",
+    "rlk.kernels.linear_logp.schedule",
     "rlk.collectives.contracts",
     "rlk.collectives.ipc",  # registers the one-shot transport's fold kernel (ar.v1)
 )

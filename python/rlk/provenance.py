@@ -64,7 +64,7 @@ def kernel_source_hashes() -> dict[str, str]:
     root = _kernels_root()
     if root is not None:
         for p in sorted(glob.glob(os.path.join(root, "*", "*.py"))):
-            if os.path.basename(p) in ("kernel.py", "launch.py", "config.py"):
+            if os.path.basename(p) in ("kernel.py", "launch.py", "contract.py", "schedule.py"):
                 out[os.path.relpath(p, root)] = _sha256_file(p)
     try:
         from rlk.kernels.registry import all_kernels

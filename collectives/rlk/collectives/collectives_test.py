@@ -44,9 +44,9 @@ def test_fold_matches_reference_single_process():
 
 def test_default_stats_merge_is_logp_v2s():
     # Without merge_fn, merge_logsumexp_stats merges with the linear-logp kernel's own merge (the
-    # function rlk.ops.linear_logp re-exports), never a stand-in.
+    # function rlk.kernels.linear_logp.autograd re-exports), never a stand-in.
     from rlk.collectives import api
-    from rlk.ops import linear_logp
+    from rlk.kernels.linear_logp import autograd as linear_logp
 
     assert api._segment_merge() is linear_logp.merge_segment_stats
 

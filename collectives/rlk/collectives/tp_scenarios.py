@@ -16,8 +16,8 @@ def _bf16(g, *shape, scale=1.0):
 
 def tp_layers(rank: int, world: int, params: dict) -> dict:
     from rlk.nn import tensor_parallel as tp
-    from rlk.ops import gemm as G
-    from rlk.ops import rowops
+    from rlk.kernels.gemm import autograd as G
+    from rlk.kernels.rowops import autograd as rowops
 
     g = torch.Generator().manual_seed(11)
     M, K, N = 5, int(params.get("K", 512)), int(params.get("N", 64))

@@ -14,6 +14,8 @@ subnormal bf16 behaviour is checked on the GPU only. Every strict kernel therefo
 from __future__ import annotations
 
 import contextlib
+import functools
+import json
 import os
 import threading
 
@@ -204,6 +206,7 @@ class TableOverrides:
 
 
 _CAPABILITY: dict[int, tuple[int, int]] = {}
+_SMS: dict[int, int] = {}
 
 
 def device_capability(device: torch.device) -> tuple[int, int]:
@@ -214,3 +217,58 @@ def device_capability(device: torch.device) -> tuple[int, int]:
     if cap is None:
         cap = _CAPABILITY[idx] = tuple(torch.cuda.get_device_capability(idx))
     return cap
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors (compute units) of a GPU, memoized per device index: the one SM
+    count every launcher sizes one-wave and persistent grids by (a property read per launch costs
+    host time). Never part of a contract: no reduction is split by it."""
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    n = _SMS.get(idx)
+    if n is None:
+        n = _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return n
+
+
+# --- architectures and schedule tables ----------------------------------------------------------
+# Every op picks its tables the same way. arch_of names the table architecture of a device; a CPU
+# tensor, or any tensor while TRITON_INTERPRET=1, runs under Triton's interpreter as arch
+# ``cpu-interpreter``. Which table that arch reads is the op's CPU-table choice, stated in its
+# schedule: gemm and rowops read their sm_90 table (the same code paths and reduction trees),
+# attention and linear_logp keep interpreter-sized tables of their own (linear_logp's block sizes
+# are bit fields of logp.v2, so its CPU table is part of the contract).
+CPU_ARCH = "cpu-interpreter"
+TABLE_FILES = {"sm_90": "sm90.json", "gfx942": "gfx942.json"}
+_KERNELS_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def arch_of(device: torch.device) -> str:
+    """``cpu-interpreter`` (CPU, or the interpreter), ``gfx942`` (ROCm) or ``sm_90``; any other
+    device raises: no table and no invariance evidence exist for it."""
+    if device.type == "cpu" or interpret_flag():
+        return CPU_ARCH
+    if device.type != "cuda":
+        raise UnsupportedConfigError(f"rlk kernels: device type {device.type!r} not supported")
+    if getattr(torch.version, "hip", None):
+        return "gfx942"
+    major, minor = device_capability(device)
+    if (major, minor) != (9, 0):
+        raise UnsupportedConfigError(f"rlk kernels: sm_{major}{minor} has no schedule table (sm_90 measured; "
+                                     "add a table and invariance evidence first)")
+    return "sm_90"
+
+
+def table_path(op: str, arch: str) -> str:
+    """The checked-in table of ``op`` for a GPU ``arch``: ``kernels/rlk/kernels/<op>/configs/``."""
+    if arch not in TABLE_FILES:
+        raise UnsupportedConfigError(f"{op}: no config table for arch {arch!r} (have {sorted(TABLE_FILES)})")
+    return os.path.join(_KERNELS_DIR, op, "configs", TABLE_FILES[arch])
+
+
+@functools.lru_cache(maxsize=None)
+def load_table(op: str, arch: str) -> dict:
+    """``op``'s table for ``arch``, read once per process and shared: callers read it, never
+    change it (overrides copy)."""
+    with open(table_path(op, arch)) as f:
+        return json.load(f)
+

@@ -1,6 +1,6 @@
 """Registry of strict Triton kernels, for cross-target static checks (ladder L0) and provenance.
 
-Each op's ``config.py`` calls :func:`register_kernel` for every ``@triton.jit`` function it
+Each op's ``schedule.py`` calls :func:`register_kernel` for every ``@triton.jit`` function it
 launches, with the signature and every constexpr configuration of its checked-in tables. The L0
 cross-target check compiles each entry for ``sm_90`` and ``gfx942`` without a GPU.
 """

@@ -13,9 +13,9 @@ For each case (decode/small-row shapes of the Qwen3-8B TP4 shard), on the same i
   alternating rounds;
 * ``b2b_us``: back-to-back time per call (``rlk.testing.timing.back_to_back_us``: 100 calls
   between two events; max(host launch path, device) per call), median over alternating rounds;
-* for strict cases, both the public op (``rlk.ops``, through ``torch.library``) and the bare
-  launcher, so the dispatcher's share is visible; the native counterpart beside them; and the
-  bare launcher with the launch cache off (``launch_nocache``: every launch through Triton's
+* for strict cases, both the public op (``rlk.kernels.<op>.autograd``, through ``torch.library``)
+  and the bare launcher, so the dispatcher's share is visible; the native counterpart beside
+  them; and the bare launcher with the launch cache off (``launch_nocache``: every launch through Triton's
   ``kernel[grid]``, rlk.kernels.launcher), the A/B of that cache in the same process; for the
   attention cases also with host launch plans off (``launch_noplans``: checks and launch
   arguments derived on every call, rlk.kernels.plans) and with launch sites off (``launch_nosites``:
@@ -95,9 +95,9 @@ def cases():
     from rlk.kernels.gemm import launch as G
     from rlk.kernels.linear_logp import launch as LP
     from rlk.kernels.rowops import launch as R
-    from rlk.ops import gemm as ogemm
-    from rlk.ops import linear_logp as ologp
-    from rlk.ops import rowops as orow
+    from rlk.kernels.gemm import autograd as ogemm
+    from rlk.kernels.linear_logp import autograd as ologp
+    from rlk.kernels.rowops import autograd as orow
 
     dev = "cuda"
     gen = torch.Generator(device=dev).manual_seed(0)

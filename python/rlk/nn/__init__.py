@@ -1,1 +1,2 @@
-"""Thin nn.Modules over rlk.ops, used by the model and the engine adapters."""
+"""Thin nn.Modules over the ops' autograd entry points (``rlk.kernels.<op>.autograd``), used by
+the model and the engine adapters."""

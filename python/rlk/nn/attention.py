@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from rlk.ops.attention import varlen_attention
+from rlk.kernels.attention.autograd import varlen_attention
 
 
 class VarlenCausalAttention(torch.nn.Module):

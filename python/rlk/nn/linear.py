@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from rlk.errors import UnsupportedConfigError
-from rlk.ops.gemm import linear
+from rlk.kernels.gemm.autograd import linear
 
 
 class StrictLinear(nn.Module):

@@ -1,4 +1,4 @@
-"""Thin nn.Module over ``rlk.ops.linear_logp`` (contract ``logp.v2``)."""
+"""Thin nn.Module over ``rlk.kernels.linear_logp.autograd`` (contract ``logp.v2``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from rlk.ops.linear_logp import LogpOutput, linear_logp
+from rlk.kernels.linear_logp.autograd import LogpOutput, linear_logp
 
 
 class LMHeadLogp(nn.Module):
@@ -16,7 +16,7 @@ class LMHeadLogp(nn.Module):
     weight: [V_local, H] bf16, this rank's rows (global columns [vocab_start, vocab_start +
     V_local)); vocab_real: real (unpadded) vocabulary size.
 
-    Determinism: logp.v2 (see ``rlk.ops.linear_logp.linear_logp``).
+    Determinism: logp.v2 (see ``rlk.kernels.linear_logp.autograd.linear_logp``).
     """
 
     def __init__(self, hidden_size: int, vocab_local: int, vocab_start: int = 0,

@@ -1,12 +1,12 @@
-"""Thin nn.Modules over ``rlk.ops.rowops`` (no arithmetic here), used by the Qwen3 model and
-the engine adapters. Contracts: ``rmsnorm.v1``, ``rope.v1``, ``swiglu.v1``, ``embedding.v1``."""
+"""Thin nn.Modules over ``rlk.kernels.rowops.autograd`` (no arithmetic here), used by the Qwen3
+model and the engine adapters. Contracts: ``rmsnorm.v1``, ``rope.v1``, ``swiglu.v1``, ``embedding.v1``."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from rlk.ops import rowops as ops
+from rlk.kernels.rowops import autograd as ops
 
 
 class RMSNorm(nn.Module):

@@ -1,8 +1,8 @@
 """Strict tensor-parallel layers: column/row-parallel linear and vocab-parallel embedding.
 
-Arithmetic comes from ``gemm.bf16.v1`` (``rlk.ops.gemm``) and ``embedding.v1``
-(``rlk.ops.rowops``); every cross-rank sum is ``ar.v1`` (``rlk.collectives``): rank order
-0..N-1, fp32, one rounding. Autograd follows megatron-core's conjugate pairs:
+Arithmetic comes from ``gemm.bf16.v1`` (``rlk.kernels.gemm.autograd``) and ``embedding.v1``
+(``rlk.kernels.rowops.autograd``); every cross-rank sum is ``ar.v1`` (``rlk.collectives``): rank
+order 0..N-1, fp32, one rounding. Autograd follows megatron-core's conjugate pairs:
 
 | function | forward | backward |
 | --- | --- | --- |
@@ -39,9 +39,9 @@ def _collectives():
 
 def _gemm_ops():
     try:
-        from rlk.ops import gemm as g
+        from rlk.kernels.gemm import autograd as g
     except ImportError as e:  # fail closed: there is no native fallback
-        raise UnsupportedConfigError(f"tensor_parallel: rlk.ops.gemm unavailable ({e})") from None
+        raise UnsupportedConfigError(f"tensor_parallel: rlk.kernels.gemm.autograd unavailable ({e})") from None
     return g
 
 
@@ -172,7 +172,7 @@ class VocabParallelEmbedding(torch.nn.Module):
         self.weight = torch.nn.Parameter(_shard(weight_full.detach(), 0, n, r))
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        from rlk.ops import rowops
+        from rlk.kernels.rowops import autograd as rowops
 
         if ids.dtype != torch.int64 or ids.dim() != 1:
             raise UnsupportedConfigError(f"VocabParallelEmbedding: ids must be [T] int64, got {ids.dtype} {tuple(ids.shape)}")
@@ -187,7 +187,7 @@ class VocabParallelEmbedding(torch.nn.Module):
 
 def row_parallel_matches_tp1(K: int, N: int, tp: int) -> bool:
     """Whether ``RowParallelLinear`` at TP=``tp`` gives the TP=1 bits for weight ``[N, K]``."""
-    from rlk.kernels.gemm.config import split_k
+    from rlk.kernels.gemm.contract import split_k
 
     if tp == 1:
         return True

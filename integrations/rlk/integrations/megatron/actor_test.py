@@ -122,7 +122,7 @@ def strict_ref(runs):
 
 def test_gradients_equal_rlk_trainer(runs, strict_ref):
     from rlk.models.qwen3.routes import logp_segmentation
-    from rlk.ops.linear_logp import linear_logp_loss
+    from rlk.kernels.linear_logp.autograd import linear_logp_loss
 
     a, pk = runs["a"], runs["pk"]
     lp, ref, hidden, lm_head = strict_ref
@@ -175,7 +175,7 @@ def test_two_micro_batches_accumulate_in_order(runs):
     from rlk.integrations.megatron import harness
     from rlk.integrations.megatron.actor import MegatronActor
     from rlk.models.qwen3.routes import logp_segmentation
-    from rlk.ops.linear_logp import linear_logp_loss
+    from rlk.kernels.linear_logp.autograd import linear_logp_loss
     from rlk.replay import trainer
     from rlk.rl import grpo
 

@@ -6,7 +6,7 @@ Use::
     logp = model(tokens, position_ids, None, labels=labels, packed_seq_params=psp,
                  output_processor=output_processor, output_processor_context={"entropy": False})
 
-* TP=1: :func:`rlk.ops.linear_logp.linear_logp` (autograd registered on the op).
+* TP=1: :func:`rlk.kernels.linear_logp.autograd.linear_logp` (autograd registered on the op).
 * TP>1: each rank computes its vocabulary shard's segment statistics, the statistics are
   gathered in rank order (``ag.v1``) and merged by ``logp.v2``'s merge
   (``rlk.collectives.merge_logsumexp_stats`` with ``merge_segment_stats``): the bytes equal TP=1
@@ -37,7 +37,7 @@ class _VocabParallelLogp(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, targets, vocab_start, vocab_real, temperature, with_entropy, seg, group):
         from rlk import collectives
-        from rlk.ops.linear_logp import SegmentStats, merge_segment_stats, segment_stats
+        from rlk.kernels.linear_logp.autograd import SegmentStats, merge_segment_stats, segment_stats
 
         st, _ = segment_stats(hidden, weight, targets, vocab_start, vocab_real, temperature,
                               with_entropy, False, seg)
@@ -85,16 +85,16 @@ def selected_logp(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Ten
     """
     seg = _segmentation(vocab_size)
     if tp_group is None or torch.distributed.get_world_size(tp_group) == 1:
-        from rlk.ops.linear_logp import linear_logp
+        from rlk.kernels.linear_logp.autograd import linear_logp
 
         out = linear_logp(hidden, weight, targets, 0, vocab_size, temperature, entropy, segmentation=seg)
         return out.logp, out.entropy
     n, r = torch.distributed.get_world_size(tp_group), torch.distributed.get_rank(tp_group)
     if weight.shape[0] * n != vocab_size:
         raise UnsupportedConfigError(f"selected_logp: shard {weight.shape[0]} x TP {n} != vocab {vocab_size}")
-    from rlk.kernels.linear_logp import config as lcfg
+    from rlk.kernels.linear_logp import contract
 
-    align, seg_v = lcfg.DEFAULT_SEGMENTATION if seg is None else seg
+    align, seg_v = contract.DEFAULT_SEGMENTATION if seg is None else seg
     logp, ent = _VocabParallelLogp.apply(hidden.contiguous(), weight, targets.contiguous(), r * weight.shape[0],
                                          vocab_size, float(temperature), bool(entropy), (align, seg_v), tp_group)
     return logp, (ent if entropy else None)
@@ -133,7 +133,8 @@ def output_processor(*, hidden_states, output_layer, output_weight=None, labels=
 def loss_output_processor(*, hidden_states, output_layer, output_weight=None, labels=None, context=None,
                           **unused):
     """megatron-core 0.19.2 ``GPTModel`` output processor of the actor: the fused logp + per-token
-    loss path (:func:`rlk.ops.linear_logp.linear_logp_loss`, ``logp.v2``), never megatron's logits.
+    loss path (:func:`rlk.kernels.linear_logp.autograd.linear_logp_loss`, ``logp.v2``), never
+    megatron's logits.
 
     hidden_states ``[s, b, H]``, labels ``[b, s]``. context (dict): ``token_loss`` (required:
     ``token_loss(logp_rows [n] fp32, lo, hi) -> [n]`` over the flattened ``b * s`` rows, as
@@ -148,7 +149,7 @@ def loss_output_processor(*, hidden_states, output_layer, output_weight=None, la
     Determinism: logp.v2; main_grad bytes: the fp32 chain of the bf16 d_weight, continued from
     main_grad's contents.
     """
-    from rlk.ops.linear_logp import linear_logp_loss
+    from rlk.kernels.linear_logp.autograd import linear_logp_loss
 
     ctx = dict(context or {})
     if labels is None:

@@ -1,8 +1,8 @@
 """rlk modules in megatron-core's layer-spec slots: thin adapters, no arithmetic of their own.
 
-Every floating-point operation below is an rlk op (``rlk.ops``) or an rlk fixed-order collective
-(``rlk.nn.tensor_parallel`` over ``rlk.collectives``); the adapters only reshape, slice and
-copy. Constructor and call signatures are megatron-core 0.19.2's (``../shared/ENGINES.md``):
+Every floating-point operation below is an rlk op (``rlk.kernels.<op>.autograd``) or an rlk
+fixed-order collective (``rlk.nn.tensor_parallel`` over ``rlk.collectives``); the adapters only
+reshape, slice and copy. Constructor and call signatures are megatron-core 0.19.2's (``../shared/ENGINES.md``):
 
 | slot | class | contract |
 | --- | --- | --- |
@@ -116,7 +116,7 @@ class RlkColumnParallelLinear(torch.nn.Module):
         self.sequence_parallel = False
 
     def forward(self, x: torch.Tensor, *args, **kwargs):
-        from rlk.ops import gemm
+        from rlk.kernels.gemm import autograd as gemm
 
         if self.tp > 1:
             from rlk.nn.tensor_parallel import copy_to_tp
@@ -155,7 +155,7 @@ class RlkRowParallelLinear(torch.nn.Module):
         self.sequence_parallel = False
 
     def forward(self, x: torch.Tensor, *args, **kwargs):
-        from rlk.ops import gemm
+        from rlk.kernels.gemm import autograd as gemm
 
         if self.tp == 1:
             return gemm.linear(x, self.weight), None
@@ -190,7 +190,7 @@ class RlkRMSNorm(torch.nn.Module):
         self.weight = torch.nn.Parameter(torch.ones(self.hidden_size, dtype=dtype, device=_device(config)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from rlk.ops import rowops
+        from rlk.kernels.rowops import autograd as rowops
 
         y = rowops.rms_norm(x.reshape(-1, self.hidden_size), self.weight, self.eps)
         return y.view(x.shape)
@@ -209,7 +209,7 @@ class RlkSwiGLU(torch.nn.Module):
         super().__init__()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from rlk.ops import rowops
+        from rlk.kernels.rowops import autograd as rowops
 
         y = rowops.swiglu(x.reshape(-1, x.shape[-1]))
         return y.view(*x.shape[:-1], x.shape[-1] // 2)
@@ -275,7 +275,7 @@ class RlkCoreAttention(torch.nn.Module):
         self.head_dim = int(config.kv_channels)
         self.scale = float(softmax_scale) if softmax_scale is not None else self.head_dim ** -0.5
         self.layer_number, self.rope_theta, self.max_positions = layer_number, float(rope_theta), int(max_positions)
-        from rlk.ops import rowops
+        from rlk.kernels.rowops import autograd as rowops
 
         # rope.v1's table (host fp64, one cast to fp32), built once here, outside the forward.
         self._rope = rowops.rope_table(self.max_positions, self.head_dim, self.rope_theta, "cpu")
@@ -287,7 +287,8 @@ class RlkCoreAttention(torch.nn.Module):
 
     def forward(self, query, key, value, attention_mask=None, attn_mask_type=None, attention_bias=None,
                 packed_seq_params=None, **kwargs):
-        from rlk.ops import attention, rowops
+        from rlk.kernels.attention import autograd as attention
+        from rlk.kernels.rowops import autograd as rowops
 
         if attention_bias is not None:
             raise UnsupportedConfigError("RlkCoreAttention: attention_bias is not covered")
@@ -324,7 +325,7 @@ class RlkCoreAttention(torch.nn.Module):
     def _cp_forward(self, q, k, v, cu, packed: bool):
         """CP > 1: this rank's zigzag rows against the whole sequence (see the class docstring)."""
         from rlk.nn.context_parallel import cp_local_row_attention
-        from rlk.ops import rowops
+        from rlk.kernels.rowops import autograd as rowops
 
         T = q.shape[0]
         total = int(cu[-1])
@@ -364,7 +365,7 @@ class RlkVocabParallelEmbedding(torch.nn.Module):
         self.vocab_start = self.rank * self.vocab_per_rank
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        from rlk.ops import rowops
+        from rlk.kernels.rowops import autograd as rowops
 
         ids = input_ids.reshape(-1).long()
         if self.tp == 1:

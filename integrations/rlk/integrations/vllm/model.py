@@ -247,7 +247,7 @@ class RlkStrictQwen3ForCausalLM(nn.Module):
         """``[T, V]`` fp32 log-probabilities of ``logp.v2`` at the strict temperature."""
         from rlk.models.qwen3.routes import logp_segmentation
         from rlk.kernels.common import host_validated
-        from rlk.ops import linear_logp
+        from rlk.kernels.linear_logp import autograd as linear_logp
 
         m = self._get_plan()
         dummy = torch.zeros(hidden_states.shape[0], dtype=torch.int64, device=hidden_states.device)

@@ -28,7 +28,7 @@ def _diff(a, b):
 
 
 def main(argv=None):
-    from rlk.kernels.attention import config, launch
+    from rlk.kernels.attention import launch, schedule
     from rlk.kernels.attention import testing as T
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -66,21 +66,21 @@ def main(argv=None):
     for bm, nw, gp in itertools.product(bms, (4, 8), (1, a.hq // a.hk)):
         if gp > bm:
             continue
-        with config.override("prefill", BLOCK_M=bm, num_warps=nw, GP=gp):
+        with schedule.override("prefill", BLOCK_M=bm, num_warps=nw, GP=gp):
             safe("prefill", "BLOCK_M/num_warps/GP", [bm, nw, gp],
                  lambda: launch.prefill(q, k, v, cu, max(lens), scale))
     for ns in (1, 2, 3, 4):
-        with config.override("prefill", num_stages=ns):
+        with schedule.override("prefill", num_stages=ns):
             safe("prefill", "num_stages", ns, lambda: launch.prefill(q, k, v, cu, max(lens), scale))
     for page in (16, 64, 256):
         kc, vc, bt = T.paged_cache(k, v, cu, page, seed=page)
         for bm, nw in itertools.product((16, 32, 64), (2, 4, 8)):
-            with config.override("paged_decode", BLOCK_M=bm, num_warps=nw):
+            with schedule.override("paged_decode", BLOCK_M=bm, num_warps=nw):
                 safe("decode", "page/BLOCK_M/num_warps", [page, bm, nw],
                      lambda: T.decode_rows(q, cu, kc, vc, bt, dec_rows, scale), dec_rows)
         for chunk in ((1, 512) if a.quick else (1, 37, 512, 2048)):
             for bm in (16, 64, 128):
-                with config.override("paged_chunk", BLOCK_M=bm):
+                with schedule.override("paged_chunk", BLOCK_M=bm):
                     safe("chunked", "page/chunk/BLOCK_M", [page, chunk, bm],
                          lambda: T.chunked_prefill(q, cu, kc, vc, bt, chunk, scale))
     # Split-KV decode vs in-register fold of the same rows: capacity of one segment or more.
@@ -99,7 +99,7 @@ def main(argv=None):
 
         prov = {"torch": torch.__version__, "triton": triton.__version__, "gpu": torch.cuda.get_device_name()}
     with open(a.out, "w") as f:
-        json.dump({"provenance": prov, "baseline": config.schedule("prefill", q.device), "rows": rows}, f, indent=2)
+        json.dump({"provenance": prov, "baseline": schedule.schedule("prefill", q.device), "rows": rows}, f, indent=2)
 
 
 if __name__ == "__main__":

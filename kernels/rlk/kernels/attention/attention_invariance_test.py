@@ -139,10 +139,10 @@ def test_gpu_decode_batch_256_invariant():
 def test_schedule_axes_interpreter(data, kind, values):
     """BLOCK_M and GQA packing are row-neutral in the kernel logic (interpreter; the GPU's MMA
     rows are measured by attention_invariance_sweep.py)."""
-    from rlk.kernels.attention import config
+    from rlk.kernels.attention import schedule
 
     q, k, v, cu, scale, out, lse = data
-    with config.override(kind, **values):
+    with schedule.override(kind, **values):
         o, l = launch.prefill(q, k, v, cu, max(LENS), scale, contract=SEG_C)
     assert_bitwise_equal(o, out, f"{kind} {values}")
     assert_bitwise_equal(l, lse, f"{kind} {values} lse")

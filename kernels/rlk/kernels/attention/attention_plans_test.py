@@ -11,7 +11,7 @@ import torch
 
 from rlk.errors import UnsupportedConfigError
 from rlk.kernels import plans
-from rlk.kernels.attention import config, launch
+from rlk.kernels.attention import launch, schedule
 from rlk.kernels.attention import testing as T
 from rlk.testing import assert_bitwise_equal
 
@@ -105,7 +105,7 @@ def test_checks_still_run():
 def test_schedule_override_bypasses_plans():
     q, k, v, cu = T.packed([5, 40], 4, 2, 16, seed=4)
     ref = launch.prefill(q, k, v, cu, 40, 0.25, validate=False)
-    with config.override("prefill", BLOCK_M=16):
+    with schedule.override("prefill", BLOCK_M=16):
         before = dict(launch._PLANS.stats)
         got = launch.prefill(q, k, v, cu, 40, 0.25, validate=False)
         assert launch._PLANS.stats == before, "a plan was looked up under a schedule override"

@@ -90,7 +90,7 @@ def test_backward_accuracy_and_determinism():
 
 
 def test_autograd_op_matches_kernels():
-    from rlk.ops.attention import varlen_attention
+    from rlk.kernels.attention.autograd import varlen_attention
 
     lens = [9, 66]
     q, k, v, cu = T.packed(lens, 2, 1, 16, seed=11)
@@ -152,13 +152,13 @@ def test_table_gp_that_does_not_divide_the_gqa_group(gp, hq, hk):
     heads) GP must shrink to a divisor of the group. Without that, the grid has no program for
     any head (g // GP == 0) and the output is whatever torch.empty holds (group 5: one head in
     five unwritten). GP is bit-neutral: the rows equal GP=1's."""
-    from rlk.kernels.attention import config
+    from rlk.kernels.attention import schedule
 
     q, k, v, cu = T.packed([5, 70], hq, hk, 64, seed=3)
     scale = 64 ** -0.5
-    with config.override("prefill", GP=1):
+    with schedule.override("prefill", GP=1):
         ref_o, ref_l = launch.prefill(q, k, v, cu, 70, scale)
-    with config.override("prefill", GP=gp):
+    with schedule.override("prefill", GP=gp):
         out, lse = launch.prefill(q, k, v, cu, 70, scale)
     assert_bitwise_equal(out, ref_o, f"out GP={gp} at heads {hq}/{hk}")
     assert_bitwise_equal(lse, ref_l, f"lse GP={gp} at heads {hq}/{hk}")
@@ -169,25 +169,26 @@ def test_schedule_is_the_shared_table_entry_and_overrides_copy():
     only read it. An active override gives a copy and leaves the table as it was."""
     import copy
 
-    from rlk.kernels.attention import config
+    from rlk.kernels.attention import schedule
 
     dev = torch.device("cpu")
-    before = copy.deepcopy(config._CPU)
-    assert config.schedule("prefill", dev) is config.schedule("prefill", dev)
+    before = copy.deepcopy(schedule._CPU)
+    assert schedule.schedule("prefill", dev) is schedule.schedule("prefill", dev)
     q, k, v, cu = T.packed([5, 40], 4, 2, 64, seed=4)
     out, lse = launch.prefill(q, k, v, cu, 40, 0.125)
     launch.backward(torch.ones_like(out), q, k, v, out, lse, cu, 40, 0.125)
-    with config.override("prefill", BLOCK_M=16):
-        s = config.schedule("prefill", dev)
-        assert s["BLOCK_M"] == 16 and s is not config._CPU["prefill"]
-    assert config._CPU == before, "a launch or an override changed the shared schedule table"
+    with schedule.override("prefill", BLOCK_M=16):
+        s = schedule.schedule("prefill", dev)
+        assert s["BLOCK_M"] == 16 and s is not schedule._CPU["prefill"]
+    assert schedule._CPU == before, "a launch or an override changed the shared schedule table"
 
 
 def test_pick_prefill_schedule_one_wave_rule(monkeypatch):
     """The one-wave entry is taken exactly when its whole grid fits in one program per SM; GP is
     re-derived per entry; a sweep overriding "prefill" (or a table without the entry, or the CPU)
     gets the default entry."""
-    from rlk.kernels.attention import config
+    from rlk.kernels.attention import schedule
+    from rlk.kernels.common import load_table
 
     default = {"BLOCK_M": 64, "GP": 4, "num_stages": 2}
     one = {"BLOCK_M": 64, "GP": 1, "num_stages": 3}
@@ -201,12 +202,12 @@ def test_pick_prefill_schedule_one_wave_rule(monkeypatch):
     # group 2 (16 / 8 heads): the default's GP 4 shrinks to 2
     assert launch.pick_prefill_schedule(default, one, 4096, 8, 2, 1, lambda: 132) == (default, 2, (128, 8, 1))
     gpu = torch.device("cuda", 0)
-    assert config.one_wave_schedule("prefill", torch.device("cpu")) is None
-    monkeypatch.setattr(config, "arch_of", lambda d: "sm_90")
-    assert config.one_wave_schedule("prefill", gpu) == config._table("sm90")["prefill_one_wave"]
-    assert config.one_wave_schedule("paged_chunk", gpu) is None
-    with config.override("prefill", num_stages=4):
-        assert config.one_wave_schedule("prefill", gpu) is None
+    assert schedule.one_wave_schedule("prefill", torch.device("cpu")) is None
+    monkeypatch.setattr(schedule, "arch_of", lambda d: "sm_90")
+    assert schedule.one_wave_schedule("prefill", gpu) == load_table("attention", "sm_90")["prefill_one_wave"]
+    assert schedule.one_wave_schedule("paged_chunk", gpu) is None
+    with schedule.override("prefill", num_stages=4):
+        assert schedule.one_wave_schedule("prefill", gpu) is None
 
 
 @pytest.mark.gpu
@@ -215,7 +216,7 @@ def test_gpu_one_wave_prefill_rows_equal_packed(hq, hk):
     """A sequence prefilled alone (its grid fits in one wave: the one-wave schedule) gives the
     bytes of the same sequence packed with others (many waves: the default schedule)."""
     from rlk.kernels import plans
-    from rlk.kernels.attention import config
+    from rlk.kernels.common import sm_count
 
     lens = [1024, 700, 4099, 33]
     q, k, v, cu = T.packed(lens, hq, hk, 128, device="cuda", seed=7)
@@ -238,10 +239,10 @@ def test_gpu_one_wave_prefill_rows_equal_packed(hq, hk):
         finally:
             launch.pick_prefill_schedule = real
             plans.set_enabled(was)
-        assert picked == [-(-n // 64) * hq <= config.sm_count(q.device)], (n, hq, picked)
+        assert picked == [-(-n // 64) * hq <= sm_count(q.device)], (n, hq, picked)
         assert_bitwise_equal(o1, out[a0:a0 + n], f"alone vs packed, len {n}")
         assert_bitwise_equal(l1, lse[a0:a0 + n], f"alone vs packed lse, len {n}")
-    assert -(-1024 // 64) * 8 <= config.sm_count(q.device), "S=1024 at 8 heads is one wave on this GPU"
+    assert -(-1024 // 64) * 8 <= sm_count(q.device), "S=1024 at 8 heads is one wave on this GPU"
 
 
 @pytest.mark.gpu

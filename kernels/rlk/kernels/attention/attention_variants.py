@@ -60,7 +60,7 @@ def backward_variants():
 
 
 def run_backward(log=print):
-    from rlk.kernels.attention import config, launch
+    from rlk.kernels.attention import launch, schedule
 
     rows = []
     hq, hk, d, s = 8, 2, 128, 4096
@@ -72,7 +72,7 @@ def run_backward(log=print):
     base = None
     for kv_o, q_o in backward_variants():
         try:
-            with config.override("bwd_dkdv", **kv_o), config.override("bwd_dq", **q_o):
+            with schedule.override("bwd_dkdv", **kv_o), schedule.override("bwd_dq", **q_o):
                 fn = lambda: launch.backward(do, q, k, v, out, lse, cu, s, d ** -0.5)  # noqa: E731
                 o = fn()
                 us = _bench(fn)
@@ -88,7 +88,7 @@ def run_backward(log=print):
 
 
 def run(log=print, prefill_s=(1024, 4096, 8192), decode=True):
-    from rlk.kernels.attention import config, launch
+    from rlk.kernels.attention import launch, schedule
     from rlk.kernels.attention.attention_bench import decode_inputs
     from rlk.testing.timing import cold_graph_us
 
@@ -101,7 +101,7 @@ def run(log=print, prefill_s=(1024, 4096, 8192), decode=True):
         base = None
         for var in prefill_variants():
             try:
-                with config.override("prefill", **var):
+                with schedule.override("prefill", **var):
                     fn = lambda: launch.prefill(q, k, v, cu, s, d ** -0.5, validate=False)  # noqa: E731
                     o = fn()
                     us, gus, cus = _bench(fn), _graph(fn), cold_graph_us(fn)
@@ -118,7 +118,7 @@ def run(log=print, prefill_s=(1024, 4096, 8192), decode=True):
         base = None
         for var in decode_variants():
             try:
-                with config.override("paged_decode", **var):
+                with schedule.override("paged_decode", **var):
                     fn = lambda: launch.paged(q, kc, vc, bt, cuq, kv, d ** -0.5, max_seqlen_q=1, validate=False)  # noqa: E731
                     o = fn()
                     us, gus = _bench(fn), _graph(fn)

@@ -16,11 +16,13 @@ import triton.language as tl
 
 from rlk.errors import UnsupportedConfigError
 from rlk.kernels import plans
-from rlk.kernels.attention import config
+from rlk.kernels.attention import contract as attention_contract
+from rlk.kernels.attention import schedule
+from rlk.kernels.attention.contract import HEAD_DIMS, PAGE_SIZES
 from rlk.kernels.attention.kernel import attn_fwd_kernel, attn_merge_kernel, write_kv_kernel
 from rlk.kernels.attention.kernel_bwd import bwd_delta_kernel, bwd_dkdv_kernel, bwd_dq_kernel, bwd_fold_kernel
 from rlk.kernels.common import (cdiv, check_tensor, device_value_checks_enabled, dot_dtype_for, interpret_flag,
-                                launch_options, next_pow2)
+                                launch_options, next_pow2, sm_count)
 from rlk.kernels.launcher import LaunchSite, launch
 
 
@@ -73,8 +75,8 @@ def _check_heads(q, k, v, what_q="q", what_k="k"):
         raise UnsupportedConfigError(f"attention: k {tuple(k.shape)} and v {tuple(v.shape)} differ")
     hq, d = q.shape[1], q.shape[2]
     hk, dk = k.shape[-2], k.shape[-1]
-    if d not in config.HEAD_DIMS:
-        raise UnsupportedConfigError(f"attention: head_dim {d} not supported (allowed {config.HEAD_DIMS})")
+    if d not in HEAD_DIMS:
+        raise UnsupportedConfigError(f"attention: head_dim {d} not supported (allowed {HEAD_DIMS})")
     if dk != d:
         raise UnsupportedConfigError(f"attention: q head_dim {d} != kv head_dim {dk}")
     if hk == 0 or hq % hk:
@@ -118,7 +120,7 @@ def prefill(q, k, v, cu_seqlens, max_seqlen, scale, *, contract="attn.v2", valid
 
 def _prefill_plan(q, k, v, cu_seqlens, max_seqlen, scale, contract, val):
     """prefill's checks and launch derivation (see :mod:`rlk.kernels.plans`)."""
-    c = config.contract(contract)
+    c = attention_contract.contract(contract)
     hq, hk, d = _check_heads(q, k, v)
     if k.shape[0] != q.shape[0]:
         raise UnsupportedConfigError(f"attention: q has {q.shape[0]} tokens, k has {k.shape[0]}")
@@ -131,9 +133,9 @@ def _prefill_plan(q, k, v, cu_seqlens, max_seqlen, scale, contract, val):
     if q.shape[0] == 0 or nb == 0 or max_seqlen == 0:
         return _EMPTY
     g = hq // hk
-    s, gp, grid = pick_prefill_schedule(config.schedule("prefill", q.device),
-                                        config.one_wave_schedule("prefill", q.device),
-                                        max_seqlen, hk, g, nb, lambda: config.sm_count(q.device))
+    s, gp, grid = pick_prefill_schedule(schedule.schedule("prefill", q.device),
+                                        schedule.one_wave_schedule("prefill", q.device),
+                                        max_seqlen, hk, g, nb, lambda: sm_count(q.device))
     return _fwd_plan(grid, q, k, v, None, qk, c, g, gp, s, paged=False, split=1, page=16)
 
 
@@ -166,7 +168,7 @@ _PLANS = plans.PlanCache("attention")
 def _plan_key(kind, tensors, scalars, val):
     """A plan key, or None: device value checks on (they read contents), plans off, or a
     schedule override active (sweeps)."""
-    if val or not plans.enabled() or config.overrides_active():
+    if val or not plans.enabled() or schedule.overrides_active():
         return None
     return plans.key(kind, tensors, scalars)
 
@@ -260,11 +262,11 @@ def _paged_plan(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens_kv, sc
                 contract, val):
     """paged's checks and launch derivation: (forward plan, split segments or 0, merge plan or
     None), or ``_EMPTY``."""
-    c = config.contract(contract)
+    c = attention_contract.contract(contract)
     hq, hk, d = _check_heads(q, k_cache, v_cache, what_k="k_cache")
     page = k_cache.shape[1]
-    if page not in config.PAGE_SIZES:
-        raise UnsupportedConfigError(f"attention: page size {page} not supported (allowed {config.PAGE_SIZES})")
+    if page not in PAGE_SIZES:
+        raise UnsupportedConfigError(f"attention: page size {page} not supported (allowed {PAGE_SIZES})")
     check_tensor("block_tables", block_tables, dtype=torch.int32, dim=2, device=q.device)
     check_tensor("seq_lens_kv", seq_lens_kv, dtype=torch.int32, dim=1, device=q.device)
     nb_seq = seq_lens_kv.numel()
@@ -301,7 +303,7 @@ def _paged_plan(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens_kv, sc
         return _EMPTY
     g = hq // hk
     decode = max_seqlen_q == 1
-    s = config.schedule("paged_decode" if decode else "paged_chunk", q.device)
+    s = schedule.schedule("paged_decode" if decode else "paged_chunk", q.device)
     if g > s["BLOCK_M"]:
         raise UnsupportedConfigError(f"attention: GQA group {g} larger than the tile ({s['BLOCK_M']} rows)")
     tiles = cdiv(max_seqlen_q, s["BLOCK_M"] // g)
@@ -311,7 +313,7 @@ def _paged_plan(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens_kv, sc
                     paged=True, split=split, page=page)
     if split == 1:
         return fwd, 0, None
-    sm = config.schedule("merge", q.device)
+    sm = schedule.schedule("merge", q.device)
     merge = ((max_seqlen_q, hk, nb_seq),
              dict(G=g, BLOCK_G=next_pow2(g), HEAD_DIM=d, SEG=c.bit_fields["segment"],
                   INTERPRET=interpret_flag(), **_opts(sm)), LaunchSite())
@@ -333,7 +335,7 @@ def write_kv(k, v, k_cache, v_cache, slot_mapping, *, validate=None):
         raise UnsupportedConfigError(f"write_kv: k {tuple(k.shape)}, cache {tuple(k_cache.shape)}, "
                                      f"slot_mapping {tuple(slot_mapping.shape)} do not fit")
     page = k_cache.shape[1]
-    if page not in config.PAGE_SIZES or k.shape[2] not in config.HEAD_DIMS:
+    if page not in PAGE_SIZES or k.shape[2] not in HEAD_DIMS:
         raise UnsupportedConfigError(f"write_kv: page size {page} / head_dim {k.shape[2]} not supported")
     if _should_validate(validate) and slot_mapping.numel():
         sl = slot_mapping.cpu()
@@ -344,7 +346,7 @@ def write_kv(k, v, k_cache, v_cache, slot_mapping, *, validate=None):
             raise UnsupportedConfigError("write_kv: duplicate slots (the winner would be unordered)")
     if k.shape[0] == 0:
         return
-    s = config.schedule("write_kv", k.device)
+    s = schedule.schedule("write_kv", k.device)
     launch(write_kv_kernel, (k.shape[0],),
         k, v, k_cache, v_cache, slot_mapping, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -370,7 +372,7 @@ def backward(do, q, k, v, out, lse, cu_seqlens, max_seqlen, scale):
         return dq.zero_(), dk.zero_(), dv.zero_()
     dq.zero_()  # tokens outside every sequence keep 0 (dK/dV: the fold writes every row)
     delta = torch.empty_like(lse)
-    s = config.schedule("bwd_delta", q.device)
+    s = schedule.schedule("bwd_delta", q.device)
     launch(bwd_delta_kernel, (cdiv(q.shape[0], s["BLOCK_M"]), hq),
         delta, out, do, q.shape[0], out.stride(0), out.stride(1), do.stride(0), do.stride(1),
         delta.stride(0), delta.stride(1), BLOCK_M=s["BLOCK_M"], HEAD_DIM=d, **_opts(s))
@@ -379,7 +381,7 @@ def backward(do, q, k, v, out, lse, cu_seqlens, max_seqlen, scale):
     strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                do.stride(0), do.stride(1), lse.stride(0), lse.stride(1))
     qs = qk_scale_of(scale)
-    s = config.schedule("bwd_dkdv", q.device)
+    s = schedule.schedule("bwd_dkdv", q.device)
     # Per-head fp32 partials (zero for tokens outside every sequence), then the ordered fold.
     ws_dk = torch.zeros((g, k.shape[0], hk, d), dtype=torch.float32, device=q.device)
     ws_dv = torch.zeros_like(ws_dk)
@@ -387,11 +389,11 @@ def backward(do, q, k, v, out, lse, cu_seqlens, max_seqlen, scale):
     launch(bwd_dkdv_kernel, (cdiv(max_seqlen, s["BLOCK_N"]), hq, nb),
         ws_dk, ws_dv, q, k, v, do, lse, delta, cu_seqlens, qs, *strides, *wst,
         G=g, BLOCK_M=s["BLOCK_M"], BLOCK_N=s["BLOCK_N"], **common, **_opts(s))
-    sf = config.schedule("bwd_fold", q.device)
+    sf = schedule.schedule("bwd_fold", q.device)
     launch(bwd_fold_kernel, (cdiv(k.shape[0], sf["BLOCK_T"]), hk),
         dk, dv, ws_dk, ws_dv, k.shape[0], float(scale), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
         *wst, G=g, BLOCK_T=sf["BLOCK_T"], HEAD_DIM=d, INTERPRET=interpret_flag(), **_opts(sf))
-    s = config.schedule("bwd_dq", q.device)
+    s = schedule.schedule("bwd_dq", q.device)
     launch(bwd_dq_kernel, (cdiv(max_seqlen, s["BLOCK_M"]), hq, nb),
         dq, q, k, v, do, lse, delta, cu_seqlens, qs, float(scale), *strides,
         dq.stride(0), dq.stride(1),

@@ -1,9 +1,11 @@
 """Strict GEMM, contract ``gemm.bf16.v1``: ``y = x @ w.T`` (bf16 in/out, fp32 accumulate).
 
-``launch.gemm`` is the entry point; ``config`` holds the contract and the checked-in tables.
+``launch.gemm`` is the entry point; ``autograd`` its differentiable ``torch.library`` op
+(``linear``); ``contract`` holds the contract and its split rule, ``schedule`` the checked-in
+tables.
 """
 
-from rlk.kernels.gemm.config import CONTRACT, CONTRACT_ID
+from rlk.kernels.gemm.contract import CONTRACT, CONTRACT_ID
 from rlk.kernels.gemm.launch import gemm
 
 __all__ = ["CONTRACT", "CONTRACT_ID", "gemm"]

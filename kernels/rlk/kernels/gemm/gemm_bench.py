@@ -10,7 +10,7 @@ TP4), in each timing mode asked for; ``--other-sizes`` adds the other dense Qwen
 (CUDA graph timing), whose launch plans come from the table's default rule (``plan_source``).
 
 ``--backward``: the two training-backward GEMMs of every shape at M (tokens) in BWD_M, as the
-autograd of ``rlk.ops.gemm`` calls them: ``dx = gemm(dy, w.t())`` and ``dw = gemm(dy.t(),
+autograd of ``rlk.kernels.gemm.autograd`` calls them: ``dx = gemm(dy, w.t())`` and ``dw = gemm(dy.t(),
 x.t())`` (transposed views) vs ``dy @ w`` / ``dy.T @ x`` (cuBLAS); ``strict_ptr_us`` is the same
 call with the pointer-load path forced (TMA=0, the path of transposed operands without
 descriptors), ``strict_<variant>_us`` other bit-neutral tiles (BWD_VARIANTS), and
@@ -72,7 +72,7 @@ def main(argv=None) -> int:
         return 2
     if args.backward:
         return backward(args)
-    from rlk.kernels.gemm import config, launch
+    from rlk.kernels.gemm import contract, launch, schedule
 
     catalog = {**QWEN3_8B_GEMMS, **QWEN3_OTHER_GEMMS}
     names = args.shapes.split(",") if args.shapes else list(QUICK_SHAPES if args.quick else QWEN3_8B_GEMMS)
@@ -92,7 +92,7 @@ def main(argv=None) -> int:
     for name, timing in work:
         K, N, g, w = _shape_weight(name, seed=0, catalog=catalog)
         xa = torch.randn(max(m_list), K, device="cuda", dtype=torch.bfloat16, generator=g)
-        source = "entry" if f"{K}x{N}" in config.load_table("sm_90")["shapes"] else "rule"
+        source = "entry" if f"{K}x{N}" in schedule.load_table("sm_90")["shapes"] else "rule"
         for M in m_list:
             x = xa[:M]
             p = launch.plan(M, K, N, x.device)
@@ -107,18 +107,18 @@ def main(argv=None) -> int:
                    "strict_tbps": round(nbytes / (strict_ms * 1e-3) / 1e12, 3),
                    "strict_tflops": round(flops / (strict_ms * 1e-3) / 1e12, 1),
                    "schedule": p["schedule"], "split_k": p["split_k"],
-                   "config": {k: p[k] for k in config.SCHEDULE_KEYS[p["schedule"]] if k in p},
+                   "config": {k: p[k] for k in schedule.SCHEDULE_KEYS[p["schedule"]] if k in p},
                    "plan_source": source, "timing": timing}
             rows.append(row)
             print(f"{name:<14}{K:>6}{N:>7}{M:>6}{row['strict_us']:>11.2f}{row['native_us']:>11.2f}"
                   f"{row['ratio']:>7.3f}{row['strict_tbps']:>7.2f}{row['strict_tflops']:>9.1f}  {timing:<9} "
                   f"{p['schedule']}/S{p['split_k']}", flush=True)
         del xa, w
-    table = config.table_path("sm_90")
+    table = schedule.table_path("sm_90")
     with open(table, "rb") as f:
         table_sha = hashlib.sha256(f.read()).hexdigest()
     doc = {"provenance": _provenance(), "table": table, "table_sha256": table_sha, "m_list": list(m_list),
-           "contract": config.CONTRACT.to_json(), "summary": summarize(rows), "rows": rows}
+           "contract": contract.CONTRACT.to_json(), "summary": summarize(rows), "rows": rows}
     with open(args.out, "w") as f:
         json.dump(doc, f, indent=1, default=str)
     print(f"wrote {len(rows)} rows to {args.out}")

@@ -69,7 +69,7 @@ def main(argv=None) -> int:
         print("the sweep needs a CUDA GPU", file=sys.stderr)
         return 2
     from rlk.errors import UnsupportedConfigError
-    from rlk.kernels.gemm import config, launch
+    from rlk.kernels.gemm import contract, launch
 
     m_list = [int(v) for v in args.m.split(",")]
     rows, t0 = [], time.time()
@@ -81,7 +81,7 @@ def main(argv=None) -> int:
         ref = {dt: launch.gemm(x, w, out_dtype=dt, schedule="prefill") for dt in (torch.float32, torch.bfloat16)}
         ref_plan = launch.plan(REF_M, K, N, x.device, "prefill")
         for schedule, cfg in _configs(args.full):
-            row = {"shape": name, "K": K, "N": N, "split_k": config.split_k(K, N), "schedule": schedule, **cfg}
+            row = {"shape": name, "K": K, "N": N, "split_k": contract.split_k(K, N), "schedule": schedule, **cfg}
             results, handles = {}, []
             try:
                 for m in m_list:
@@ -116,7 +116,7 @@ def main(argv=None) -> int:
         import triton
 
         prov = {"torch": torch.__version__, "triton": triton.__version__, "gpu": torch.cuda.get_device_name()}
-    doc = {"provenance": prov, "contract_id": config.CONTRACT_ID, "contract_bit_hash": config.CONTRACT.bit_hash(),
+    doc = {"provenance": prov, "contract_id": contract.CONTRACT_ID, "contract_bit_hash": contract.CONTRACT.bit_hash(),
            "reference": {"M": REF_M, "plan": ref_plan}, "m_list": m_list,
            "verdict": {"configs_run": len(ran), "all_identical": all(r["identical"] for r in ran),
                        "not_run": len(rows) - len(ran)},

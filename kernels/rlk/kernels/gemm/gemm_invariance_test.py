@@ -16,8 +16,9 @@ import pytest
 import torch
 
 from rlk.errors import UnsupportedConfigError
-
-from rlk.kernels.gemm import config, gemm
+from rlk.kernels.common import arch_of
+from rlk.kernels.gemm import contract, gemm
+from rlk.kernels.gemm import schedule as gemm_schedule
 from rlk.testing import assert_bitwise_equal
 from rlk.testing.shapes import GPU_ROWS, QWEN3_8B_GEMMS
 
@@ -40,7 +41,7 @@ def test_rows_invariant_across_m_and_schedules(K, N, out_dtype):
     for m in CPU_M:
         for schedule in ("decode", "prefill"):
             y = gemm(x[:m], w, out_dtype=out_dtype, schedule=schedule)
-            assert_bitwise_equal(y, full[:m], f"K={K} N={N} split={config.split_k(K, N)} M={m} {schedule}")
+            assert_bitwise_equal(y, full[:m], f"K={K} N={N} split={contract.split_k(K, N)} M={m} {schedule}")
 
 
 def test_rows_invariant_across_launch_geometry():
@@ -85,16 +86,16 @@ def test_plan_memo_equals_fresh_plan_and_follows_the_table_file(monkeypatch, tmp
     dev = torch.device(DEV)
     for args in ((8, 4096, 6144), (1700, 4096, 6144), (6144, 1700, 4096)):
         p = launch.plan(*args, dev)
-        fresh = launch._plan(*args, config.arch_of(dev), None, dev.type == "cpu")
+        fresh = launch._plan(*args, arch_of(dev), None, dev.type == "cpu")
         assert p == fresh
         p["BLOCK_N"] = -1  # a caller's change never reaches the cache
         assert launch.plan(*args, dev)["BLOCK_N"] == fresh["BLOCK_N"]
-    table = json.loads(open(config.table_path("sm_90")).read())
+    table = json.loads(open(gemm_schedule.table_path("sm_90")).read())
     table["default"]["prefill"]["BLOCK_N"] = 64
     path = tmp_path / "t.json"
     path.write_text(json.dumps(table))
     assert launch.plan(1700, 4096, 999, dev, schedule="prefill")["BLOCK_N"] != 64  # memoized first
-    monkeypatch.setenv(config.TABLE_ENV, str(path))
+    monkeypatch.setenv(gemm_schedule.TABLE_ENV, str(path))
     assert launch.plan(1700, 4096, 999, dev, schedule="prefill")["BLOCK_N"] == 64
 
 
@@ -104,10 +105,10 @@ def test_split_count_changes_bits(monkeypatch, request):
     K, N = 1024, 70
     x, w = _rand(16, K, seed=8), _rand(N, K, seed=9)
     ref = gemm(x, w, out_dtype=torch.float32, schedule="prefill")
-    assert config.split_k(K, N) == 4
+    assert contract.split_k(K, N) == 4
     from rlk.kernels.gemm import launch
 
-    monkeypatch.setattr(config, "split_k", lambda k, n: 1)
+    monkeypatch.setattr(contract, "split_k", lambda k, n: 1)
     launch.clear_plan_cache()  # plans are memoized; the patched rule must be seen (and undone)
     request.addfinalizer(launch.clear_plan_cache)
     other = gemm(x, w, out_dtype=torch.float32, schedule="prefill")
@@ -172,22 +173,22 @@ def test_decode_block_m_covers_m_and_buckets(monkeypatch, tmp_path):
     K, N = 512, 63
     x, w = _rand(70, K, seed=15), _rand(N, K, seed=16)
     ref = gemm(x, w, out_dtype=torch.float32)
-    table = json.loads(open(config.table_path()).read())
+    table = json.loads(open(gemm_schedule.table_path()).read())
     # Without buckets or a default rule: decode up to decode_max_m, BLOCK_M covering M.
     table.pop("default_buckets", None)
     table["shapes"]["4096x6144"].pop("buckets", None)
     bare = tmp_path / "bare.json"
     bare.write_text(json.dumps(table))
-    monkeypatch.setenv(config.TABLE_ENV, str(bare))
+    monkeypatch.setenv(gemm_schedule.TABLE_ENV, str(bare))
     for m, bm in ((1, 16), (16, 16), (17, 32), (33, 64), (64, 64)):
         p = launch.plan(m, 4096, 6144, dev)
         assert p["schedule"] == "decode" and p["BLOCK_M"] == bm, (m, p)
-    table["shapes"][f"{K}x{N}"] = {"split_k": config.split_rule(K, N), "prefill": {"BLOCK_N": 32},
+    table["shapes"][f"{K}x{N}"] = {"split_k": contract.split_rule(K, N), "prefill": {"BLOCK_N": 32},
                                    "buckets": [[2, "decode", None], [20, "prefill", 16], [40, "decode", 64],
                                                [None, "prefill", 64]]}
     path = tmp_path / "tuned.json"
     path.write_text(json.dumps(table))
-    monkeypatch.setenv(config.TABLE_ENV, str(path))
+    monkeypatch.setenv(gemm_schedule.TABLE_ENV, str(path))
     for m, sched, bm in ((2, "decode", 16), (3, "prefill", 16), (33, "decode", 64), (70, "prefill", 64)):
         p = launch.plan(m, K, N, dev)
         assert (p["schedule"], p["BLOCK_M"]) == (sched, bm), (m, p)
@@ -195,21 +196,21 @@ def test_decode_block_m_covers_m_and_buckets(monkeypatch, tmp_path):
 
 
 def test_table_cannot_change_split(monkeypatch, tmp_path):
-    table = json.loads(open(config.table_path()).read())
+    table = json.loads(open(gemm_schedule.table_path()).read())
     table["shapes"]["4096x6144"]["split_k"] = 4
     path = tmp_path / "bad.json"
     path.write_text(json.dumps(table))
-    monkeypatch.setenv(config.TABLE_ENV, str(path))
+    monkeypatch.setenv(gemm_schedule.TABLE_ENV, str(path))
     with pytest.raises(UnsupportedConfigError, match="split_k=4 differs from the contract rule"):
-        config.load_table()
-    assert config.split_k(4096, 6144) == 1
+        gemm_schedule.load_table()
+    assert contract.split_k(4096, 6144) == 1
 
 
 def test_split_rule_fills_programs_with_narrow_tiles():
     # S=1 wherever ceil(N/16) >= 132; S=2 for TP4 qkv (N=1536: 96 tiles of 16).
-    assert config.split_rule(4096, 4096) == 1 and config.split_rule(12288, 4096) == 1
-    assert config.split_rule(1024, 4096) == 1 and config.split_rule(4096, 37984) == 1
-    assert config.split_rule(4096, 1536) == 2 and config.split_rule(4096, 1024) == 4
+    assert contract.split_rule(4096, 4096) == 1 and contract.split_rule(12288, 4096) == 1
+    assert contract.split_rule(1024, 4096) == 1 and contract.split_rule(4096, 37984) == 1
+    assert contract.split_rule(4096, 1536) == 2 and contract.split_rule(4096, 1024) == 4
 
 
 @pytest.mark.gpu
@@ -224,7 +225,7 @@ def test_gpu_rows_invariant_qwen3(name):
         y = gemm(x[:m], w)
         assert_bitwise_equal(y, full[:m], f"{name} M={m} auto")
         if m <= 256:
-            other = "prefill" if m <= config.decode_max_m() else "decode"
+            other = "prefill" if m <= gemm_schedule.decode_max_m() else "decode"
             assert_bitwise_equal(gemm(x[:m], w, schedule=other), full[:m], f"{name} M={m} {other}")
     shifted = gemm(x[8:8 + 33], w)
     assert_bitwise_equal(shifted[:25], full[8:33], f"{name} rows at offset 8")
@@ -285,13 +286,13 @@ def test_warm_up_launches_each_plan_once(monkeypatch, tmp_path):
     from rlk.kernels.gemm import launch
 
     K, N = 128, 40
-    table = json.loads(open(config.table_path()).read())
-    table["shapes"][f"{K}x{N}"] = {"split_k": config.split_rule(K, N),
+    table = json.loads(open(gemm_schedule.table_path()).read())
+    table["shapes"][f"{K}x{N}"] = {"split_k": contract.split_rule(K, N),
                                    "buckets": [[20, "decode", None], [40, "decode", {"BLOCK_M": 64}],
                                                [None, "prefill", {"BLOCK_M": 16}]]}
     path = tmp_path / "t.json"
     path.write_text(json.dumps(table))
-    monkeypatch.setenv(config.TABLE_ENV, str(path))
+    monkeypatch.setenv(gemm_schedule.TABLE_ENV, str(path))
     w = _rand(N, K, seed=3)
     calls = []
     real = launch.gemm

@@ -11,9 +11,11 @@ import pytest
 import torch
 
 from rlk.errors import UnsupportedConfigError
-from rlk.kernels.gemm import config, gemm
+from rlk.kernels.common import cdiv
+from rlk.kernels.gemm import contract, gemm
+from rlk.kernels.gemm import schedule as gemm_schedule
 from rlk.kernels.gemm.reference import reference_fp64, tolerance
-from rlk.ops.gemm import linear
+from rlk.kernels.gemm.autograd import linear
 from rlk.testing.shapes import QWEN3_8B_GEMMS
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -49,7 +51,7 @@ def test_accuracy_cpu(M, K, N, schedule):
 
 def test_accuracy_fp32_out_and_split():
     x, w = _rand(9, 1024, seed=3), _rand(70, 1024, seed=4)
-    assert config.split_k(1024, 70) == 4, "this case must exercise the split-K fold"
+    assert contract.split_k(1024, 70) == 4, "this case must exercise the split-K fold"
     for schedule in ("decode", "prefill"):
         y = gemm(x, w, out_dtype=torch.float32, schedule=schedule)
         assert y.dtype == torch.float32
@@ -93,10 +95,10 @@ def test_bad_input_raises(bad, match):
 def test_split_rule_depends_on_k_and_n_only():
     # Checked-in entries must divide the chunk count; the rule gives these for the Qwen3-8B shapes.
     for (k, n) in QWEN3_8B_GEMMS.values():
-        s = config.split_k(k, n)
-        assert config.cdiv(k, 64) % s == 0 and 1 <= s <= config.MAX_SPLIT
-        assert s == config.split_rule(k, n), f"table entry {k}x{n} differs from the rule"
-    assert config.split_rule(64, 8) == 1 and config.split_rule(1024, 70) == 4
+        s = contract.split_k(k, n)
+        assert cdiv(k, 64) % s == 0 and 1 <= s <= contract.MAX_SPLIT
+        assert s == contract.split_rule(k, n), f"table entry {k}x{n} differs from the rule"
+    assert contract.split_rule(64, 8) == 1 and contract.split_rule(1024, 70) == 4
     # No table key names the row count; M buckets may pick only the schedule and its free fields.
     def keys(node):
         if isinstance(node, dict):
@@ -104,15 +106,15 @@ def test_split_rule_depends_on_k_and_n_only():
                 yield k
                 yield from keys(v)
 
-    table = config.load_table("sm_90")
+    table = gemm_schedule.load_table("sm_90")
     assert not {"M", "m", "rows", "batch", "tokens"} & set(keys(table["shapes"]))
     for bks in [e.get("buckets", []) for e in table["shapes"].values()] + [table.get("default_buckets", [])]:
         for max_m, sched, fields in bks:
-            assert sched in config.SCHEDULES
+            assert sched in contract.SCHEDULES
             if isinstance(fields, dict):
-                assert set(fields) <= set(config.SCHEDULE_KEYS[sched]) and "split_k" not in fields
+                assert set(fields) <= set(gemm_schedule.SCHEDULE_KEYS[sched]) and "split_k" not in fields
             else:
-                assert fields in (None, *config.DECODE_BLOCK_M, 128)
+                assert fields in (None, *gemm_schedule.DECODE_BLOCK_M, 128)
 
 
 def _backward(x, w, dy):

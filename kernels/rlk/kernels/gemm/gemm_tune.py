@@ -21,8 +21,8 @@ What it does, in order:
    cuBLAS is kept per M; above, the table's default prefill config. The "holdout" sizes are then
    timed with the rule (and with the previous rule) against cuBLAS: evaluation only.
 
-Only schedule fields change: the split count stays ``config.split_k(K, N)``. Timings: CUDA graph
-replays of back-to-back calls (median of 3). Writes a table in the format ``config.py`` reads
+Only schedule fields change: the split count stays ``contract.split_k(K, N)``. Timings: CUDA graph
+replays of back-to-back calls (median of 3). Writes a table in the format ``schedule.py`` reads
 (use it with ``RLK_GEMM_TABLE=FILE``), with every measurement under "tuning"; a partial table is
 written after each shape, so a run cut short keeps what it measured.
 """
@@ -164,11 +164,11 @@ def _compile_jobs(jobs: list) -> list:
 
 def precompile(jobs: list, workers: int) -> tuple[float, list]:
     """Compile ``jobs`` [(K, N, schedule, fields)] in ``workers`` processes; (seconds, errors)."""
-    from rlk.kernels.gemm import config  # noqa: PLC0415
+    from rlk.kernels.gemm import contract  # noqa: PLC0415
 
     t0 = time.time()
     # One job per compiled kernel: the code depends on (K, split) through SEG_STEPS, not on N.
-    jobs = list({json.dumps([K, config.split_k(K, N), s, c], sort_keys=True): (K, N, s, c)
+    jobs = list({json.dumps([K, contract.split_k(K, N), s, c], sort_keys=True): (K, N, s, c)
                  for K, N, s, c in jobs}.values())
     if workers <= 1 or len(jobs) < 2:
         return time.time() - t0, _compile_jobs(jobs)
@@ -318,11 +318,11 @@ def main(argv=None) -> int:
         return 2
     import triton  # noqa: PLC0415
 
-    from rlk.kernels.gemm import config, launch  # noqa: PLC0415
+    from rlk.kernels.gemm import contract, launch, schedule  # noqa: PLC0415
 
     t0 = time.time()
     tuner = Tuner(args.budget_s)
-    base = config.load_table("sm_90")
+    base = schedule.load_table("sm_90")
     names = args.shapes.split(",") if args.shapes else list(QWEN3_8B_GEMMS)
     unknown = [n for n in names if n not in QWEN3_8B_GEMMS]
     if unknown:
@@ -358,12 +358,12 @@ def main(argv=None) -> int:
             print(f"budget spent: {name} and later shapes not tuned", flush=True)
             doc["tuning"].setdefault("skipped", []).append(name)
             continue
-        print(f"{name} K={K} N={N} split_k={config.split_k(K, N)}", flush=True)
+        print(f"{name} K={K} N={N} split_k={contract.split_k(K, N)}", flush=True)
         res = tuner.measure(name, K, N, candidates, M_LIST)
         per_m = {m: r["cands"] for m, r in res.items()}
         run = choose_run(per_m, M_LIST)
-        entry = {"split_k": config.split_k(K, N)}
-        for sched in config.SCHEDULES:  # the schedule base configs (forced-schedule callers)
+        entry = {"split_k": contract.split_k(K, N)}
+        for sched in contract.SCHEDULES:  # the schedule base configs (forced-schedule callers)
             if sched in base["shapes"].get(f"{K}x{N}", {}):
                 entry[sched] = base["shapes"][f"{K}x{N}"][sched]
         entry["buckets"] = to_buckets(run, by_key)
@@ -381,7 +381,7 @@ def main(argv=None) -> int:
         write()
 
     if not args.no_rule and not tuner.over():
-        rule(tuner, doc, config, launch, by_key)
+        rule(tuner, doc, contract, schedule, launch, by_key)
     write()
     print("strict / cuBLAS time (chosen configs, CUDA graph replays):")
     print(f"{'shape':<14}" + "".join(f"{m:>7}" for m in M_LIST))
@@ -396,7 +396,7 @@ def main(argv=None) -> int:
     return 0 if n_rej == 0 else 1
 
 
-def rule(tuner: Tuner, doc: dict, config, launch, by_key: dict) -> None:
+def rule(tuner: Tuner, doc: dict, contract, schedule, launch, by_key: dict) -> None:
     """Fit ``default_buckets`` on the tune sizes; evaluate it on the holdout sizes."""
     t_shapes = doc["tuning"]["shapes"]
     rule_m = [m for m in M_LIST if m <= RULE_MAX_M]
@@ -448,13 +448,13 @@ def rule(tuner: Tuner, doc: dict, config, launch, by_key: dict) -> None:
         for name, (K, N) in hold_shapes.items():
             for m in M_LIST:
                 sched, fields = _bucket_at(bks, m)
-                cfg = config.schedule_config(K, N, sched)
+                cfg = schedule.schedule_config(K, N, sched)
                 if isinstance(fields, dict):
                     cfg.update(fields)
                 elif fields is not None:
                     cfg["BLOCK_M"] = int(fields)
                 elif sched == "decode":
-                    cfg["BLOCK_M"] = config.decode_block_m(m)
+                    cfg["BLOCK_M"] = schedule.decode_block_m(m)
                 evals.setdefault(name, {}).setdefault(str(m), {})[label] = (sched, cfg)
     jobs = list({json.dumps([K, N, s, c], sort_keys=True): (K, N, s, c) for name, (K, N) in hold_shapes.items()
                  for per in evals[name].values() for s, c in per.values()}.values())
@@ -463,7 +463,7 @@ def rule(tuner: Tuner, doc: dict, config, launch, by_key: dict) -> None:
     rows = []
     for name, (K, N) in hold_shapes.items():
         res = tuner.measure(name, K, N, lambda m, name=name: list(evals[name][str(m)].values()), M_LIST, seed=5)
-        row = {"shape": name, "K": K, "N": N, "split_k": config.split_k(K, N)}
+        row = {"shape": name, "K": K, "N": N, "split_k": contract.split_k(K, N)}
         for m in M_LIST:
             cub = res[m]["cublas"]
             for label, cand in evals[name][str(m)].items():

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from rlk.errors import UnsupportedConfigError
-from rlk.kernels.gemm import config, gemm_tune
+from rlk.kernels.gemm import contract, gemm_tune, schedule
 
 
 def test_choose_run_keeps_config_within_tie_and_jumps_when_needed():
@@ -43,14 +43,14 @@ def test_candidates_by_regime():
     assert {s for s, _ in mid} == {"decode", "prefill"}
     assert all(s == "prefill" for s, _ in large) and len(large) < len(mid)
     for sched, cfg in gemm_tune.ALL_CANDIDATES:
-        assert set(cfg) <= set(config.SCHEDULE_KEYS[sched])
-        assert cfg["BLOCK_K"] % config.CHUNK_K == 0
+        assert set(cfg) <= set(schedule.SCHEDULE_KEYS[sched])
+        assert cfg["BLOCK_K"] % contract.CHUNK_K == 0
 
 
 def _write(tmp_path, monkeypatch, table):
     path = tmp_path / "t.json"
     path.write_text(json.dumps(table))
-    monkeypatch.setenv(config.TABLE_ENV, str(path))
+    monkeypatch.setenv(schedule.TABLE_ENV, str(path))
     from rlk.kernels.gemm import launch
 
     launch.clear_plan_cache()
@@ -62,7 +62,7 @@ def test_default_rule_applies_to_untuned_shapes_only(tmp_path, monkeypatch):
 
     from rlk.kernels.gemm import launch
 
-    table = json.loads(open(config.table_path()).read())
+    table = json.loads(open(schedule.table_path()).read())
     table["default_buckets"] = [[8, "decode", {"BLOCK_M": 64, "BLOCK_N": 16}],
                                 [None, "prefill", {"BLOCK_M": 64, "BLOCK_N": 64, "PERSISTENT": 1}]]
     _write(tmp_path, monkeypatch, table)
@@ -83,19 +83,19 @@ def test_default_rule_applies_to_untuned_shapes_only(tmp_path, monkeypatch):
     ([[8, "decode", "x"], [None, "prefill", None]], "fields must be"),
 ])
 def test_bad_buckets_are_refused(tmp_path, monkeypatch, bks, match):
-    table = json.loads(open(config.table_path()).read())
+    table = json.loads(open(schedule.table_path()).read())
     table["default_buckets"] = bks
     path = _write(tmp_path, monkeypatch, table)
     with pytest.raises(UnsupportedConfigError, match=match):
-        config.load_table()
-    config._load_table_file.cache_clear()
+        schedule.load_table()
+    schedule._load_table_file.cache_clear()
     # The same list as a shape entry's buckets is refused the same way.
     table.pop("default_buckets")
     table["shapes"]["4096x6144"]["buckets"] = bks
     path.write_text(json.dumps(table))
     with pytest.raises(UnsupportedConfigError, match=match):
-        config._load_table_file(str(path))
-    config._load_table_file.cache_clear()
+        schedule._load_table_file(str(path))
+    schedule._load_table_file.cache_clear()
 
 
 def _tiny_tuner(monkeypatch):
@@ -141,7 +141,7 @@ def test_tuner_rejects_a_candidate_with_other_bytes(tmp_path, monkeypatch):
 
 def test_tuner_end_to_end_smoke(tmp_path, monkeypatch):
     """The whole tuner (compile, per-shape buckets, default rule, holdout) on interpreter-sized
-    shapes: it writes a table that config.py accepts and whose plans every M can launch."""
+    shapes: it writes a table that schedule.py accepts and whose plans every M can launch."""
     import torch
 
     from rlk.kernels.gemm import gemm, launch
@@ -155,7 +155,7 @@ def test_tuner_end_to_end_smoke(tmp_path, monkeypatch):
     assert doc["tuning"]["byte_comparisons"]["compared"] > 0 and doc["tuning"]["byte_comparisons"]["rejected"] == 0
     assert doc["default_buckets"][-1] == [None, "prefill", None]
     assert [r["shape"] for r in doc["tuning"]["rule"]["holdout_ratio_vs_cublas"]] == ["h1_x"]
-    monkeypatch.setenv(config.TABLE_ENV, str(out))
+    monkeypatch.setenv(schedule.TABLE_ENV, str(out))
     launch.clear_plan_cache()
     g = torch.Generator().manual_seed(0)
     for K, N in ((128, 96), (192, 48)):

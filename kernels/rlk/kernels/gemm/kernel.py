@@ -7,7 +7,7 @@ The arithmetic every kernel performs for one output element ``y[m, n]`` (the con
 
 * K is cut into ``n_chunks = ceil(K / 64)`` chunks of 64 (the last one zero-padded) and the
   chunks into ``SPLIT_K`` segments of ``seg_chunks = n_chunks / SPLIT_K`` consecutive chunks.
-  ``SPLIT_K`` depends on (K, N) only (``config.split_k``), never on M.
+  ``SPLIT_K`` depends on (K, N) only (``contract.split_k``), never on M.
 * Inside a segment: ``acc = 0``; for each chunk ascending ``acc = tl.dot(a, b, acc)`` with fp32
   accumulation (operands in ``DOT_DTYPE``: bf16 on GPU, fp64 chunk sums under the interpreter).
 * Across segments: ``total = 0.0``; ``total = total + acc_s`` for s = 0, 1, ..., SPLIT_K - 1

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
@@ -11,9 +10,10 @@ from rlk.errors import UnsupportedConfigError
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from rlk.kernels.common import dot_dtype_for, interpret_flag, launch_options
-from rlk.kernels.gemm import config as cfgmod
-from rlk.kernels.gemm import kernel, kernel_tiled
+from rlk.kernels import plans
+from rlk.kernels.common import arch_of, cdiv, dot_dtype_for, interpret_flag, launch_options, sm_count
+from rlk.kernels.gemm import contract, kernel, kernel_tiled
+from rlk.kernels.gemm import schedule as gemm_schedule
 from rlk.kernels.launcher import launch
 
 def _check(x: torch.Tensor, w: torch.Tensor, out_dtype) -> None:
@@ -56,23 +56,22 @@ def plan(M: int, K: int, N: int, device: torch.device, schedule: str | None = No
     if not config:
         # A pure function of (M, K, N, device, schedule, table file): memoized (computing it costs
         # ~17 us of Python per launch); callers get a copy and cannot alter the memo.
-        key = (M, K, N, device, schedule, os.environ.get(cfgmod.TABLE_ENV))
+        key = (M, K, N, device, schedule, os.environ.get(gemm_schedule.TABLE_ENV))
         p = _PLANS.get(key)
         if p is None:
-            if len(_PLANS) >= _PLANS_MAX:
-                _PLANS.clear()
-            arch = cfgmod.arch_of(device)
-            p = _PLANS[key] = _plan(M, K, N, arch, schedule, device.type == "cpu")
+            p = _plan(M, K, N, arch_of(device), schedule, device.type == "cpu")
+            _PLANS.put(key, p)
         return dict(p)
-    return _plan(M, K, N, cfgmod.arch_of(device), schedule, device.type == "cpu", config)
+    return _plan(M, K, N, arch_of(device), schedule, device.type == "cpu", config)
 
 
-_PLANS: dict = {}
-_PLANS_MAX = 4096
+# Emptied when full (a training run's varying token counts make new keys every step). It holds
+# schedule lookups only, no checks and no launch arguments, so RLK_HOST_PLANS does not switch it.
+_PLANS = plans.PlanCache("gemm", max_entries=4096)
 
 
 def clear_plan_cache() -> None:
-    """Forget memoized plans (tests that patch the config module's rules)."""
+    """Forget memoized plans (tests that patch the contract's or the schedule's rules)."""
     _PLANS.clear()
 
 
@@ -80,48 +79,43 @@ def _plan(M: int, K: int, N: int, arch: str, schedule: str | None, cpu: bool, co
     """:func:`plan`'s body."""
     fields = None
     if schedule is None:
-        schedule, fields = cfgmod.pick_schedule(M, K, N, arch)
-    cfg = cfgmod.schedule_config(K, N, schedule, arch)
+        schedule, fields = gemm_schedule.pick_schedule(M, K, N, arch)
+    cfg = gemm_schedule.schedule_config(K, N, schedule, arch)
     if isinstance(fields, dict):
         cfg.update(fields)
     elif fields is not None:
         cfg["BLOCK_M"] = int(fields)
     if schedule == "decode" and "BLOCK_M" not in cfg:
-        cfg["BLOCK_M"] = cfgmod.decode_block_m(M)
-    n_chunks = cfgmod.cdiv(K, cfgmod.CHUNK_K)
-    split = cfgmod.split_k(K, N)
+        cfg["BLOCK_M"] = gemm_schedule.decode_block_m(M)
+    n_chunks = cdiv(K, contract.CHUNK_K)
+    split = contract.split_k(K, N)
     seg_chunks = n_chunks // split
     if config:
-        unknown = set(config) - set(cfgmod.SCHEDULE_KEYS[schedule])
+        unknown = set(config) - set(gemm_schedule.SCHEDULE_KEYS[schedule])
         if unknown:
             raise UnsupportedConfigError(f"gemm: {sorted(unknown)} are not schedule fields of {schedule!r}")
         cfg.update(config)
-        if (seg_chunks * cfgmod.CHUNK_K) % cfg["BLOCK_K"]:
+        if (seg_chunks * contract.CHUNK_K) % cfg["BLOCK_K"]:
             raise UnsupportedConfigError(f"gemm: BLOCK_K={cfg['BLOCK_K']} does not divide the segment "
                                          f"({seg_chunks} chunks of 64)")
-    if cfg["BLOCK_K"] % cfgmod.CHUNK_K:
+    if cfg["BLOCK_K"] % contract.CHUNK_K:
         raise UnsupportedConfigError(f"gemm: BLOCK_K={cfg['BLOCK_K']} is not a multiple of 64")
-    if (seg_chunks * cfgmod.CHUNK_K) % cfg["BLOCK_K"] or cpu:
+    if (seg_chunks * contract.CHUNK_K) % cfg["BLOCK_K"] or cpu:
         # A function of (K, N) only. Under the interpreter one dot is one exact fp64 chunk sum, so
         # a 128-wide dot would model another arithmetic than the GPU's chained 64-chunks.
-        cfg["BLOCK_K"] = cfgmod.CHUNK_K
+        cfg["BLOCK_K"] = contract.CHUNK_K
     if schedule == "prefill":
         for key in ("FLAT", "PERSISTENT", "TMA"):
             cfg[key] = int(cfg.get(key, 0))
     return {"arch": arch, "schedule": schedule, "split_k": split, "seg_chunks": seg_chunks,
-            "seg_steps": seg_chunks * cfgmod.CHUNK_K // cfg["BLOCK_K"], **cfg}
-
-
-@functools.lru_cache(maxsize=None)
-def _num_sms(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
+            "seg_steps": seg_chunks * contract.CHUNK_K // cfg["BLOCK_K"], **cfg}
 
 
 def num_progs(device: torch.device) -> int:
     """Persistent grid size: the SM count (the interpreter uses 3 to exercise multi-tile walks)."""
     if device.type == "cpu":
         return 3
-    return _num_sms(device.index if device.index is not None else torch.cuda.current_device())
+    return sm_count(device)
 
 
 def tma_ok(t: torch.Tensor) -> bool:
@@ -181,7 +175,6 @@ def gemm(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfl
     flags = dict(DOT_DTYPE=_dot_dtype(x.device), OUT_FP32=out_dtype == torch.float32,
                  INTERPRET=interpret_flag())
     opts = launch_options()
-    cdiv = cfgmod.cdiv
     S = p["split_k"]
     bm, bn, bk = p["BLOCK_M"], p["BLOCK_N"], p["BLOCK_K"]
     handles = []
@@ -201,7 +194,7 @@ def gemm(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfl
                 SPLIT_K=S, SEG_STEPS=p["seg_steps"], BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
                 num_warps=p["num_warps"], num_stages=p["num_stages"], **flags, **opts))
             if S > 1:
-                f = cfgmod.fold_config(p["arch"])
+                f = gemm_schedule.fold_config(p["arch"])
                 fgrid = (cdiv(N, f["BLOCK_N"]), cdiv(M, f["BLOCK_M"]))
                 handles.append(launch(kernel.gemm_fold_kernel, fgrid,
                     y, out, M, N, y.stride(0), y.stride(1), M * N,
@@ -240,15 +233,15 @@ def warm_up(w: torch.Tensor, max_m: int) -> list[int]:
     if int(max_m) < 1:
         raise UnsupportedConfigError(f"gemm.warm_up: max_m must be >= 1, got {max_m}")
     N, K = w.shape
-    arch = cfgmod.arch_of(w.device)
+    arch = arch_of(w.device)
     points, lo = [], 1
-    for max_b, sched, fields in cfgmod.buckets(K, N, arch):
+    for max_b, sched, fields in gemm_schedule.buckets(K, N, arch):
         if lo > max_m:
             break
         hi = max_m if max_b is None else min(int(max_b), max_m)
         points.append(lo)
         if sched == "decode" and fields is None:  # BLOCK_M follows M: it steps up at 17 and 33
-            points += [bm + 1 for bm in cfgmod.DECODE_BLOCK_M[:-1] if lo <= bm < hi]
+            points += [bm + 1 for bm in gemm_schedule.DECODE_BLOCK_M[:-1] if lo <= bm < hi]
         lo = hi + 1
     seen, launched = set(), []
     x = torch.zeros((max(points), K), dtype=torch.bfloat16, device=w.device)

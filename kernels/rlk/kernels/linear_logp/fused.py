@@ -30,14 +30,14 @@ from typing import Callable, Optional
 import torch
 
 from rlk.errors import UnsupportedConfigError
-from rlk.kernels.common import cdiv, interpret_flag, launch_options
-from rlk.kernels.linear_logp import config as cfgmod
+from rlk.kernels.common import arch_of, cdiv, interpret_flag, launch_options
+from rlk.kernels.linear_logp import contract, schedule
 from rlk.kernels.linear_logp import kernel as K
 from rlk.kernels.launcher import launch
 from rlk.kernels.linear_logp.launch import (GradGemms, _check_device, _inv_temp, _vec, check_inputs,
                                             check_main_grad, linear_logp_fwd)
 
-CONTRACT_ID = cfgmod.CONTRACT_ID
+CONTRACT_ID = contract.CONTRACT_ID
 _BYTES_PER_ELEMENT = 4 + 2  # fp32 logits + bf16 G per (row, column) of a chunk
 
 
@@ -101,7 +101,7 @@ def linear_logp_fused_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: 
     fused_test's GPU cases); d_hidden rows independent of T; bitwise run to run.
     """
     vocab_real = int(weight.shape[0] + vocab_start if vocab_real is None else vocab_real)
-    align, seg_v = cfgmod.DEFAULT_SEGMENTATION if segmentation is None else tuple(segmentation)
+    align, seg_v = contract.DEFAULT_SEGMENTATION if segmentation is None else tuple(segmentation)
     if return_entropy:
         raise UnsupportedConfigError(f"{CONTRACT_ID}: the fused logp + loss path has no entropy; use "
                                      "linear_logp (unfused) for entropy terms")
@@ -119,7 +119,7 @@ def linear_logp_fused_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: 
     hidden, weight, targets = hidden.contiguous(), weight.contiguous(), targets.contiguous()
     T, H = hidden.shape
     dev = hidden.device
-    tab = cfgmod.table(cfgmod.arch_of(dev))
+    tab = schedule.table(arch_of(dev))
     unit = row_unit(tab)
     if rows_per_chunk is None:
         rows = rows_per_chunk_for(T, V_local, tab)
@@ -148,7 +148,7 @@ def linear_logp_fused_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: 
     g = (torch.empty((rows, -(-V_local // 8) * 8), dtype=torch.bfloat16, device=dev)  # 16-byte rows (TMA)
          if need_grads else None)
     gemms = GradGemms(hidden, weight, tab)
-    gc = cfgmod.grad_from_logits_fields(tab)
+    gc = schedule.grad_from_logits_fields(tab)
     cd = cdiv
     # Reduction order (d_weight): row chunks ascending, the fp32 chain continuing across them.
     for c, lo in enumerate(range(0, T, rows)):
@@ -180,9 +180,9 @@ def linear_logp_fused_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: 
 def scale_by_(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """x *= scale in place, with ``scale`` a one-element float tensor read on the device; returns x.
 
-    The backward of :func:`rlk.ops.linear_logp.linear_logp_loss` uses it to apply grad_out to the
-    gradients formed in the forward without a host read of grad_out (which would block the host
-    until the whole forward has run), so it also runs under CUDA-graph capture. One launch of
+    The backward of :func:`rlk.kernels.linear_logp.autograd.linear_logp_loss` uses it to apply
+    grad_out to the gradients formed in the forward without a host read of grad_out (which would
+    block the host until the whole forward has run), so it also runs under CUDA-graph capture. One launch of
     ``scale_kernel`` over x's elements (flat grid): when scale == 1.0 (the usual
     ``loss.backward()``) every program returns after reading it and x keeps its bytes; otherwise
     each element becomes fp32(x) * fp32(scale) rounded once to x's dtype (RNE), the bytes of
@@ -213,7 +213,7 @@ def scale_by_(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     if n == 0:
         return x
     s = scale.reshape(1).float()
-    sc = cfgmod.scale_fields(cfgmod.arch_of(x.device))
+    sc = schedule.scale_fields(arch_of(x.device))
     launch(K.scale_kernel, (cdiv(n, sc["BLOCK"] * sc["ITERS"]),),
         x, s, n, BLOCK=sc["BLOCK"], ITERS=sc["ITERS"], OUT_BF16=x.dtype == torch.bfloat16,
         INTERPRET=interpret_flag(), num_warps=sc["num_warps"], num_stages=sc["num_stages"], **launch_options())

@@ -1,4 +1,4 @@
-"""Fused logp + per-token loss path of ``logp.v2`` (``fused.py``, ``rlk.ops.linear_logp.linear_logp_loss``).
+"""Fused logp + per-token loss path of ``logp.v2`` (``fused.py``, ``autograd.linear_logp_loss``).
 
 CPU (interpreter): logp/lse and d_hidden/d_weight byte-identical to the unfused path
 (``linear_logp_fwd`` + ``linear_logp_bwd`` fed the same dlogp) for 1, 2 and 3 row chunks; the
@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from rlk.errors import ExactnessError, UnsupportedConfigError
-from rlk.kernels.linear_logp import config as cfgmod
+from rlk.kernels.linear_logp import contract
 from rlk.kernels.linear_logp import fused, launch
 from rlk.kernels.linear_logp import reference as R
 from rlk.kernels.linear_logp.linear_logp_test import CPU_SEG, FWD_TOL, GRAD_TOL, _close, make
-from rlk.ops.linear_logp import linear_logp, linear_logp_loss
+from rlk.kernels.linear_logp.autograd import linear_logp, linear_logp_loss
 from rlk.testing import assert_bitwise_equal
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -88,7 +88,7 @@ def test_broken_chunk_chain_is_caught(case, monkeypatch):
 
 
 def test_rows_per_chunk_for_budget():
-    tab = cfgmod.load_table("sm_90")
+    tab = contract.load_table("sm_90")
     assert fused.row_unit(tab) == 128
     # 4096 MB / (6 * 151936) = 4711 rows -> cap 4608; T 8192 -> 2 equal chunks of 4096.
     assert fused.rows_per_chunk_for(8192, 151936, tab) == 4096
@@ -144,7 +144,7 @@ def test_autograd_hands_over_the_gradient_buffers(monkeypatch):
     so they become .grad without a copy (a [V, H] copy per actor step otherwise); a second
     backward through the same graph is refused with a clear error (the buffers were given away)."""
     from rlk.kernels.linear_logp import fused as fused_mod
-    from rlk.ops import linear_logp as op_mod
+    from rlk.kernels.linear_logp import autograd as op_mod
 
     made = []
     real = fused_mod.linear_logp_fused_loss
@@ -169,7 +169,7 @@ def _spied_loss(monkeypatch, seed, scale_outputs=()):
     """linear_logp_loss whose fused pass records its gradient buffers' addresses and a copy of
     their bytes as the forward left them (the copy is a separate tensor: no extra owner)."""
     from rlk.kernels.linear_logp import fused as fused_mod
-    from rlk.ops import linear_logp as op_mod
+    from rlk.kernels.linear_logp import autograd as op_mod
 
     made = []
     real = fused_mod.linear_logp_fused_loss

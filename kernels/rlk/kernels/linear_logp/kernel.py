@@ -1,7 +1,7 @@
 """Triton kernels of ``logp.v2`` (fused LM head + selected-token log-prob). ``@triton.jit`` only.
 
 Host code (checks, tables, grids) is in ``launch.py``; the arithmetic contract is written out in
-``config.py``. Every kernel loads bf16, upcasts to fp32 at once, feeds ``tl.dot`` in ``DOT_DTYPE``
+``contract.py``. Every kernel loads bf16, upcasts to fp32 at once, feeds ``tl.dot`` in ``DOT_DTYPE``
 (bf16 on GPU, fp64 chunk sums under the CPU interpreter: see ``_mma``) and rounds to bf16 only through ``round_bf16``.
 """
 

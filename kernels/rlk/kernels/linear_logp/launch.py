@@ -17,13 +17,13 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from rlk.errors import UnsupportedConfigError
-from rlk.kernels.common import (cdiv, check_tensor, device_value_checks_enabled, dot_dtype_for, interpret_flag,
-                                launch_options)
-from rlk.kernels.linear_logp import config as cfgmod
+from rlk.kernels.common import (arch_of, cdiv, check_tensor, device_value_checks_enabled, dot_dtype_for,
+                                interpret_flag, launch_options)
+from rlk.kernels.linear_logp import contract, schedule
 from rlk.kernels.linear_logp import kernel as K
 from rlk.kernels.launcher import launch
 
-CONTRACT_ID = cfgmod.CONTRACT_ID
+CONTRACT_ID = contract.CONTRACT_ID
 
 
 class SegmentStats(NamedTuple):
@@ -93,8 +93,8 @@ def check_inputs(hidden, weight, targets, vocab_start: int, vocab_real: int,
     if weight.shape[1] != H:
         raise UnsupportedConfigError(f"{CONTRACT_ID}: hidden {tuple(hidden.shape)} and weight "
                                      f"{tuple(weight.shape)} disagree on H (expected weight [V_local, H])")
-    if H % cfgmod.BLOCK_K:
-        raise UnsupportedConfigError(f"{CONTRACT_ID}: H={H} is not a multiple of {cfgmod.BLOCK_K}")
+    if H % contract.BLOCK_K:
+        raise UnsupportedConfigError(f"{CONTRACT_ID}: H={H} is not a multiple of {contract.BLOCK_K}")
     if targets.shape[0] != T:
         raise UnsupportedConfigError(f"{CONTRACT_ID}: targets has {targets.shape[0]} entries, hidden has T={T}")
     if targets.stride(0) != 1:
@@ -104,7 +104,7 @@ def check_inputs(hidden, weight, targets, vocab_start: int, vocab_real: int,
                                      f"(got {vocab_start}, {vocab_real})")
     if align is None:  # backward: no segmentation involved
         pass
-    elif cfgmod.check_segmentation(align, seg_v) or vocab_start % align:
+    elif contract.check_segmentation(align, seg_v) or vocab_start % align:
         raise UnsupportedConfigError(f"{CONTRACT_ID}: vocab_start={vocab_start} is not a multiple of the "
                                      f"alignment block {align}: shard boundaries must fall on blocks")
     elif V_local % align and vocab_start + V_local < vocab_real:
@@ -151,13 +151,13 @@ def segment_stats(hidden, weight, targets, vocab_start: int = 0, vocab_real: Opt
     Determinism: logp.v2; rows independent of T; bitwise run to run.
     """
     vocab_real = int(weight.shape[0] + vocab_start if vocab_real is None else vocab_real)
-    align, seg_v = cfgmod.DEFAULT_SEGMENTATION if segmentation is None else tuple(segmentation)
+    align, seg_v = contract.DEFAULT_SEGMENTATION if segmentation is None else tuple(segmentation)
     check_inputs(hidden, weight, targets, int(vocab_start), vocab_real, align, seg_v, validate_targets)
     inv_t = _inv_temp(temperature)
     hidden, weight, targets = hidden.contiguous(), weight.contiguous(), targets.contiguous()
     T, H = hidden.shape
     V_local = weight.shape[0]
-    cfg = cfgmod.fwd_entry(cfgmod.table(cfgmod.arch_of(hidden.device)), hidden.shape[0])
+    cfg = schedule.fwd_entry(schedule.table(arch_of(hidden.device)), hidden.shape[0])
     S = num_segments(V_local, align, seg_v)
     dev = hidden.device
     m = torch.empty((S, T), dtype=torch.float32, device=dev)
@@ -211,14 +211,14 @@ def merge_segment_stats(stats: Sequence[SegmentStats]):
     # (torch.stack is a copy kernel: a launch and host time for the same bytes).
     tg = stats[0].tg.contiguous()[None] if len(stats) == 1 else torch.stack([st.tg for st in stats], 0).contiguous()
     dev = m.device
-    cfg = cfgmod.table(cfgmod.arch_of(dev))["merge"]
+    cfg = schedule.table(arch_of(dev))["merge"]
     logp = torch.empty((T,), dtype=torch.float32, device=dev)
     lse = torch.empty_like(logp)
     ent = torch.empty_like(logp) if with_e else None
     launch(K.merge_kernel, (cdiv(T, cfg["BLOCK"]),),
         logp, lse, ent if with_e else logp, m, s, e if with_e else m, tg, m.shape[0], tg.shape[0], T,
         WITH_ENTROPY=with_e, BLOCK=cfg["BLOCK"], INTERPRET=interpret_flag(), S_I=_bound(m.shape[0]),
-        R_I=_bound(tg.shape[0]), UNROLL=cfgmod.merge_unroll(cfgmod.arch_of(dev)), num_warps=cfg["num_warps"],
+        R_I=_bound(tg.shape[0]), UNROLL=schedule.merge_unroll(arch_of(dev)), num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"], **launch_options())
     return logp, lse, ent
 
@@ -316,7 +316,7 @@ def linear_logp_bwd(hidden, weight, targets, lse, dlogp, vocab_start: int = 0,
     if dlogp is None:
         dlogp = torch.zeros((T,), dtype=torch.float32, device=dev)
     hidden, weight, targets = hidden.contiguous(), weight.contiguous(), targets.contiguous()
-    tab = cfgmod.table(cfgmod.arch_of(dev))
+    tab = schedule.table(arch_of(dev))
     gc = tab["bwd_grad"]
     VC = vocab_chunk(T, V_local, tab)
     dot = _dot(dev)

@@ -107,10 +107,10 @@ def _validated(fn):
 
 def _with_budget(fn, mb):
     """``fn`` with the fused path's row-chunk budget overridden (schedule field)."""
-    from rlk.kernels.linear_logp import config as cfgmod
+    from rlk.kernels.linear_logp import schedule
 
     def call():
-        with cfgmod.override("fused", ROWS_BUDGET_MB=mb):
+        with schedule.override("fused", ROWS_BUDGET_MB=mb):
             return fn()
 
     return call
@@ -138,7 +138,7 @@ def run(shapes, out_path, rounds: int = ROUNDS, dev: str = "cuda", fused_budgets
     import triton.testing as tt
 
     from rlk.kernels.linear_logp import reference as R
-    from rlk.ops.linear_logp import linear_logp, linear_logp_loss
+    from rlk.kernels.linear_logp.autograd import linear_logp, linear_logp_loss
     from rlk.testing.timing import interleaved_us
 
     liger_fn, liger_reason = _liger()

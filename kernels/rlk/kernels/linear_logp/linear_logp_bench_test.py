@@ -26,9 +26,9 @@ def fake_device(monkeypatch):
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     # The interpreter walks the default segmentation's 18992-column alignment (seconds per call):
     # the tests' small segmentation keeps the arms cheap; the bookkeeping does not depend on it.
-    from rlk.kernels.linear_logp import config as cfgmod
+    from rlk.kernels.linear_logp import contract
 
-    monkeypatch.setattr(cfgmod, "DEFAULT_SEGMENTATION", (64, 32))  # linear_logp_test.CPU_SEG
+    monkeypatch.setattr(contract, "DEFAULT_SEGMENTATION", (64, 32))  # linear_logp_test.CPU_SEG
     return peak
 
 
@@ -65,9 +65,9 @@ def test_rows_columns_and_budget_arms(fake_device, tmp_path, monkeypatch):
 def test_out_mb_and_budget_override():
     assert B._out_mb("fwd", 1024, 37984) == pytest.approx(1024 * 4 / 2**20)
     assert B._out_mb("fwd_bwd", 1024, 37984) == pytest.approx((1024 + 37984) * B.H * 2 / 2**20)
-    from rlk.kernels.linear_logp import config as cfgmod
+    from rlk.kernels.linear_logp import schedule
 
     seen = []
-    B._with_budget(lambda: seen.append(cfgmod.table("cpu-interpreter")["fused"]["ROWS_BUDGET_MB"]), 7.0)()
+    B._with_budget(lambda: seen.append(schedule.table("cpu-interpreter")["fused"]["ROWS_BUDGET_MB"]), 7.0)()
     assert seen == [7.0]
-    assert cfgmod.table("cpu-interpreter")["fused"]["ROWS_BUDGET_MB"] != 7.0
+    assert schedule.table("cpu-interpreter")["fused"]["ROWS_BUDGET_MB"] != 7.0

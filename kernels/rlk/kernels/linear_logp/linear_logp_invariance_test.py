@@ -10,7 +10,7 @@ import torch
 
 from rlk.kernels.linear_logp import launch
 from rlk.kernels.linear_logp.linear_logp_test import CPU_SEG, make
-from rlk.ops.linear_logp import linear_logp, merge_segment_stats, segment_stats
+from rlk.kernels.linear_logp.autograd import linear_logp, merge_segment_stats, segment_stats
 from rlk.testing import assert_bitwise_equal
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -51,12 +51,12 @@ def test_merge_unroll_is_bit_neutral(monkeypatch, unroll):
 
 
 def _assert_unroll_neutral(monkeypatch, attr, stats, unroll, label):
-    """merge_segment_stats(stats) with config.<attr> = unroll gives the bytes of unroll 1."""
-    from rlk.kernels.linear_logp import config as cfgmod
+    """merge_segment_stats(stats) with schedule.<attr> = unroll gives the bytes of unroll 1."""
+    from rlk.kernels.linear_logp import schedule
 
-    monkeypatch.setattr(cfgmod, attr, 1)
+    monkeypatch.setattr(schedule, attr, 1)
     ref = merge_segment_stats(stats)
-    monkeypatch.setattr(cfgmod, attr, unroll)
+    monkeypatch.setattr(schedule, attr, unroll)
     for out, a, b in zip(("logp", "lse", "entropy"), merge_segment_stats(stats), ref):
         assert_bitwise_equal(a, b, f"{out}, unroll {unroll}, {label}")
 
@@ -122,23 +122,23 @@ def test_backward_run_to_run_and_dhidden_rows_invariant():
 def test_backward_schedule_fields_are_bit_neutral(monkeypatch):
     """Vocab chunk size (1, 2 or 5 chunks), TMA descriptors vs pointer loads and program grouping
     leave d_hidden / d_weight and the forward statistics byte-identical."""
-    from rlk.kernels.linear_logp import config as cfgmod
+    from rlk.kernels.linear_logp import contract, schedule
 
     h, w, tg = make(19, 64, 300, 290, seed=11)
     lse = launch.linear_logp_fwd(h, w, tg, 0, 290, segmentation=CPU_SEG)[1]
     dl = torch.randn(19, generator=torch.Generator().manual_seed(2))
     ref = launch.linear_logp_bwd(h, w, tg, lse, dl, 0, 290)
     for cap in (128, None):
-        monkeypatch.setitem(cfgmod.CPU_TABLE, "V_CHUNK_MAX", cap)
+        monkeypatch.setitem(contract.CPU_TABLE, "V_CHUNK_MAX", cap)
         got = launch.linear_logp_bwd(h, w, tg, lse, dl, 0, 290)
         assert_bitwise_equal(got[0], ref[0], f"d_hidden, V_CHUNK_MAX={cap}")
         assert_bitwise_equal(got[1], ref[1], f"d_weight, V_CHUNK_MAX={cap}")
-    with cfgmod.override("gemm", TMA=0, GROUP_M=1), cfgmod.override("bwd_grad", TMA=0):
+    with schedule.override("gemm", TMA=0, GROUP_M=1), schedule.override("bwd_grad", TMA=0):
         got = launch.linear_logp_bwd(h, w, tg, lse, dl, 0, 290)
     assert_bitwise_equal(got[0], ref[0], "d_hidden, pointer loads")
     assert_bitwise_equal(got[1], ref[1], "d_weight, pointer loads")
     fwd = launch.linear_logp_fwd(h, w, tg, 0, 290, segmentation=CPU_SEG)
-    with cfgmod.override("fwd", TMA=0, GROUP_T=1):
+    with schedule.override("fwd", TMA=0, GROUP_T=1):
         ptr = launch.linear_logp_fwd(h, w, tg, 0, 290, segmentation=CPU_SEG)
     assert_bitwise_equal(ptr[0], fwd[0], "logp, pointer loads")
     assert_bitwise_equal(ptr[1], fwd[1], "lse, pointer loads")
@@ -188,40 +188,34 @@ def test_gpu_rows_logits_run_to_run(V, vocab_real):
         assert_bitwise_equal(part.logp, full.logp[:k], f"rows[:{k}] of 1000")
 
 
-def test_decode_tile_selection():
+def test_decode_tile_selection(monkeypatch):
     """fwd_entry: T <= DECODE_T_MAX gets the one-warpgroup tile (64 rows, 4 warps, DECODE_STAGES);
     larger T and tables without the field keep the table's tile; a table whose tile is not two
     64-row warpgroups cannot declare it."""
     from rlk.errors import UnsupportedConfigError
-    from rlk.kernels.linear_logp import config as cfgmod
+    from rlk.kernels.linear_logp import contract, schedule
 
     tab = {"fwd": {"BLOCK_T": 128, "BLOCK_V": 256, "num_warps": 8, "num_stages": 3, "DECODE_T_MAX": 64,
                    "DECODE_STAGES": 4}}
-    assert cfgmod.fwd_entry(tab, 1) == {**tab["fwd"], "BLOCK_T": 64, "num_warps": 4, "num_stages": 4}
-    assert cfgmod.fwd_entry(tab, 64)["BLOCK_T"] == 64
-    assert cfgmod.fwd_entry(tab, 65) is tab["fwd"]
-    assert cfgmod.fwd_entry({"fwd": {**tab["fwd"], "DECODE_T_MAX": 0}}, 1)["BLOCK_T"] == 128
-    assert cfgmod.fwd_entry(cfgmod.CPU_TABLE, 1) is cfgmod.CPU_TABLE["fwd"]
-    sm90 = cfgmod.load_table("sm_90")
+    assert schedule.fwd_entry(tab, 1) == {**tab["fwd"], "BLOCK_T": 64, "num_warps": 4, "num_stages": 4}
+    assert schedule.fwd_entry(tab, 64)["BLOCK_T"] == 64
+    assert schedule.fwd_entry(tab, 65) is tab["fwd"]
+    assert schedule.fwd_entry({"fwd": {**tab["fwd"], "DECODE_T_MAX": 0}}, 1)["BLOCK_T"] == 128
+    assert schedule.fwd_entry(contract.CPU_TABLE, 1) is contract.CPU_TABLE["fwd"]
+    sm90 = contract.load_table("sm_90")
     assert sm90["fwd"]["DECODE_T_MAX"] == 64
-    assert "DECODE_T_MAX" not in str(cfgmod.bit_table(sm90))  # a schedule field: not in the hash
+    assert "DECODE_T_MAX" not in str(contract.bit_table(sm90))  # a schedule field: not in the hash
     bad = {**sm90, "fwd": {**sm90["fwd"], "BLOCK_T": 64, "num_warps": 4}}
-    import json
-    import os
-    import tempfile
+    from rlk.kernels import common
 
-    with tempfile.TemporaryDirectory() as d:
-        with open(os.path.join(d, "sm90.json"), "w") as f:
-            json.dump(bad, f)
-        old_dir = cfgmod._DIR
-        cfgmod._DIR = d
-        cfgmod.load_table.cache_clear()
-        try:
-            with pytest.raises(UnsupportedConfigError, match="two 64-row"):
-                cfgmod.load_table("sm_90")
-        finally:
-            cfgmod._DIR = old_dir
-            cfgmod.load_table.cache_clear()
+    monkeypatch.setattr(common, "load_table", lambda op, arch: bad)  # the file read gives `bad`
+    contract.load_table.cache_clear()
+    try:
+        with pytest.raises(UnsupportedConfigError, match="two 64-row"):
+            contract.load_table("sm_90")
+    finally:
+        monkeypatch.undo()
+        contract.load_table.cache_clear()
 
 
 @pytest.mark.gpu

@@ -16,7 +16,7 @@ from rlk.errors import UnsupportedConfigError
 from rlk.kernels.linear_logp import launch
 from rlk.kernels.linear_logp import reference as R
 from rlk.nn.lm_head import LMHeadLogp
-from rlk.ops.linear_logp import linear_logp
+from rlk.kernels.linear_logp.autograd import linear_logp
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 

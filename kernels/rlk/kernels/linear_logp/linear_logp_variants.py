@@ -92,7 +92,7 @@ def _host_vs_device(h, w, tg, dlogp, calls: int = 20) -> dict:
     import triton.testing
 
     from rlk.kernels.common import host_validated
-    from rlk.ops.linear_logp import linear_logp_loss
+    from rlk.kernels.linear_logp.autograd import linear_logp_loss
 
     hg, wg = h.clone().requires_grad_(True), w.clone().requires_grad_(True)
 
@@ -141,12 +141,12 @@ def run_merge(T_list, V, H, unrolls, log=print):
     """merge_kernel alone (device time, CUDA-graph replay) for each ``config.MERGE_UNROLL`` in
     ``unrolls`` on the statistics of one forward; logp/lse bytes compared with the first unroll's.
     UNROLL is no bit field (merge_kernel's docstring): every row must come out identical."""
-    from rlk.kernels.linear_logp import config as cfg
+    from rlk.kernels.linear_logp import schedule
     from rlk.kernels.linear_logp import launch
     from rlk.testing.timing import cuda_graph_us
 
     rows = []
-    keep = cfg.MERGE_UNROLL
+    keep = schedule.MERGE_UNROLL
     for T in T_list:
         g = torch.Generator(device="cuda").manual_seed(T)
         h = (torch.randn((T, H), device="cuda", generator=g) * 0.5).to(torch.bfloat16)
@@ -155,7 +155,7 @@ def run_merge(T_list, V, H, unrolls, log=print):
         st, _ = launch.segment_stats(h, w, tg, validate_targets=False)
         base = None
         for u in unrolls:
-            cfg.MERGE_UNROLL = int(u)
+            schedule.MERGE_UNROLL = int(u)
             try:
                 fn = lambda: launch.merge_segment_stats([st])  # noqa: E731
                 out = fn()
@@ -166,7 +166,7 @@ def run_merge(T_list, V, H, unrolls, log=print):
                 log(f"merge T={T} V={V} unroll={u}: ERROR {e!r}"[:300])
                 continue
             finally:
-                cfg.MERGE_UNROLL = keep
+                schedule.MERGE_UNROLL = keep
             if base is None:
                 base = out
             r = {"pass": "merge", "T": T, "V": V, "segments": int(st.m.shape[0]), "unroll": int(u),
@@ -178,7 +178,7 @@ def run_merge(T_list, V, H, unrolls, log=print):
 
 
 def run(T_list, V, H, fwd_names, bwd_names, log=print):
-    from rlk.kernels.linear_logp import config as cfg
+    from rlk.kernels.linear_logp import schedule
     from rlk.kernels.linear_logp import launch
 
     rows = []
@@ -193,7 +193,7 @@ def run(T_list, V, H, fwd_names, bwd_names, log=print):
             var = dict(FWD_VARIANTS[name]) if name == "table" else {"DECODE_T_MAX": 0, **FWD_VARIANTS[name]}
             seg = var.pop("segmentation", None)
             try:
-                with cfg.override("fwd", **var):
+                with schedule.override("fwd", **var):
                     fn = lambda: launch.linear_logp_fwd(h, w, tg, segmentation=seg, validate_targets=False)  # noqa: E731
                     out = fn()
                     torch.cuda.synchronize()
@@ -242,7 +242,7 @@ def run(T_list, V, H, fwd_names, bwd_names, log=print):
                 continue
             gv, mv = BWD_VARIANTS[name]
             try:
-                with cfg.override("bwd_grad", **gv), cfg.override("gemm", **mv):
+                with schedule.override("bwd_grad", **gv), schedule.override("gemm", **mv):
                     fn = lambda: launch.linear_logp_bwd(h, w, tg, lse, dlogp)  # noqa: E731
                     out = fn()
                     torch.cuda.synchronize()

@@ -14,7 +14,7 @@ import torch
 from rlk.errors import ExactnessError, UnsupportedConfigError
 from rlk.kernels.linear_logp import fused, launch
 from rlk.kernels.linear_logp.linear_logp_test import CPU_SEG, make
-from rlk.ops.linear_logp import linear_logp_loss
+from rlk.kernels.linear_logp.autograd import linear_logp_loss
 from rlk.testing import assert_bitwise_equal
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")

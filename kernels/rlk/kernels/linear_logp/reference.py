@@ -4,7 +4,7 @@ Casting contract: hidden [T, H] and weight [V_local, H] are bf16; logits are com
 bf16 values in ``dtype`` (fp64 for accuracy references) without rounding to bf16, scaled by
 1/temperature; columns >= vocab_real (global) are -inf; logp = x[target] - logsumexp(x),
 entropy = -sum p log p. The kernels compute the same quantities in fp32 with the fixed orders
-written in ``config.py``; they match this reference to fp32 rounding, not bitwise.
+written in ``contract.py``; they match this reference to fp32 rounding, not bitwise.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Every function raises :class:`rlk.errors.UnsupportedConfigError` before launching on bad input.
 Tile sizes come from ``config.norm_config(H)`` / the table, never from the number of rows.
-Contracts: ``rmsnorm.v1``, ``rope.v1``, ``swiglu.v1``, ``embedding.v1`` (see ``config.py``).
+Contracts: ``rmsnorm.v1``, ``rope.v1``, ``swiglu.v1``, ``embedding.v1`` (see ``contract.py``).
 """
 
 from __future__ import annotations
@@ -13,36 +13,23 @@ import torch
 
 from rlk.errors import UnsupportedConfigError
 from rlk.kernels import common
-from rlk.kernels.common import cdiv, check_tensor, interpret_flag, launch_options, next_pow2
+from rlk.kernels.common import arch_of, cdiv, check_tensor, interpret_flag, launch_options, next_pow2
 from rlk.kernels.launcher import launch
-from rlk.kernels.rowops import config as C
+from rlk.kernels.rowops import schedule
 from rlk.kernels.rowops import kernel as K
 
 ACT_DTYPES = (torch.bfloat16, torch.float32)
-
-
-def arch_for(device: torch.device) -> str:
-    if device.type == "cpu":
-        return "cpu-interpreter"
-    if device.type == "cuda":
-        if getattr(torch.version, "hip", None):
-            return "gfx942"
-        major, _ = common.device_capability(device)
-        if major == 9:
-            return "sm_90"
-        raise UnsupportedConfigError(f"rowops: no pinned config table for {torch.cuda.get_device_name(device)}")
-    raise UnsupportedConfigError(f"rowops: device type {device.type!r} not supported")
 
 
 _TABLE_BY_INDEX: dict[int, dict] = {}
 
 
 def _table_of(t: torch.Tensor) -> dict:
-    """``C.table(arch_for(t.device))`` memoized by device index (``t.device`` builds a Python
-    object and arch_for asks for the capability: ~1 us of host time per launch saved)."""
+    """``schedule.table(arch_of(t.device))`` memoized by device index (``t.device`` builds a Python
+    object and arch_of asks for the capability: ~1 us of host time per launch saved)."""
     tab = _TABLE_BY_INDEX.get(t.get_device())
     if tab is None:
-        tab = _TABLE_BY_INDEX[t.get_device()] = C.table(arch_for(t.device))
+        tab = _TABLE_BY_INDEX[t.get_device()] = schedule.table(arch_of(t.device))
     return tab
 
 
@@ -133,7 +120,7 @@ def _norm_fwd(x, weight, eps, residual=None):
     n_rows, nh, H, s_t, s_h = _rows_view(x, "x")
     _check_weight(weight, H, x)
     eps = _check_eps(eps)
-    cfg = C.norm_config(H, arch_for(x.device))
+    cfg = schedule.norm_config(H, arch_of(x.device))
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     res_out, r, s_r = y, x, 0
     if residual is not None:
@@ -189,8 +176,8 @@ def rms_norm_backward(dy, x, weight, eps, d_residual=None):
         if tuple(d_residual.shape) != tuple(x.shape) or d_residual.dtype != x.dtype:
             raise UnsupportedConfigError("d_residual must match x in shape and dtype")
         d_residual = d_residual.contiguous()
-    arch = arch_for(x.device)
-    cfg = C.norm_config(H, arch)
+    arch = arch_of(x.device)
+    cfg = schedule.norm_config(H, arch)
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     rows_per_prog = cfg["BLOCK_ROWS"] * cfg["BWD_TILES"]
     n_parts = max(1, cdiv(n_rows, rows_per_prog))
@@ -210,7 +197,7 @@ def rms_norm_backward(dy, x, weight, eps, d_residual=None):
 def fold_partials(parts: torch.Tensor, dtype: torch.dtype, arch: str) -> torch.Tensor:
     """sum(parts [n, H] fp32, dim 0) in the fixed order of ``fold_partials_kernel``."""
     n, H = parts.shape
-    fold = C.table(arch)["fold"]
+    fold = schedule.table(arch)["fold"]
     block_f = min(fold["BLOCK_F"], next_pow2(H))
     out = torch.empty((H,), dtype=dtype, device=parts.device)
     launch(K.fold_partials_kernel, (cdiv(H, block_f),),
@@ -318,7 +305,7 @@ def qk_norm_rope(x, q_weight, k_weight, eps, n_q_heads, positions, cos, sin):
     n_rows = T * nh
     if n_rows == 0:
         return q, k
-    cfg = C.norm_config(D, arch_for(x.device))  # the norm's tile: the same reduction tree
+    cfg = schedule.norm_config(D, arch_of(x.device))  # the norm's tile: the same reduction tree
     launch(K.qk_norm_rope_kernel, (cdiv(n_rows, cfg["BLOCK_ROWS"]),),
         q, k, x, q_weight, k_weight, positions, cos, sin, n_rows, nq, nh, x.stride(0), x.stride(1),
         float(D), eps, max_pos,
@@ -461,7 +448,7 @@ def _embedding_checks(ids, weight, copy_asserts):
 def _embedding_launch(ids, weight, V, H):
     y = torch.empty((ids.shape[0], H), dtype=weight.dtype, device=weight.device)
     if ids.shape[0] and H:
-        cfg = C.entry(arch_for(weight.device), "embedding")
+        cfg = schedule.entry(arch_of(weight.device), "embedding")
         bh = min(cfg["BLOCK_H"], next_pow2(H))
         bt = max(1, cfg["TILE_ELEMS"] // bh)
         T = ids.shape[0]

@@ -188,7 +188,7 @@ def embedding_tiles(rows, tiles=(4096, 8192, 16384, 32768), warps=(4, 8)):
     """Device time (CUDA-graph replay) of the embedding kernel (``L.embedding_kernel``) for each
     (TILE_ELEMS, num_warps): schedule fields of embedding.v1 (an exact copy); every variant's
     output is compared with ``F.embedding`` bytes."""
-    from rlk.kernels.rowops import config as C
+    from rlk.kernels.rowops import schedule
     from rlk.testing.timing import cuda_graph_us
 
     dev = torch.device("cuda")
@@ -201,7 +201,7 @@ def embedding_tiles(rows, tiles=(4096, 8192, 16384, 32768), warps=(4, 8)):
         native = cuda_graph_us(lambda: Fn.embedding(ids, emb))
         for te in tiles:
             for nw in warps:
-                with C.override("embedding", TILE_ELEMS=te, num_warps=nw):
+                with schedule.override("embedding", TILE_ELEMS=te, num_warps=nw):
                     same = bool(torch.equal(L.embedding_kernel(ids, emb), ref))
                     us = cuda_graph_us(lambda: L.embedding_kernel(ids, emb))
                 out.append({"rows": T, "TILE_ELEMS": te, "num_warps": nw, "graph_us": round(us, 2),

@@ -100,7 +100,7 @@ def test_rms_norm_backward(H, T):
 
 
 def test_fused_backward_equals_unfused_autograd():
-    from rlk.ops import rowops as O
+    from rlk.kernels.rowops import autograd as O
 
     T, H = 9, 64
     x0, r0, w0 = _data((T, H), 15), _data((T, H), 16), _data((H,), 17)
@@ -183,7 +183,7 @@ def test_qk_norm_rope_bad_input():
 
 
 def test_rope_backward_autograd():
-    from rlk.ops import rowops as O
+    from rlk.kernels.rowops import autograd as O
 
     T, nh, D = 5, 2, 16
     x = _data((T, nh, D), 21).requires_grad_(True)
@@ -199,7 +199,7 @@ def test_rope_backward_reads_no_device_value(monkeypatch):
     """Positions are range-checked once, in the forward (a read-back or a device assert, by mode);
     the backward reuses the same saved positions without a second check (on GPU the autograd
     engine runs it on its own thread, outside any host_validated() of the caller)."""
-    from rlk.ops import rowops as O
+    from rlk.kernels.rowops import autograd as O
 
     checks = []
     real_span, real_assert = L._span, L._assert_in_range_on_device

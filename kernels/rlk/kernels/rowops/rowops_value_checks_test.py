@@ -72,7 +72,7 @@ def test_device_checks_read_nothing_back_and_fail_closed(monkeypatch):
     ids = torch.tensor([5, 0, 39, 5], device=dev)
     dy = _data((4, H), 52, device=dev)
     want = (L.apply_rope(x, pos, cos, sin), L.embedding(ids, w), L.embedding_backward(dy, ids, V))
-    L._TABLE_BY_INDEX.setdefault(w.get_device(), L.C.table("cpu-interpreter"))  # the short route's arch memo
+    L._TABLE_BY_INDEX.setdefault(w.get_device(), L.schedule.table("cpu-interpreter"))  # the short route's arch memo
     reads, asserts, short = [], [], []
     real_span, real_assert, real_short = L._span, L._assert_in_range_on_device, L._copy_route_short
     monkeypatch.setattr(L, "_span", lambda t: reads.append(1) or real_span(t))

@@ -44,7 +44,7 @@ def sublayer_trace(model, ids, positions, cu, max_seqlen, grad: bool) -> list:
 
 def main(argv=None):
     from rlk.models.qwen3 import Qwen3
-    from rlk.ops.linear_logp import linear_logp, linear_logp_loss
+    from rlk.kernels.linear_logp.autograd import linear_logp, linear_logp_loss
     from rlk.replay import harness, trainer
     from rlk.replay.compare import compare_logp
 

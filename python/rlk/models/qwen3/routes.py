@@ -64,9 +64,11 @@ class StrictOps:
     contracts = STRICT_CONTRACTS
 
     def __init__(self, vocab_size: int | None = None):
+        from rlk.kernels.attention import autograd as attention
         from rlk.kernels.attention import launch as attn_launch
-        from rlk.ops import attention, gemm, linear_logp, rowops
-
+        from rlk.kernels.gemm import autograd as gemm
+        from rlk.kernels.linear_logp import autograd as linear_logp
+        from rlk.kernels.rowops import autograd as rowops
         from rlk.kernels.rowops import launch as rowops_launch
 
         self._gemm, self._rowops, self._attn, self._alaunch = gemm, rowops, attention, attn_launch

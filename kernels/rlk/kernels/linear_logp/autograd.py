@@ -16,13 +16,13 @@ from typing import Callable, NamedTuple, Optional
 import torch
 
 from rlk.errors import UnsupportedConfigError
-from rlk.kernels.linear_logp import config as _cfg
+from rlk.kernels.linear_logp import contract as _contract
 from rlk.kernels.linear_logp import launch as _launch
 from rlk.kernels.linear_logp.fused import linear_logp_fused_loss, scale_by_
 from rlk.kernels.linear_logp.launch import SegmentStats, merge_segment_stats, segment_stats
-from rlk.ops._dispatch import direct
+from rlk.kernels.dispatch import direct
 
-CONTRACT_ID = _cfg.CONTRACT_ID
+CONTRACT_ID = _contract.CONTRACT_ID
 
 __all__ = ["LogpOutput", "linear_logp", "linear_logp_loss", "segment_stats", "merge_segment_stats",
            "SegmentStats", "CONTRACT_ID"]
@@ -120,7 +120,7 @@ def linear_logp(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tenso
     shard count that follows the segmentation rule (TP 1/2/4/8 for Qwen3's 151936 columns).
     """
     vocab_real = int(weight.shape[0] + vocab_start if vocab_real is None else vocab_real)
-    align, seg_v = _cfg.DEFAULT_SEGMENTATION if segmentation is None else tuple(segmentation)
+    align, seg_v = _contract.DEFAULT_SEGMENTATION if segmentation is None else tuple(segmentation)
     # Checks run eagerly (clear errors before any launch, also under autograd).
     _launch.check_inputs(hidden, weight, targets, int(vocab_start), vocab_real, align, seg_v)
     if direct(hidden, weight, targets):

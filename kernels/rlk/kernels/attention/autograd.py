@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from rlk.kernels.attention import launch
-from rlk.ops._dispatch import direct
+from rlk.kernels.dispatch import direct
 
 CONTRACT_ID = "attn.v2"
 

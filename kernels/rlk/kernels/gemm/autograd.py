@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from rlk.kernels.gemm import launch
-from rlk.ops._dispatch import direct
+from rlk.kernels.dispatch import direct
 
 _OP = "rlk::gemm"
 

@@ -1,21 +1,12 @@
-"""Contract ``attn.v2`` (and its small-segment test variant), kernel registry entries, and the
-fixed per-architecture schedule tables (``configs/<arch>.json``; never keyed by batch or length).
+"""Contract ``attn.v2`` and its small-segment test variant ``attn.seg128.v2``: the fixed KV walk,
+online-softmax step, segment fold and rounding points every attention kernel follows.
 """
 
 from __future__ import annotations
 
-import functools
-import json
-import os
-
-import torch
-
 from rlk import contracts
 from rlk.determinism import FP_FUSION
 from rlk.errors import UnsupportedConfigError
-from rlk.kernels import registry
-from rlk.kernels.common import TableOverrides, device_capability, interpret_flag
-from rlk.kernels.attention import kernel, kernel_bwd
 
 KV_CHUNK = 64
 HEAD_DIMS = (16, 32, 64, 128)  # 16/32 exist for tiny CPU models; Qwen3 uses 128 (64 for tests)
@@ -84,6 +75,7 @@ _SCHEDULE = {
     "page_size": list(PAGE_SIZES),
 }
 
+
 ATTN_V2 = contracts.register(contracts.Contract(
     id="attn.v2",
     summary="fixed-chunk (64) / fixed-segment (512) online-softmax attention; prefill, chunked "
@@ -97,6 +89,7 @@ ATTN_V2 = contracts.register(contracts.Contract(
              "attention.bwd_dkdv", "attention.bwd_fold", "attention.bwd_dq"),
 ))
 
+
 # Same kernels, segments of 128 positions: lets CPU tests exercise segment folds and split decode
 # at interpreter-sized lengths. Never used by a model; recorded IDs differ from attn.v2.
 ATTN_SEG128_V2 = contracts.register(contracts.Contract(
@@ -109,6 +102,7 @@ ATTN_SEG128_V2 = contracts.register(contracts.Contract(
     kernels=ATTN_V2.kernels,
 ))
 
+
 CONTRACTS = {c.id: c for c in (ATTN_V2, ATTN_SEG128_V2)}
 
 
@@ -116,138 +110,3 @@ def contract(contract_id: str) -> contracts.Contract:
     if contract_id not in CONTRACTS:
         raise UnsupportedConfigError(f"attention contract {contract_id!r} unknown (known: {sorted(CONTRACTS)})")
     return CONTRACTS[contract_id]
-
-
-# Schedule used under the CPU interpreter: large blocks, few loop steps.
-_CPU = {
-    "prefill": {"BLOCK_M": 64, "GP": 1},
-    "paged_decode": {"BLOCK_M": 16},
-    "paged_chunk": {"BLOCK_M": 64},
-    "merge": {},
-    "write_kv": {},
-    "bwd_delta": {"BLOCK_M": 64},
-    "bwd_dkdv": {"BLOCK_M": 64, "BLOCK_N": 64},
-    "bwd_fold": {"BLOCK_T": 64},
-    "bwd_dq": {"BLOCK_M": 64, "BLOCK_N": 64},
-}
-
-
-@functools.lru_cache(maxsize=None)
-def _table(arch: str) -> dict:
-    path = os.path.join(os.path.dirname(__file__), "configs", f"{arch}.json")
-    if not os.path.exists(path):
-        raise UnsupportedConfigError(f"attention: no schedule table for {arch} ({path})")
-    with open(path) as f:
-        return json.load(f)
-
-
-def arch_of(device) -> str:
-    if interpret_flag() or device.type == "cpu":
-        return "cpu-interpreter"
-    if torch.version.hip:
-        return "gfx942"
-    major, minor = device_capability(device)
-    if (major, minor) != (9, 0):
-        raise UnsupportedConfigError(f"attention: no table for sm_{major}{minor} (have sm_90)")
-    return "sm_90"
-
-
-# Schedule overrides for sweeps only (``with override("prefill", BLOCK_M=64):``).
-_OVERRIDES = TableOverrides()
-override = _OVERRIDES.use
-
-
-def overrides_active() -> bool:
-    """Whether a schedule override is in force (launch plans are then not used)."""
-    return bool(_OVERRIDES.active)
-
-
-def schedule(kind: str, device) -> dict:
-    """Fixed launch parameters of one kernel kind on ``device`` (never batch-keyed). The table's
-    own entry (read it, never change it: every launch of ``kind`` shares it), or a copy with the
-    active :func:`override` applied (copying it for every launch cost host time for nothing)."""
-    arch = arch_of(device)
-    out = _CPU[kind] if arch == "cpu-interpreter" else _gpu_table(arch)[kind]
-    return _OVERRIDES.apply(kind, out) if _OVERRIDES.active else out
-
-
-def _gpu_table(arch: str) -> dict:
-    return _table("sm90" if arch == "sm_90" else "gfx942")
-
-
-def one_wave_schedule(kind: str, device):
-    """The table's ``<kind>_one_wave`` entry (for launches whose whole grid fits in one wave of
-    programs, one per SM), or None: no such entry (the CPU table, gfx942), or a sweep overriding
-    ``kind`` (it times ``kind``'s own entry). Every field of it is bit-neutral, like ``kind``'s."""
-    arch = arch_of(device)
-    if arch == "cpu-interpreter" or kind in _OVERRIDES.active:
-        return None
-    out = _gpu_table(arch).get(kind + "_one_wave")
-    if out is None:
-        return None
-    return _OVERRIDES.apply(kind + "_one_wave", out) if _OVERRIDES.active else out
-
-
-_SMS: dict[int, int] = {}
-
-
-def sm_count(device) -> int:
-    """Streaming multiprocessors (compute units) of a GPU, memoized by device index."""
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _SMS:
-        _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return _SMS[idx]
-
-
-def _sig(names, types):
-    return dict(zip(names, types))
-
-
-def _arg_type(name: str) -> str:
-    if name in ("qk_scale", "scale"):
-        return "fp32"
-    if not name.endswith("_ptr"):
-        return "i32"
-    if name.startswith(("lse", "ws_", "delta")):
-        return "*fp32"
-    if name.startswith(("cu_", "kv_len", "bt_")):
-        return "*i32"
-    if name.startswith("slot"):
-        return "*i64"
-    return "*bf16"
-
-
-def _register() -> None:
-    gpu = _table("sm90")
-    fwd_consts = dict(G=4, GP=1, HEAD_DIM=128, KV_CHUNK=KV_CHUNK, SEG=512, PAGE=16, PAGED=0,
-                      SPLIT=0, DOT_DTYPE="bf16", INTERPRET=False)
-    fwd_cfgs = (
-        {**fwd_consts, **gpu["prefill"]},
-        *([{**fwd_consts, **gpu["prefill_one_wave"]}] if "prefill_one_wave" in gpu else []),
-        {**fwd_consts, "GP": 4, "PAGED": 1, "SPLIT": 1, **gpu["paged_decode"]},
-        {**fwd_consts, "GP": 4, "PAGED": 1, **gpu["paged_chunk"]},
-    )
-    entries = [
-        ("attention.fwd", kernel.attn_fwd_kernel, fwd_cfgs, True),
-        ("attention.merge", kernel.attn_merge_kernel,
-         ({"G": 4, "BLOCK_G": 4, "HEAD_DIM": 128, "SEG": 512, "INTERPRET": False, **gpu["merge"]},), False),
-        ("attention.write_kv", kernel.write_kv_kernel,
-         ({"HK": 8, "BLOCK_H": 8, "HEAD_DIM": 128, "PAGE": 16, **gpu["write_kv"]},), False),
-        ("attention.bwd_delta", kernel_bwd.bwd_delta_kernel,
-         ({"HEAD_DIM": 128, **gpu["bwd_delta"]},), False),
-        ("attention.bwd_dkdv", kernel_bwd.bwd_dkdv_kernel,
-         ({"G": 4, "HEAD_DIM": 128, "DOT_DTYPE": "bf16", "INTERPRET": False, **gpu["bwd_dkdv"]},), True),
-        ("attention.bwd_fold", kernel_bwd.bwd_fold_kernel,
-         ({"G": 4, "HEAD_DIM": 128, "INTERPRET": False, **gpu["bwd_fold"]},), False),
-        ("attention.bwd_dq", kernel_bwd.bwd_dq_kernel,
-         ({"G": 4, "HEAD_DIM": 128, "DOT_DTYPE": "bf16", "INTERPRET": False, **gpu["bwd_dq"]},), True),
-    ]
-    for name, fn, cfgs, mma in entries:
-        argnames = list(getattr(fn, "arg_names", []))
-        consts = set(cfgs[0])
-        sig = {a: "constexpr" if a in consts else _arg_type(a) for a in argnames}
-        registry.register_kernel(registry.KernelEntry(
-            name=name, contract_id="attn.v2", fn=fn, signature=sig, configs=tuple(cfgs), expects_mma=mma))
-
-
-_register()

@@ -8,7 +8,11 @@ backward that runs). The outputs must be byte-identical; a spy checks which path
 import pytest
 import torch
 
-from rlk.ops import _dispatch, attention, gemm, linear_logp, rowops
+from rlk.kernels import dispatch
+from rlk.kernels.attention import autograd as attention
+from rlk.kernels.gemm import autograd as gemm
+from rlk.kernels.linear_logp import autograd as linear_logp
+from rlk.kernels.rowops import autograd as rowops
 from rlk.testing import assert_bitwise_equal
 
 
@@ -19,12 +23,12 @@ def _bf16(*shape, seed=0, scale=1.0):
 
 def test_direct_predicate():
     x = _bf16(2, 64)
-    assert _dispatch.direct(x, None)
+    assert dispatch.direct(x, None)
     y = x.clone().requires_grad_(True)
-    assert not _dispatch.direct(x, y)
+    assert not dispatch.direct(x, y)
     with torch.no_grad():
-        assert _dispatch.direct(x, y)
-    assert _dispatch.direct(torch.nn.Parameter(x, requires_grad=False))
+        assert dispatch.direct(x, y)
+    assert dispatch.direct(torch.nn.Parameter(x, requires_grad=False))
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class _Seen(TorchDispatchMode):
@@ -32,7 +36,7 @@ def test_direct_predicate():
             return func(*args, **(kwargs or {}))
 
     with _Seen():
-        assert not _dispatch.direct(x)
+        assert not dispatch.direct(x)
 
 
 def _three_ways(fn, make_inputs, grad_index, op_call):

@@ -14,7 +14,7 @@ import torch
 
 from rlk.kernels.common import host_validated
 from rlk.kernels.rowops import launch as L
-from rlk.ops._dispatch import direct
+from rlk.kernels.dispatch import direct
 
 _lib = torch.library
 

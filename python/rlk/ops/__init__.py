@@ -1,1 +1,0 @@
-"""Autograd functions and torch.library registrations of rlk ops (one module per op)."""

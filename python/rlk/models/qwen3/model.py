@@ -21,7 +21,7 @@ import torch
 from rlk.errors import UnsupportedConfigError
 from rlk.models.qwen3.config import Qwen3Config
 from rlk.models.qwen3.layouts import hf_to_fused
-from rlk.models.qwen3.routes import PagedMeta, make_ops
+from rlk.models.qwen3.routes import FusedLossOps, PagedMeta, make_ops
 
 
 class Qwen3:
@@ -160,7 +160,7 @@ class Qwen3:
                 def token_loss(lp, lo, hi):
                     return -(lp * m[lo:hi])
 
-            fused = getattr(self.ops, "logp_loss", None) if self.fused_actor_lm_head else None
+            fused = self.ops.logp_loss if self.fused_actor_lm_head and isinstance(self.ops, FusedLossOps) else None
             if fused is not None:
                 # Strict: the loss is known at forward time, so the LM head's gradients are
                 # formed with its forward (3 GEMM-equivalents, not 4); the same bytes as the

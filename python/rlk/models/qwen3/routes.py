@@ -9,6 +9,7 @@ tensor work outside rlk ops is limited to exact copies (slicing, ``contiguous``,
 from __future__ import annotations
 
 import dataclasses
+from typing import Protocol, runtime_checkable
 
 import torch
 import torch.nn.functional as F
@@ -55,6 +56,40 @@ def _qk_norm_rope_parts(ops, qk, q_weight, k_weight, eps, positions, table, n_q)
     q = ops.apply_rope(ops.qk_norm(qk[:, :n_q], q_weight, eps), positions, table)
     k = ops.apply_rope(ops.qk_norm(qk[:, n_q:], k_weight, eps), positions, table)
     return q, k
+
+
+@runtime_checkable
+class RouteOps(Protocol):
+    """The op set the model code calls; both routes implement it with the same parameter names
+    (``routes_test`` checks the signatures, so one route cannot drift from the other)."""
+
+    name: str
+
+    def linear(self, x, w): ...
+    def embedding(self, ids, w): ...
+    def rms_norm(self, x, w, eps): ...
+    def add_rms_norm(self, x, residual, w, eps): ...
+    def qk_norm(self, x, w, eps): ...
+    def rope_table(self, max_positions, head_dim, theta, device): ...
+    def apply_rope(self, x, positions, table): ...
+    def qk_norm_rope(self, qk, q_weight, k_weight, eps, positions, table, n_q): ...
+    def swiglu(self, gate_up): ...
+    def attn_varlen(self, q, k, v, cu_seqlens, max_seqlen, scale): ...
+    def prepare_paged(self, meta): ...
+    def write_kv(self, k, v, k_cache, v_cache, meta): ...
+    def attn_paged(self, q, k_cache, v_cache, meta, scale): ...
+    def logits(self, hidden, w, vocab_real=None): ...
+    def logp(self, hidden, w, targets, vocab_real=None): ...
+    def logits_and_stats(self, hidden, w, vocab_real=None): ...
+    def logp_from_logits(self, logits, stats, tokens): ...
+
+
+@runtime_checkable
+class FusedLossOps(Protocol):
+    """A route whose LM head forms its gradients in the forward (strict: ``logp.v2``'s fused
+    loss); the model uses it for the actor when ``fused_actor_lm_head`` is on."""
+
+    def logp_loss(self, hidden, w, targets, loss_fn, vocab_real=None): ...
 
 
 class StrictOps:
@@ -155,10 +190,11 @@ class StrictOps:
                                      segmentation=self.logp_segmentation)
         return out.logits, out.lse
 
-    def logp_from_logits(self, logits, lse, tokens):
-        """logp = x_target - lse: one fp32 subtraction of the pass's own values, the operation and
-        operands logp.v2's merge uses, so the bytes equal :meth:`logp` (tested)."""
-        return logits.gather(1, tokens[:, None])[:, 0] - lse
+    def logp_from_logits(self, logits, stats, tokens):
+        """logp = x_target - lse (``stats`` is the pass's lse): one fp32 subtraction of the pass's
+        own values, the operation and operands logp.v2's merge uses, so the bytes equal
+        :meth:`logp` (tested)."""
+        return logits.gather(1, tokens[:, None])[:, 0] - stats
 
 
 def _rotate_half(x):
@@ -195,8 +231,8 @@ class NativeOps:
         inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim))
         return inv_freq
 
-    def apply_rope(self, x, positions, inv_freq):
-        freqs = positions.float()[:, None] * inv_freq[None, :]
+    def apply_rope(self, x, positions, table):  # table: this route's rope_table, inv_freq
+        freqs = positions.float()[:, None] * table[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         cos, sin = emb.cos().to(x.dtype)[:, None, :], emb.sin().to(x.dtype)[:, None, :]
         return x * cos + _rotate_half(x) * sin
@@ -324,7 +360,7 @@ class NativeOps:
     def logits_and_stats(self, hidden, w, vocab_real=None):
         return self.logits(hidden, w, vocab_real).float(), None
 
-    def logp_from_logits(self, logits, _stats, tokens):
+    def logp_from_logits(self, logits, stats, tokens):  # stats is None: log_softmax recomputes
         return torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None]).squeeze(1)
 
 

@@ -15,19 +15,15 @@ import torch
 import torch.nn.functional as F
 
 from rlk.errors import UnsupportedConfigError
+from rlk.strict import DEFAULT_CONTRACTS
 
 ROUTES = ("strict", "native")
 
-# Contract IDs the strict route uses (docs/API.md); recorded in fixtures.
-STRICT_CONTRACTS = {
-    "gemm": "gemm.bf16.v1",
-    "rmsnorm": "rmsnorm.v1",
-    "rope": "rope.v1",
-    "swiglu": "swiglu.v1",
-    "embedding": "embedding.v1",
-    "attention": "attn.v2",
-    "linear_logp": "logp.v2",
-}
+# Contract IDs the strict route uses (docs/API.md), keyed by the model's op names and recorded in
+# fixtures. The IDs come from the one map, rlk.strict.DEFAULT_CONTRACTS (its "logp" is the
+# model's "linear_logp").
+STRICT_CONTRACTS = {op: DEFAULT_CONTRACTS["logp" if op == "linear_logp" else op]
+                    for op in ("gemm", "rmsnorm", "rope", "swiglu", "embedding", "attention", "linear_logp")}
 
 
 @dataclasses.dataclass

@@ -45,3 +45,13 @@ def test_a_drifting_route_is_caught():
 
     with pytest.raises(AssertionError, match="apply_rope"):
         test_route_implements_the_op_set_with_its_parameter_names(Drifted)
+
+
+def test_strict_contract_ids_come_from_the_one_map():
+    from rlk import strict
+
+    assert routes.STRICT_CONTRACTS == {"gemm": "gemm.bf16.v1", "rmsnorm": "rmsnorm.v1", "rope": "rope.v1",
+                                       "swiglu": "swiglu.v1", "embedding": "embedding.v1", "attention": "attn.v2",
+                                       "linear_logp": "logp.v2"}
+    assert all(strict.DEFAULT_CONTRACTS["logp" if k == "linear_logp" else k] == v
+               for k, v in routes.STRICT_CONTRACTS.items())

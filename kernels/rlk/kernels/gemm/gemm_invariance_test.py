@@ -165,8 +165,8 @@ def test_tma_falls_back_on_unaligned_strides():
 
 
 def test_decode_block_m_covers_m_and_buckets(monkeypatch, tmp_path):
-    """Decode picks one m-tile for M <= 64 (weights streamed once); table M buckets select
-    schedule / BLOCK_M only, and the bytes do not change with them."""
+    """Decode picks one m-tile for M <= 64 (weights streamed once); table M buckets select the
+    schedule and BLOCK_M here (any free field in general), and the bytes do not change with them."""
     from rlk.kernels.gemm import launch
 
     dev = torch.device(DEV)

@@ -447,14 +447,8 @@ def rule(tuner: Tuner, doc: dict, contract, schedule, launch, by_key: dict) -> N
     for label, bks in (("rule", doc["default_buckets"]), ("previous_rule", old_rule)):
         for name, (K, N) in hold_shapes.items():
             for m in M_LIST:
-                sched, fields = _bucket_at(bks, m)
-                cfg = schedule.schedule_config(K, N, sched)
-                if isinstance(fields, dict):
-                    cfg.update(fields)
-                elif fields is not None:
-                    cfg["BLOCK_M"] = int(fields)
-                elif sched == "decode":
-                    cfg["BLOCK_M"] = schedule.decode_block_m(m)
+                sched, fields = schedule.bucket_at(bks, m)
+                cfg = schedule.bucket_config(K, N, m, sched, fields)
                 evals.setdefault(name, {}).setdefault(str(m), {})[label] = (sched, cfg)
     jobs = list({json.dumps([K, N, s, c], sort_keys=True): (K, N, s, c) for name, (K, N) in hold_shapes.items()
                  for per in evals[name].values() for s, c in per.values()}.values())
@@ -474,13 +468,6 @@ def rule(tuner: Tuner, doc: dict, contract, schedule, launch, by_key: dict) -> N
     for r in rows:
         vals = [v for v in r["rule"].values() if not isinstance(v, str)]
         print(f"holdout {r['shape']:<14} rule/cuBLAS {min(vals):.3f}-{max(vals):.3f}", flush=True)
-
-
-def _bucket_at(bks: list, m: int):
-    for max_m, sched, fields in bks:
-        if max_m is None or m <= max_m:
-            return sched, fields
-    return "prefill", None
 
 
 if __name__ == "__main__":

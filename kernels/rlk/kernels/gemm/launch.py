@@ -80,13 +80,7 @@ def _plan(M: int, K: int, N: int, arch: str, schedule: str | None, cpu: bool, co
     fields = None
     if schedule is None:
         schedule, fields = gemm_schedule.pick_schedule(M, K, N, arch)
-    cfg = gemm_schedule.schedule_config(K, N, schedule, arch)
-    if isinstance(fields, dict):
-        cfg.update(fields)
-    elif fields is not None:
-        cfg["BLOCK_M"] = int(fields)
-    if schedule == "decode" and "BLOCK_M" not in cfg:
-        cfg["BLOCK_M"] = gemm_schedule.decode_block_m(M)
+    cfg = gemm_schedule.bucket_config(K, N, M, schedule, fields, arch)
     n_chunks = cdiv(K, contract.CHUNK_K)
     split = contract.split_k(K, N)
     seg_chunks = n_chunks // split

@@ -123,13 +123,31 @@ def buckets(K: int, N: int, arch: str = "sm_90") -> list:
     return [[int(table["decode_max_m"]), "decode", None], [None, "prefill", None]]
 
 
-def pick_schedule(M: int, K: int, N: int, arch: str = "sm_90") -> tuple[str, int | dict | None]:
-    """(schedule, fields) for M rows: the first bucket with M <= max_m (fields: None, BLOCK_M
+def bucket_at(bks: list, M: int) -> tuple[str, int | dict | None]:
+    """(schedule, fields) of the first bucket of ``bks`` with M <= max_m (fields: None, BLOCK_M
     or a dict of free fields)."""
-    for max_m, sched, fields in buckets(K, N, arch):
+    for max_m, sched, fields in bks:
         if max_m is None or M <= max_m:
             return sched, fields
     return "prefill", None
+
+
+def pick_schedule(M: int, K: int, N: int, arch: str = "sm_90") -> tuple[str, int | dict | None]:
+    """(schedule, fields) for M rows from the buckets of (K, N)."""
+    return bucket_at(buckets(K, N, arch), M)
+
+
+def bucket_config(K: int, N: int, M: int, schedule: str, fields, arch: str = "sm_90") -> dict:
+    """The free fields a bucket gives at M rows: the schedule's (K, N) config, the bucket's
+    ``fields`` over it, and for decode a BLOCK_M covering M when neither sets one."""
+    cfg = schedule_config(K, N, schedule, arch)
+    if isinstance(fields, dict):
+        cfg.update(fields)
+    elif fields is not None:
+        cfg["BLOCK_M"] = int(fields)
+    if schedule == "decode" and "BLOCK_M" not in cfg:
+        cfg["BLOCK_M"] = decode_block_m(M)
+    return cfg
 
 
 def decode_block_m(M: int) -> int:

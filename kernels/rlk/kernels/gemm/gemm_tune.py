@@ -310,7 +310,8 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default="", help="comma-separated names from QWEN3_8B_GEMMS (default: all)")
     ap.add_argument("--budget-s", type=float, default=400.0,
                     help="after this, remaining shapes are skipped (a partial table is still written)")
-    ap.add_argument("--workers", type=int, default=max(1, min(14, (mp.cpu_count() or 2) - 2)))
+    ap.add_argument("--workers", type=int, default=max(1, min(14, (mp.cpu_count() or 2) - 2)),
+                    help="compile processes (default: the cores less two, at most 14)")
     ap.add_argument("--no-rule", action="store_true", help="skip the default rule and its holdout evaluation")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
@@ -318,7 +319,7 @@ def main(argv=None) -> int:
         return 2
     import triton  # noqa: PLC0415
 
-    from rlk.kernels.gemm import contract, launch, schedule  # noqa: PLC0415
+    from rlk.kernels.gemm import contract, schedule  # noqa: PLC0415
 
     t0 = time.time()
     tuner = Tuner(args.budget_s)
@@ -381,7 +382,7 @@ def main(argv=None) -> int:
         write()
 
     if not args.no_rule and not tuner.over():
-        rule(tuner, doc, contract, schedule, launch, by_key)
+        rule(tuner, doc, contract, schedule, by_key, args.workers)
     write()
     print("strict / cuBLAS time (chosen configs, CUDA graph replays):")
     print(f"{'shape':<14}" + "".join(f"{m:>7}" for m in M_LIST))
@@ -396,7 +397,7 @@ def main(argv=None) -> int:
     return 0 if n_rej == 0 else 1
 
 
-def rule(tuner: Tuner, doc: dict, contract, schedule, launch, by_key: dict) -> None:
+def rule(tuner: Tuner, doc: dict, contract, schedule, by_key: dict, workers: int) -> None:
     """Fit ``default_buckets`` on the tune sizes; evaluate it on the holdout sizes."""
     t_shapes = doc["tuning"]["shapes"]
     rule_m = [m for m in M_LIST if m <= RULE_MAX_M]
@@ -415,7 +416,7 @@ def rule(tuner: Tuner, doc: dict, contract, schedule, launch, by_key: dict) -> N
     hold_shapes = {n: kn for n, kn in QWEN3_OTHER_GEMMS.items() if n.split("_")[0] in QWEN3_RULE_HOLDOUT_SIZES}
     keys = sorted({k for ks in pick.values() for k in ks})
     jobs = [(K, N, *by_key[k]) for (K, N) in set(tune_shapes.values()) for k in keys]
-    secs, errs = precompile(jobs, max(1, min(14, (mp.cpu_count() or 2) - 2)))
+    secs, errs = precompile(jobs, workers)
     print(f"rule: compiled {len(jobs)} kernels in {secs:.0f} s; {len(errs)} failed", flush=True)
     meas = {}
     for name, (K, N) in tune_shapes.items():
@@ -441,7 +442,7 @@ def rule(tuner: Tuner, doc: dict, contract, schedule, launch, by_key: dict) -> N
                                           for k, v in r["cands"].items()}} for m, r in res.items()}
                           for n, res in meas.items()},
         "compile": {"jobs": len(jobs), "seconds": round(secs, 1), "errors": errs}}
-    # Holdout: the new rule and the previous one, through launch.plan as a caller would get them.
+    # Holdout: the new rule and the previous one, resolved as launch.plan resolves a bucket.
     old_rule = [[int(doc["decode_max_m"]), "decode", None], [None, "prefill", None]]
     evals = {}
     for label, bks in (("rule", doc["default_buckets"]), ("previous_rule", old_rule)):
@@ -452,7 +453,7 @@ def rule(tuner: Tuner, doc: dict, contract, schedule, launch, by_key: dict) -> N
                 evals.setdefault(name, {}).setdefault(str(m), {})[label] = (sched, cfg)
     jobs = list({json.dumps([K, N, s, c], sort_keys=True): (K, N, s, c) for name, (K, N) in hold_shapes.items()
                  for per in evals[name].values() for s, c in per.values()}.values())
-    secs, errs = precompile(jobs, max(1, min(14, (mp.cpu_count() or 2) - 2)))
+    secs, errs = precompile(jobs, workers)
     print(f"holdout: compiled {len(jobs)} kernels in {secs:.0f} s; {len(errs)} failed", flush=True)
     rows = []
     for name, (K, N) in hold_shapes.items():

@@ -52,6 +52,14 @@ stage attention_bench ${ATTN_BENCH_LIMIT:-300} python3 -m rlk.kernels.attention.
 stage logp_bench ${LOGP_BENCH_LIMIT:-420} python3 -m rlk.kernels.linear_logp.linear_logp_bench --out "$R/linear_logp_h200.json" ${LOGP_BENCH_ARGS:-}
 stage replay ${REPLAY_LIMIT:-540} python3 -m rlk.replay h200 --out "$R/replay" ${REPLAY_ARGS:-}
 stage megatron_replay ${MEGATRON_LIMIT:-300} python3 -m rlk.integrations.megatron.replay --out "$R/replay_megatron" ${MEGATRON_ARGS:-}
+# Only when named: the RL loop at Qwen3-8B shapes (36 layers, seeded calibrated weights) on rlk's executor and
+# trainer, both routes, Adam's state on the host (the trainer + engine + fp32 Adam do not fit the GPU).
+stage rl_loop ${RL_LIMIT:-560} python3 -m rlk.rl --device cuda --model qwen3-8b --task token_class \
+  --optimizer-offload --prompts 4 --group-size 8 --response-len 128 --lr 1e-4 --steps 6 --tag h200 --quiet \
+  --out "$R/rl_loop" ${RL_ARGS:-}
+# Only when named: megatron-core actor steps, strict spec vs megatron's native (local) spec (carry .whl/: megatron-core).
+stage megatron_actor ${MACTOR_LIMIT:-540} python3 -m rlk.integrations.megatron.actor_bench --out "$R/megatron_actor" \
+  ${MACTOR_ARGS:-}
 stage e2e ${E2E_LIMIT:-540} python3 -m rlk.bench e2e --out "$R/e2e" ${E2E_ARGS:-}
 # buildifier (formatting) is checked by CI on the cpu profile; the device machine has no npm.
 stage gate ${GATE_LIMIT:-560} env RLK_GATE_NO_BUILDIFIER=1 python3 -m rlk.gate.release_gate --profile h200 --out "$R/gate_h200" ${GATE_ARGS:-}

@@ -1,7 +1,14 @@
-"""``python -m rlk.rl --route strict|native|both --steps N --out DIR``: the GRPO loop on the tiny model.
+"""``python -m rlk.rl --route strict|native|both --steps N --out DIR``: the GRPO loop.
 
+The trained tiny model on the CPU by default; on a GPU at Qwen3-8B shapes, e.g. (H200)::
+
+    python -m rlk.rl --device cuda --model qwen3-8b --task token_class --optimizer-offload
+        --prompts 4 --group-size 8 --response-len 128 --lr 1e-4 --steps 6 --tag h200 --out DIR
+
+(one command line).
 Prints one JSON line per step on stdout (also ``DIR/steps.jsonl``), a progress bar on stderr,
-and writes ``DIR/rl_loop_cpu.json`` and ``DIR/rl_loop_cpu.png`` (``cuda`` in the names on a GPU).
+and writes ``DIR/rl_loop_<tag>.json`` and ``DIR/rl_loop_<tag>.png`` (tag: ``--tag``, else the
+device type).
 Exit status 0 when the strict arm (if run) had every importance ratio exactly 1.0, every logp
 bitwise equal to the rollout's and every weight sync verified; 1 otherwise. ``--min-reward-gain
 G`` also fails a strict arm whose reward gain (mean of the last k steps minus the first k) is below
@@ -43,7 +50,21 @@ def _parser() -> argparse.ArgumentParser:
                         "(megatron's DDP, schedule and Adam; strict route only)")
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--out", required=True, help="report folder")
-    p.add_argument("--model", default=d.model, help="trained checkpoint (rlk.models.qwen3.trained.TRAINED)")
+    p.add_argument("--model", default=d.model,
+                   help="a named config (Qwen3Config NAMED, e.g. qwen3-8b): its trained checkpoint when it "
+                        "has one (tiny, tiny-hd64) and no --recipe is given, else seeded weights")
+    p.add_argument("--recipe", default=None, help="seeded weights of this recipe (default for models without a "
+                                                  "trained checkpoint: calibrated.v1)")
+    p.add_argument("--layers", type=int, default=None, help="named config: decoder layers (default: all)")
+    p.add_argument("--task", default=d.task_name, choices=("target_byte", "token_class"),
+                   help="target_byte: fraction of one byte (byte vocabularies); token_class: fraction of "
+                        "even token ids (large vocabularies)")
+    p.add_argument("--optimizer-offload", action="store_true",
+                   help="Adam's fp32 masters and moments on the host (rlk trainer; a Qwen3-8B trainer and "
+                        "engine do not fit one H200 with them on the GPU)")
+    p.add_argument("--fingerprint", default=d.fingerprint, choices=("auto", "sha256", "device"),
+                   help="weight-sync fingerprint: auto = sha256 on the host for CPU runs, device on CUDA")
+    p.add_argument("--tag", default=None, help="report name rl_loop_<tag>.json (default: the device type)")
     p.add_argument("--prompts", type=int, default=d.prompts_per_step, help="prompts per step")
     p.add_argument("--group-size", type=int, default=d.group_size, help="samples per prompt")
     p.add_argument("--response-len", type=int, default=d.response_len, help="tokens per response")
@@ -97,7 +118,9 @@ def main(argv=None) -> int:
     from rlk.rl import loop, sync
     lc = loop.LoopConfig(steps=a.steps, model=a.model, prompts_per_step=a.prompts, group_size=a.group_size,
                          response_len=a.response_len, lr=a.lr, clip_eps=a.clip_eps, target=ord(a.target),
-                         seed=a.seed, jitter=a.jitter, device=a.device, trainer=a.trainer)
+                         seed=a.seed, jitter=a.jitter, device=a.device, trainer=a.trainer, recipe=a.recipe,
+                         layers=a.layers, task_name=a.task, optimizer_offload=a.optimizer_offload,
+                         fingerprint=a.fingerprint)
     routes = ["strict", "native"] if a.route == "both" else [a.route]
     make_trainer = None
     if a.trainer == "megatron":
@@ -120,7 +143,7 @@ def main(argv=None) -> int:
 
     t0 = time.perf_counter()
     try:
-        report = loop.run_and_report(lc, routes, a.out, on_step=on_step, make_trainer=make_trainer)
+        report = loop.run_and_report(lc, routes, a.out, on_step=on_step, make_trainer=make_trainer, tag=a.tag)
     except sync.WeightSyncError as e:
         close()
         print(f"ABORT: {e}", file=sys.stderr)

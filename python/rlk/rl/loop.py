@@ -35,23 +35,32 @@ from typing import Callable
 import torch
 
 from rlk.errors import UnsupportedConfigError
-from rlk.models.qwen3 import Qwen3, trained_weights
+from rlk.models.qwen3 import Qwen3, Qwen3Config, random_weights, trained_weights
+from rlk.models.qwen3.config import NAMED
 from rlk.models.qwen3.layouts import hf_to_fused
 from rlk.models.qwen3.routes import ROUTES
 from rlk.models.qwen3.trained import TRAINED
+from rlk.models.qwen3.weights import DEFAULT_RECIPE, RECIPES
 from rlk.replay import rollout, trainer
 from rlk.rl import grpo, sync
-from rlk.rl.task import TargetByteTask
+from rlk.rl.task import TASKS, TargetByteTask, TokenClassTask
 
 
 TRAINERS = ("rlk", "megatron")
+FINGERPRINT_CHOICES = ("auto",) + sync.FINGERPRINTS
 
 
 @dataclasses.dataclass
 class LoopConfig:
     route: str = "strict"
     steps: int = 3
-    model: str = "tiny"  # a trained checkpoint (rlk.models.qwen3.trained.TRAINED)
+    # A named config (Qwen3Config NAMED, e.g. "qwen3-8b"): its trained checkpoint when it has one
+    # (rlk.models.qwen3.trained.TRAINED) and no recipe is given, else seeded weights of ``recipe``
+    # (default: the weights module's DEFAULT_RECIPE) drawn on ``device`` from ``seed``.
+    model: str = "tiny"
+    recipe: str | None = None
+    layers: int | None = None  # seeded weights only: fewer decoder layers than the config's
+    task_name: str = "target_byte"  # rlk.rl.task.TASKS (token_class for large vocabularies)
     prompts_per_step: int = 1
     group_size: int = 8  # samples per prompt (GRPO's group)
     response_len: int = 6  # tokens sampled per response
@@ -69,12 +78,32 @@ class LoopConfig:
     # The actor: "rlk" (Trainer below) or "megatron" (megatron-core's GPTModel on rlk's strict
     # spec; its adapter sits above this layer, so run_arm receives it as ``make_trainer``).
     trainer: str = "rlk"
+    # Adam's fp32 master weights and moments on the host (one fused CPU Adam per tensor, stepped
+    # in turn; the bf16 weights go back to the device): a Qwen3-8B trainer + engine needs 16 bytes
+    # per parameter more than one H200 holds with them on the GPU.
+    optimizer_offload: bool = False
+    # The weight sync's fingerprint (rlk.rl.sync): "auto" is sha256 on the CPU, "device" on CUDA.
+    fingerprint: str = "auto"
 
     def check(self) -> None:
         if self.route not in ROUTES:
             raise UnsupportedConfigError(f"route {self.route!r} unknown (known: {', '.join(ROUTES)})")
-        if self.model not in TRAINED:
-            raise UnsupportedConfigError(f"model {self.model!r} has no trained checkpoint (trained: {', '.join(TRAINED)})")
+        if self.model not in NAMED:
+            raise UnsupportedConfigError(f"model {self.model!r} unknown (named configs: {', '.join(NAMED)}; trained "
+                                         f"checkpoints: {', '.join(TRAINED)})")
+        if self.trained() and self.layers is not None:
+            raise UnsupportedConfigError(f"model {self.model!r} loads its trained checkpoint: layers apply to seeded "
+                                         "weights only (give a recipe)")
+        if self.recipe is not None and self.recipe not in RECIPES:
+            raise UnsupportedConfigError(f"recipe {self.recipe!r} unknown (known: {', '.join(RECIPES)})")
+        if self.layers is not None and self.layers < 1:
+            raise UnsupportedConfigError(f"layers must be >= 1 (got {self.layers})")
+        if self.task_name not in TASKS:
+            raise UnsupportedConfigError(f"task {self.task_name!r} unknown (known: {', '.join(TASKS)})")
+        if self.fingerprint not in FINGERPRINT_CHOICES:
+            raise UnsupportedConfigError(f"fingerprint {self.fingerprint!r} unknown (known: {', '.join(FINGERPRINT_CHOICES)})")
+        if self.optimizer_offload and self.trainer != "rlk":
+            raise UnsupportedConfigError("optimizer_offload applies to the rlk trainer (megatron has its own optimizer)")
         for name in ("steps", "prompts_per_step", "response_len"):
             if getattr(self, name) < 1:
                 raise UnsupportedConfigError(f"{name} must be >= 1 (got {getattr(self, name)})")
@@ -92,8 +121,33 @@ class LoopConfig:
             raise UnsupportedConfigError("trainer 'megatron' runs the strict route only (the megatron actor is "
                                          "built on rlk's strict spec)")
 
-    def task(self) -> TargetByteTask:
-        return TargetByteTask(target=self.target)
+    def task(self):
+        return TargetByteTask(target=self.target) if self.task_name == "target_byte" else TokenClassTask()
+
+    def fingerprint_kind(self) -> str:
+        if self.fingerprint != "auto":
+            return self.fingerprint
+        return "device" if torch.device(self.device).type == "cuda" else "sha256"
+
+    def trained(self) -> bool:
+        """Whether the model's weights are its trained checkpoint (else seeded)."""
+        return self.model in TRAINED and self.recipe is None
+
+    def weights(self) -> tuple[Qwen3Config, dict[str, torch.Tensor]]:
+        """``(cfg, Hugging Face bf16 tensors on device)``: the trained checkpoint, or the named
+        config's seeded weights (``random_weights(cfg, seed, recipe)``, drawn on the device)."""
+        if self.trained():
+            return trained_weights(self.model, dtype=torch.bfloat16, device=self.device)
+        cfg = Qwen3Config.named(self.model)
+        if self.layers is not None:
+            cfg = dataclasses.replace(cfg, num_hidden_layers=self.layers)
+        return cfg, random_weights(cfg, self.seed, device=self.device, recipe=self.recipe or DEFAULT_RECIPE)
+
+    def describe_model(self) -> str:
+        if self.trained():
+            return f"the trained {self.model} model"
+        layers = f", {self.layers} layers" if self.layers is not None else ""
+        return f"{self.model} shapes{layers}, seeded {self.recipe or DEFAULT_RECIPE} weights"
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -144,14 +198,25 @@ def actor_batch(vocab_size: int, prompts: list[list[int]], responses: list[list[
 
 
 class Trainer:
-    """The actor: a Qwen3 model of ``route`` over bf16 weights, fp32 master weights, Adam."""
+    """The actor: a Qwen3 model of ``route`` over bf16 weights, fp32 master weights, Adam.
+
+    ``lc.optimizer_offload``: the masters and Adam's moments live on the host, one fused CPU Adam
+    per tensor (Adam is elementwise: the same update as one optimizer over all of them); each
+    step moves one tensor's gradient to the host at a time, so the host holds the masters and
+    moments (12 bytes per parameter) plus one fp32 gradient."""
 
     def __init__(self, cfg, fused: dict[str, torch.Tensor], route: str, lc: LoopConfig):
         self.model = Qwen3(cfg, _clone_weights(fused, lc.device), route=route)
         # Trainable names: the tied LM head is the embedding (one tensor, one master).
         self.names = [k for k in self.model.w if not (k == "lm_head.weight" and cfg.tie_word_embeddings)]
-        self.master = {k: torch.nn.Parameter(self.model.w[k].detach().float().clone()) for k in self.names}
-        self.opt = torch.optim.Adam(list(self.master.values()), lr=lc.lr, betas=tuple(lc.betas), eps=1e-8)
+        self.offload = bool(lc.optimizer_offload)
+        hyper = dict(lr=lc.lr, betas=tuple(lc.betas), eps=1e-8)
+        if self.offload:
+            self.master = {k: torch.nn.Parameter(self.model.w[k].detach().to("cpu").float()) for k in self.names}
+            self.opts = {k: torch.optim.Adam([p], fused=True, **hyper) for k, p in self.master.items()}
+        else:
+            self.master = {k: torch.nn.Parameter(self.model.w[k].detach().float().clone()) for k in self.names}
+            self.opt = torch.optim.Adam(list(self.master.values()), **hyper)
         self.generation = 0  # optimizer steps taken
         self.clip_eps = lc.clip_eps
 
@@ -182,17 +247,29 @@ class Trainer:
         missing = [k for k in self.names if k not in grads or grads[k] is None]
         if missing:
             raise UnsupportedConfigError(f"no gradient for {missing[:3]} (the actor pass did not reach them)")
+        # The norm (and the NaN / Inf check) before any master moves: a bad gradient changes nothing.
         sq = 0.0
-        for k, p in self.master.items():
-            p.grad = grads[k].detach().float()
-            sq += float(p.grad.double().pow(2).sum())
+        for k in self.names:
+            g = grads[k].detach().double().view(-1)
+            sq += float(torch.dot(g, g))
+            del g
         if not math.isfinite(sq):
             raise UnsupportedConfigError("gradient holds NaN or Inf")
-        self.opt.step()
-        self.opt.zero_grad(set_to_none=True)
         with torch.no_grad():
-            for k in self.names:
-                self.model.w[k].copy_(self.master[k])  # fp32 -> bf16: round to nearest even
+            if self.offload:
+                for k, p in self.master.items():
+                    p.grad = grads[k].detach().to("cpu").float()
+                    self.opts[k].step()
+                    p.grad = None
+                    # fp32 -> bf16 on the host (round to nearest even, as on the device), then in place.
+                    self.model.w[k].copy_(p.detach().to(torch.bfloat16))
+            else:
+                for k, p in self.master.items():
+                    p.grad = grads[k].detach().float()
+                self.opt.step()
+                self.opt.zero_grad(set_to_none=True)
+                for k in self.names:
+                    self.model.w[k].copy_(self.master[k])  # fp32 -> bf16: round to nearest even
         self.generation += 1
         return math.sqrt(sq)
 
@@ -223,11 +300,11 @@ class RolloutEngine:
         return rollout.run_rollout(self.model, reqs, rc)
 
 
-def _sync(trainer_: Trainer, engine: RolloutEngine, hooks: Hooks) -> dict:
-    rec = sync.sync_weights(trainer_.w, engine, trainer_.generation, hooks.transport)
+def _sync(trainer_: Trainer, engine: RolloutEngine, hooks: Hooks, kind: str = "sha256") -> dict:
+    rec = sync.sync_weights(trainer_.w, engine, trainer_.generation, hooks.transport, kind=kind)
     if hooks.after_sync is not None:
         hooks.after_sync(trainer_.generation, engine)
-    return {k: rec[k] for k in ("generation", "sha256_trainer", "sha256_rollout", "match", "seconds")}
+    return {k: rec[k] for k in ("generation", "fingerprint", "sha256_trainer", "sha256_rollout", "match", "seconds")}
 
 
 def run_arm(lc: LoopConfig, hooks: Hooks | None = None, on_step: Callable[[dict], None] | None = None,
@@ -245,18 +322,25 @@ def run_arm(lc: LoopConfig, hooks: Hooks | None = None, on_step: Callable[[dict]
                                      "takes none, any other trainer needs its factory")
     hooks = hooks or Hooks()
     task = lc.task()
-    cfg, hf = trained_weights(lc.model, dtype=torch.bfloat16, device=lc.device)
+    cfg, hf = lc.weights()
     task.check(cfg.vocab_size)
     if lc.response_len + max(len(p) for p in task.prompts) > cfg.max_position_embeddings:
         raise UnsupportedConfigError(f"prompt + {lc.response_len} response tokens exceed max_position_embeddings "
                                      f"{cfg.max_position_embeddings}")
     fused = hf_to_fused(cfg, hf)
+    del hf
+    t0 = time.perf_counter()
     actor = (make_trainer or Trainer)(cfg, fused, lc.route, lc)
     engine = RolloutEngine(cfg, fused, lc.route, lc)
-    initial = _sync(actor, engine, hooks)
+    del fused  # both sides hold their own copies
+    setup_s = time.perf_counter() - t0
+    kind = lc.fingerprint_kind()
+    initial = _sync(actor, engine, hooks, kind)
     records = []
     for step in range(lc.steps):
         sec: dict[str, float] = {}
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
         t_step = time.perf_counter()
 
         t0 = time.perf_counter()
@@ -284,7 +368,7 @@ def run_arm(lc: LoopConfig, hooks: Hooks | None = None, on_step: Callable[[dict]
         sec["optimizer"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
-        sync_rec = _sync(actor, engine, hooks)
+        sync_rec = _sync(actor, engine, hooks, kind)
         sec["sync"] = time.perf_counter() - t0
         sec["step"] = time.perf_counter() - t_step
 
@@ -303,12 +387,20 @@ def run_arm(lc: LoopConfig, hooks: Hooks | None = None, on_step: Callable[[dict]
                         "composition_changes": res.composition_changes},
             "sample": bytes(res.responses[0]).decode("latin-1"),
             "seconds": {k: round(v, 4) for k, v in sec.items()},
+            "memory": _memory(),
         }
         records.append(rec)
         if on_step is not None:
             on_step(rec)
     return {"route": lc.route, "config": lc.to_dict(), "task": task.to_dict(), "initial_sync": initial,
+            "model": {"what": lc.describe_model(), "layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size,
+                      "vocab": cfg.vocab_size, "parameters": _n_params(actor.w),
+                      "setup_seconds": round(setup_s, 3)},
             "steps": records, "summary": summarize(records)}
+
+
+def _n_params(w: dict[str, torch.Tensor]) -> int:
+    return sum(t.numel() for t in {id(t): t for t in w.values()}.values())
 
 
 def summarize(records: list[dict]) -> dict:
@@ -334,11 +426,12 @@ def summarize(records: list[dict]) -> dict:
     }
 
 
-def output_paths(out_dir: str, device: str = "cpu") -> dict[str, str]:
-    """Files a run writes under ``out_dir``: ``rl_loop_<device>.json`` (every arm's config, step
+def output_paths(out_dir: str, device: str = "cpu", tag: str | None = None) -> dict[str, str]:
+    """Files a run writes under ``out_dir``: ``rl_loop_<tag>.json`` (every arm's config, step
     records and summary, the provenance record), ``.png`` beside it and ``steps.jsonl`` (one
-    step record per line, as the steps run)."""
-    kind = str(device).split(":")[0]
+    step record per line, as the steps run). ``tag`` defaults to the device type (``cpu``,
+    ``cuda``)."""
+    kind = tag or str(device).split(":")[0]
     return {"json": os.path.join(out_dir, f"rl_loop_{kind}.json"), "png": os.path.join(out_dir, f"rl_loop_{kind}.png"),
             "jsonl": os.path.join(out_dir, "steps.jsonl")}
 
@@ -362,7 +455,7 @@ def strict_failures(arm: dict) -> list[str]:
 
 
 def run_and_report(lc: LoopConfig, routes: list[str], out_dir: str, on_step: Callable[[dict], None] | None = None,
-                   hooks: Hooks | None = None, make_trainer: Callable | None = None) -> dict:
+                   hooks: Hooks | None = None, make_trainer: Callable | None = None, tag: str | None = None) -> dict:
     """Runs one arm per route of ``routes`` (config ``lc`` with the route replaced), writes
     :func:`output_paths`' files and returns the report (``arms``, ``passed``, ``failures``, ``files``).
 
@@ -373,7 +466,7 @@ def run_and_report(lc: LoopConfig, routes: list[str], out_dir: str, on_step: Cal
     for r in routes:
         if r not in ROUTES:
             raise UnsupportedConfigError(f"route {r!r} unknown (known: {', '.join(ROUTES)})")
-    paths = output_paths(out_dir, lc.device)
+    paths = output_paths(out_dir, lc.device, tag)
     os.makedirs(out_dir, exist_ok=True)
     arms = {}
     with open(paths["jsonl"], "w") as jl:
@@ -386,16 +479,38 @@ def run_and_report(lc: LoopConfig, routes: list[str], out_dir: str, on_step: Cal
         for route in routes:
             arms[route] = run_arm(dataclasses.replace(lc, route=route), hooks=hooks, on_step=record,
                                   make_trainer=make_trainer)
+            _release_memory()  # the arm's trainer, engine and optimizer state go before the next arm
     failures = strict_failures(arms["strict"]) if "strict" in arms else []
     report = {"arms": arms, "routes": list(routes), "passed": not failures, "failures": failures,
               "provenance": _provenance(lc, routes)}
-    png = rep.plot(arms, paths["png"], title=f"rlk RL loop on the trained {lc.model} model, task: target byte "
-                                             f"{chr(lc.target)!r}, {lc.prompts_per_step} prompt(s) x {lc.group_size} "
+    what = (f"target byte {chr(lc.target)!r}" if lc.task_name == "target_byte"
+            else f"token class {lc.task().to_dict()['residue']} mod {lc.task().to_dict()['modulus']}")
+    png = rep.plot(arms, paths["png"], title=f"rlk RL loop on {lc.describe_model()}, task: {what}, "
+                                             f"{lc.prompts_per_step} prompt(s) x {lc.group_size} "
                                              f"samples x {lc.response_len} tokens, lr {lc.lr}, seed {lc.seed}")
     report["files"] = {"json": paths["json"], "jsonl": paths["jsonl"],
                        "png": png or "not written: matplotlib is not importable"}
     rep.write_json(report, paths["json"])
     return report
+
+
+def _memory() -> dict:
+    """Peak GPU memory of the step (CUDA only) and the process's peak resident host memory."""
+    import resource
+
+    out = {"host_peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20, 3)}
+    if torch.cuda.is_available():
+        out["gpu_peak_allocated_gib"] = round(torch.cuda.max_memory_allocated() / 2 ** 30, 3)
+        out["gpu_peak_reserved_gib"] = round(torch.cuda.max_memory_reserved() / 2 ** 30, 3)
+    return out
+
+
+def _release_memory() -> None:
+    import gc
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def _provenance(lc: LoopConfig, routes) -> dict:
@@ -404,6 +519,6 @@ def _provenance(lc: LoopConfig, routes) -> dict:
         from rlk.provenance import capability_record
 
         return capability_record(route="strict" if "strict" in routes else "native",
-                                 extra={"pattern": "rl_loop", "model": lc.model, "routes": list(routes)})
+                                 extra={"pattern": "rl_loop", "model": lc.describe_model(), "routes": list(routes)})
     except Exception as e:
         return {"error": f"capability_record unavailable: {type(e).__name__}: {e}"}

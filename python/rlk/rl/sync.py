@@ -1,7 +1,9 @@
 """Weight sync from the trainer into the rollout engine, checked by a fingerprint on both sides.
 
-The sender fingerprints the weights it sends (sha256 over every tensor's name, dtype and bytes,
-:func:`rlk.models.qwen3.weights.weights_sha256`); the transport copies them into the engine's
+The sender fingerprints the weights it sends (``sha256`` over every tensor's name, dtype and
+bytes, :func:`rlk.models.qwen3.weights.weights_sha256`, on the host; or ``device``: an exact
+integer fingerprint computed on the GPU, :func:`device_fingerprint`, for models whose bytes are
+too many to hash on the host every step); the transport copies them into the engine's
 own tensors in place (``copy_``, as engines load weights: captured CUDA graphs keep their
 addresses); the receiver fingerprints what its tensors now hold. Different digests abort the run
 with :class:`WeightSyncError`, whose message names the tensors that differ (per-tensor digests,
@@ -26,9 +28,59 @@ class WeightSyncError(ProvenanceError):
     the engine holds another weight generation than the trainer's latest."""
 
 
-def fingerprint(weights: dict[str, torch.Tensor]) -> str:
-    """sha256 over names, dtypes and raw bytes, names sorted (the same on both sides)."""
-    return weights_sha256(weights)
+FINGERPRINTS = ("sha256", "device")
+
+# The device fingerprint's arithmetic: 16-bit words u_i (0..65535) of a tensor's bytes, and per
+# lane L the sum over i of u_i * m_L(i) modulo the prime P = 2**31 - 1, with position
+# multipliers m_L(i) = 1 + (A_L * i + B_L) mod (P - 1), never 0 mod P. Integer sums modulo P are
+# exact in any order, so the digest does not depend on the chunking, the device or the kernel's
+# reduction tree. A change of one word always changes every lane (a nonzero difference below P
+# times a nonzero multiplier, modulo a prime); two lanes with unrelated multipliers leave
+# multi-word coincidences at about 2**-62. Not cryptographic: it checks a copy, it does not
+# authenticate one.
+_P = 2 ** 31 - 1
+_LANES = ((1_013_904_223, 12_345), (914_159_265, 271_828_182))  # A_L < 2**30
+_CHUNK_WORDS = 1 << 25  # int64 temporaries of 256 MiB per lane
+
+
+def _device_lanes(t: torch.Tensor) -> list[int]:
+    flat = t.detach().contiguous().view(-1)
+    b = flat.view(torch.uint8) if flat.numel() else flat.new_empty(0, dtype=torch.uint8)
+    if b.numel() % 2:
+        b = torch.cat([b, b.new_zeros(1)])
+    words = b.view(torch.int16)
+    if words.numel() >= 2 ** 33:
+        raise UnsupportedConfigError(f"device fingerprint: {words.numel()} words exceed 2**33 (int64 products)")
+    acc = [torch.zeros((), dtype=torch.int64, device=t.device) for _ in _LANES]
+    for s in range(0, words.numel(), _CHUNK_WORDS):
+        u = words[s:s + _CHUNK_WORDS].to(torch.int64) & 0xFFFF
+        i = torch.arange(s, s + u.numel(), dtype=torch.int64, device=t.device)
+        for k, (a, c) in enumerate(_LANES):
+            m = (i * a + c) % (_P - 1) + 1  # i < 2**33 and a < 2**30: no int64 overflow
+            acc[k] = (acc[k] + ((u * m) % _P).sum()) % _P  # chunk sums < 2**56
+    return [int(x) for x in acc]
+
+
+def device_fingerprint(weights: dict[str, torch.Tensor]) -> str:
+    """An exact integer fingerprint computed where the tensors live (no copy to the host): per
+    tensor (names sorted) its name, dtype, shape and the two lane sums of the arithmetic above,
+    hashed together with sha256 on the host. For weights too large to hash on the host each
+    step (a Qwen3-8B model is 16 GB)."""
+    h = hashlib.sha256(b"rlk.device_fingerprint.v1")
+    for k in sorted(weights):
+        t = weights[k]
+        h.update(f"{k}|{t.dtype}|{tuple(t.shape)}|{_device_lanes(t)}".encode())
+    return h.hexdigest()
+
+
+def fingerprint(weights: dict[str, torch.Tensor], kind: str = "sha256") -> str:
+    """The weights' digest, the same function on both sides: ``"sha256"`` over names, dtypes and
+    raw bytes, names sorted (copies to the host); ``"device"``: :func:`device_fingerprint`."""
+    if kind == "sha256":
+        return weights_sha256(weights)
+    if kind == "device":
+        return device_fingerprint(weights)
+    raise UnsupportedConfigError(f"fingerprint kind {kind!r} unknown (known: {', '.join(FINGERPRINTS)})")
 
 
 def _tensor_sha(t: torch.Tensor) -> str:
@@ -71,7 +123,7 @@ def diagnose(sent: dict[str, torch.Tensor], held: dict[str, torch.Tensor], limit
 
 
 def sync_weights(src: dict[str, torch.Tensor], engine, generation: int,
-                 transport: Callable[[dict, dict], None] | None = None) -> dict:
+                 transport: Callable[[dict, dict], None] | None = None, kind: str = "sha256") -> dict:
     """Sends trainer weights ``src`` into ``engine.w`` and checks the fingerprint on both sides.
 
     Args:
@@ -79,8 +131,11 @@ def sync_weights(src: dict[str, torch.Tensor], engine, generation: int,
       engine: the rollout side (``.w``: its weight dict; ``.weight_generation`` is set here).
       generation: the trainer's weight generation (optimizer steps taken).
       transport: ``transport(src, engine.w)`` moves the bytes (default :func:`copy_transport`).
+      kind: the fingerprint (:func:`fingerprint`), computed on both sides.
     Returns:
-      ``{"generation", "sha256_trainer", "sha256_rollout", "match": True, "bytes", "seconds"}``.
+      ``{"generation", "fingerprint": kind, "sha256_trainer", "sha256_rollout", "match": True,
+      "bytes", "seconds"}`` (the two digests under the ``sha256_*`` keys whatever the kind: both
+      are sha256 hex strings).
     Raises:
       WeightSyncError: the digests differ (the message carries :func:`diagnose`'s findings).
       UnsupportedConfigError: the two sides have different tensor names, shapes or dtypes.
@@ -94,16 +149,16 @@ def sync_weights(src: dict[str, torch.Tensor], engine, generation: int,
         if src[k].shape != dst[k].shape or src[k].dtype != dst[k].dtype:
             raise UnsupportedConfigError(f"weight sync: {k}: trainer {tuple(src[k].shape)} {src[k].dtype}, "
                                          f"rollout {tuple(dst[k].shape)} {dst[k].dtype}")
-    sent = fingerprint(src)  # sender side, before the bytes move
+    sent = fingerprint(src, kind)  # sender side, before the bytes move
     (transport or copy_transport)(src, dst)
-    held = fingerprint(dst)  # receiver side, over its own tensors
+    held = fingerprint(dst, kind)  # receiver side, over its own tensors
     if held != sent:
         engine.weight_generation = None  # the engine holds no generation the trainer sent
         diag = diagnose(src, dst)
         raise WeightSyncError(f"weight sync of generation {generation}: fingerprint mismatch: trainer sent "
                               f"{sent[:16]}, rollout holds {held[:16]}; differing tensors: {diag}")
     engine.weight_generation = generation
-    return {"generation": generation, "sha256_trainer": sent, "sha256_rollout": held, "match": True,
+    return {"generation": generation, "fingerprint": kind, "sha256_trainer": sent, "sha256_rollout": held, "match": True,
             "bytes": int(sum(t.numel() * t.element_size() for t in src.values())),
             "seconds": time.perf_counter() - t0}
 

@@ -77,3 +77,39 @@ def test_layout_mismatch_is_a_config_error():
     bad["b.weight"] = bad["b.weight"].float()
     with pytest.raises(UnsupportedConfigError, match="b.weight"):
         sync.sync_weights(bad, eng, 0)
+
+
+def test_device_fingerprint_sees_one_bit_shape_and_dtype_and_ignores_chunking(monkeypatch):
+    w = _weights()
+    d = sync.fingerprint(w, "device")
+    assert d == sync.fingerprint({k: v.clone() for k, v in w.items()}, "device")
+    for k in w:  # one flipped bit in any word of any tensor changes the digest
+        for j in range(w[k].numel()):
+            for bit in (0, 15):
+                f = {n: v.clone() for n, v in w.items()}
+                f[k].view(torch.int16).view(-1)[j] ^= 1 << bit if bit < 15 else -(1 << 15)
+                assert sync.fingerprint(f, "device") != d, (k, j, bit)
+    assert sync.fingerprint({k: v.float() for k, v in w.items()}, "device") != d
+    assert sync.fingerprint({k: v.reshape(-1) for k, v in w.items()}, "device") != d
+    # Two words swapped: position multipliers see the order.
+    f = {n: v.clone() for n, v in w.items()}
+    f["a.weight"].view(-1)[[0, 1]] = f["a.weight"].view(-1)[[1, 0]]
+    assert sync.fingerprint(f, "device") != d
+    # Chunk boundaries change nothing: the sums are exact modulo a prime.
+    monkeypatch.setattr(sync, "_CHUNK_WORDS", 3)
+    assert sync.fingerprint(w, "device") == d
+
+
+def test_sync_with_device_fingerprint_and_a_corrupting_transport():
+    src, eng = _weights(), _engine()
+    rec = sync.sync_weights(src, eng, generation=1, kind="device")
+    assert rec["fingerprint"] == "device" and rec["sha256_trainer"] == rec["sha256_rollout"]
+
+    def bad(s, d):
+        sync.copy_transport(s, d)
+        d["a.weight"].view(torch.int16).view(-1)[5] ^= 1
+
+    with pytest.raises(sync.WeightSyncError, match="a.weight"):
+        sync.sync_weights(src, _engine(), generation=2, transport=bad, kind="device")
+    with pytest.raises(UnsupportedConfigError, match="unknown"):
+        sync.fingerprint(src, "md5")

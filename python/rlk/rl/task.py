@@ -1,10 +1,16 @@
-"""The synthetic, checkable task of the RL loop: produce a target byte.
+"""The synthetic, checkable tasks of the RL loop.
 
-The trained ``tiny`` model is byte-level (vocabulary 256, trained on Python source), so a prompt is
+``target_byte`` (:class:`TargetByteTask`): produce a target byte. The trained ``tiny`` model is byte-level (vocabulary 256, trained on Python source), so a prompt is
 a short byte string and a response is bytes. The reward of a response is the fraction of its
 tokens equal to ``target`` (default ``e``: about 9% of the trained model's sampled bytes after
 these prompts), so it lies in ``[0, 1]``, its optimum is known (1.0: every byte ``target``) and a
 working loop raises it within a few steps.
+
+``token_class`` (:class:`TokenClassTask`): for models with a large vocabulary (Qwen3's 151,936
+tokens), where one target token would almost never be sampled and give no learning signal. The
+reward of a response is the fraction of its tokens in a residue class (``id % modulus ==
+residue``, default the even ids): about ``1 / modulus`` of the mass of a model that does not know
+the rule, optimum 1.0, and the group's rewards differ from the first step on.
 """
 
 from __future__ import annotations
@@ -52,3 +58,39 @@ class TargetByteTask:
     def to_dict(self) -> dict:
         return {"name": "target_byte", "target": self.target, "target_char": chr(self.target),
                 "prompts": [p.decode("latin-1") for p in self.prompts]}
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenClassTask:
+    """Reward = fraction of response tokens ``t`` with ``t % modulus == residue``; the prompts are
+    :data:`PROMPTS`' bytes (token ids below 256, valid in any vocabulary of at least 256)."""
+
+    modulus: int = 2
+    residue: int = 0
+    prompts: tuple[bytes, ...] = PROMPTS
+
+    def check(self, vocab_size: int) -> None:
+        if self.modulus < 2 or not 0 <= self.residue < self.modulus:
+            raise UnsupportedConfigError(f"token class: modulus {self.modulus} must be >= 2 and residue "
+                                         f"{self.residue} in [0, modulus)")
+        if vocab_size < max(self.modulus, 256):
+            raise UnsupportedConfigError(f"token class: vocabulary {vocab_size} smaller than 256 or the modulus")
+        TargetByteTask(target=0, prompts=self.prompts).check(vocab_size)  # the prompts' checks
+
+    def step_prompts(self, step: int, n: int) -> list[list[int]]:
+        return TargetByteTask(target=0, prompts=self.prompts).step_prompts(step, n)
+
+    def reward(self, response: list[int]) -> float:
+        if not response:
+            raise UnsupportedConfigError("empty response (every request has max_new_tokens >= 1)")
+        return sum(int(t) % self.modulus == self.residue for t in response) / len(response)
+
+    def rewards(self, responses: list[list[int]]) -> torch.Tensor:
+        return torch.tensor([self.reward(r) for r in responses], dtype=torch.float32)
+
+    def to_dict(self) -> dict:
+        return {"name": "token_class", "modulus": self.modulus, "residue": self.residue,
+                "prompts": [p.decode("latin-1") for p in self.prompts]}
+
+
+TASKS = ("target_byte", "token_class")

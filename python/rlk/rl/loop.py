@@ -385,7 +385,7 @@ def run_arm(lc: LoopConfig, hooks: Hooks | None = None, on_step: Callable[[dict]
             "sync": sync_rec,
             "rollout": {"sequences": len(prompts), "engine_steps": res.steps,
                         "composition_changes": res.composition_changes},
-            "sample": bytes(res.responses[0]).decode("latin-1"),
+            "sample": _sample_text(res.responses[0]),
             "seconds": {k: round(v, 4) for k, v in sec.items()},
             "memory": _memory(),
         }
@@ -397,6 +397,13 @@ def run_arm(lc: LoopConfig, hooks: Hooks | None = None, on_step: Callable[[dict]
                       "vocab": cfg.vocab_size, "parameters": _n_params(actor.w),
                       "setup_seconds": round(setup_s, 3)},
             "steps": records, "summary": summarize(records)}
+
+
+def _sample_text(tokens: list[int]) -> str:
+    """A response for the record: its bytes (byte vocabularies), else its first 16 token ids."""
+    if all(0 <= t < 256 for t in tokens):
+        return bytes(tokens).decode("latin-1")
+    return " ".join(map(str, tokens[:16])) + (" ..." if len(tokens) > 16 else "")
 
 
 def _n_params(w: dict[str, torch.Tensor]) -> int:

@@ -55,7 +55,7 @@ def test_corrupted_sync_aborts_the_loop():
 
 
 def test_bad_config_is_refused():
-    for bad in (dict(route="fast"), dict(group_size=1), dict(steps=0), dict(model="qwen3-8b"), dict(lr=-1.0),
+    for bad in (dict(route="fast"), dict(group_size=1), dict(steps=0), dict(model="qwen3-9b"), dict(model="tiny", layers=1), dict(lr=-1.0),
                 dict(clip_eps=1.5), dict(target=999)):
         with pytest.raises(UnsupportedConfigError):
             loop.run_arm(loop.LoopConfig(**{"route": "native", **bad}))

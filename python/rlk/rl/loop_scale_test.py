@@ -68,3 +68,8 @@ def test_token_class_reward_and_config_errors():
     assert loop.LoopConfig(device="cpu").fingerprint_kind() == "sha256"
     assert loop.LoopConfig(device="cuda").fingerprint_kind() == "device"
     assert sync.FINGERPRINTS == ("sha256", "device")
+
+
+def test_sample_text_of_a_large_vocabulary():
+    assert loop._sample_text(list(b"abc")) == "abc"
+    assert loop._sample_text([300, 5] * 10).startswith("300 5 300") and loop._sample_text([300] * 20).endswith("...")

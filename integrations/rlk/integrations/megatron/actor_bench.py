@@ -79,7 +79,7 @@ def _s64(x: int) -> int:
     return x - (1 << 64) if x >= 1 << 63 else x
 
 
-def _fingerprint(t: torch.Tensor, chunk: int = 1 << 22) -> str:
+def _fingerprint(t: torch.Tensor, chunk: int = 1 << 24) -> str:
     """``dtype:numel:lane0lane1`` of ``t``'s bytes, computed where ``t`` lives. Element ``i``'s
     bits as an integer word ``w_i``; each lane is ``sum_i w_i * m(i) mod 2**64`` with odd
     multipliers ``m(i)`` from a per-lane mix of ``i`` (wrap-around int64 arithmetic). One changed
@@ -204,6 +204,7 @@ def _worker_fingerprints(a) -> dict:
     cfg, hf, pk, loss, m = _setup(a)
     del m
     actor, fps, _, _ = _strict(cfg, hf, pk, loss, a)
+    _say(f"worker: step 1 fingerprinted ({len(fps)} tensors)")
     return fps
 
 
@@ -244,7 +245,8 @@ def _native_model(cfg, a):
         gradient_accumulation_fusion=False, persist_layer_norm=False, apply_rope_fusion=False,
         cross_entropy_loss_fusion=False, calculate_per_token_loss=True, tensor_model_parallel_size=1,
         use_cpu_initialization=not on_gpu, perform_initialization=False, **_RECOMPUTE[a.recompute])
-    model = GPTModel(config=tc, transformer_layer_spec=get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm"),
+    layer_spec = get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm")
+    model = GPTModel(config=tc, transformer_layer_spec=layer_spec,
                      vocab_size=cfg.vocab_size, max_sequence_length=cfg.max_position_embeddings, pre_process=True,
                      post_process=True, parallel_output=True,
                      share_embeddings_and_output_weights=cfg.tie_word_embeddings, position_embedding_type="rope",
@@ -352,8 +354,8 @@ def run(a) -> dict:
     del m
     _free(a.device)
     _say("strict: step 1 (compiles) and comparison with rlk's trainer")
-    actor, fps, vs, loaded = _strict(cfg, hf, pk, loss, a, on_grads=lambda lp, g: (lp.clone(), _vs_rlk(lp, g, lp_rlk, ref)))
-    strict_logp, vs = vs
+    actor, fps, (strict_logp, vs), loaded = _strict(
+        cfg, hf, pk, loss, a, on_grads=lambda lp, g: (lp.clone(), _vs_rlk(lp, g, lp_rlk, ref)))
     del hf, ref, lp_rlk
     _say("strict: step 2 (timed)")
     strict = _timed(lambda: actor.forward_backward([(pk, loss)]), actor.step, a.device)
@@ -402,7 +404,9 @@ def run(a) -> dict:
                      "tokens": int(pk.ids.shape[0]), "prompt_len": a.seq_len // 2, "recompute": a.recompute,
                      "recipe": a.recipe, "seed": a.seed, "device": a.device, "lr": LR,
                      "reason_reduced_depth": REASON_REDUCED_DEPTH, "model_config": cfg.to_dict()},
-            "strict": strict, "native": native, "strict_vs_native": ratios, "native_vs_strict_logp": nvs,
+            "strict": strict, "native": native, "strict_vs_native": ratios,
+            "strict_vs_native_note": "ratios are strict / native (> 1: strict slower or larger)",
+            "native_vs_strict_logp": nvs,
             "run_to_run": rtr, "vs_rlk_trainer": vs, "checks": checks, "passed": not failures,
             "failures": failures, "provenance": _provenance(a), "versions": _versions(),
             "seconds_total": round(time.perf_counter() - _T0, 1)}
@@ -431,6 +435,12 @@ def _versions() -> dict:
             out[name] = metadata.version(name)
         except Exception as e:
             out[name] = repr(e)
+    try:
+        from megatron.core import package_info
+
+        out["megatron.core.package_info"] = package_info.__version__
+    except Exception as e:
+        out["megatron.core.package_info"] = repr(e)
     if torch.cuda.is_available():
         out["gpu"] = torch.cuda.get_device_name()
         out["cuda"] = torch.version.cuda
@@ -472,14 +482,21 @@ def main(argv=None) -> int:
     if not a.out:
         ap.error("--out is required")
     tag = a.tag or ("h200" if torch.device(a.device).type == "cuda" else "cpu")
-    res = run(a)
+    try:
+        res = run(a)
+    except Exception as e:  # a report is written even when a phase fails (e.g. out of memory)
+        import traceback
+
+        _say(f"FAILED: {e!r}"[:500])
+        res = {"error": repr(e)[:2000], "traceback": traceback.format_exc()[-6000:], "passed": False,
+               "failures": ["run raised"], "strict": None, "native": {}, "versions": _versions()}
     os.makedirs(a.out, exist_ok=True)
     path = os.path.join(a.out, f"megatron_actor_{tag}.json")
     with open(path, "w") as f:
         json.dump(res, f, indent=1, default=str)
         f.write("\n")
     print(json.dumps({"out": path, "passed": res["passed"], "failures": res["failures"], "strict": res["strict"],
-                      "native": {k: v for k, v in res["native"].items() if k != "traceback"}}))
+                      "native": {k: v for k, v in (res["native"] or {}).items() if k != "traceback"}}))
     return 0 if res["passed"] else 1
 
 

@@ -102,6 +102,31 @@ _RECOMPUTE = {None: {}, "full": dict(recompute_granularity="full", recompute_met
               "selective": dict(recompute_granularity="selective", recompute_modules=["core_attn"])}
 
 
+def training_wrappers(module: torch.nn.Module, config, *, lr: float, betas: tuple[float, float], eps: float,
+                      distributed_optimizer: bool = True):
+    """megatron's ``DistributedDataParallel`` (``grad_reduce_in_fp32``: fp32 ``main_grad``
+    buffers) around ``module`` and its Adam optimizer (bf16 params, fp32 main parameters,
+    ``weight_decay=0``, no clipping), as :class:`MegatronActor` uses them; also sets
+    ``config.finalize_model_grads_func`` to finalize without a token-count rescale (the per-token
+    loss is already normalized). Returns ``(ddp_config, opt_config, ddp, optimizer)``."""
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.distributed.finalize_model_grads import finalize_model_grads
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+    ddp_config = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=distributed_optimizer)
+    opt_config = OptimizerConfig(
+        optimizer="adam", lr=float(lr), min_lr=float(lr), weight_decay=0.0, adam_beta1=float(betas[0]),
+        adam_beta2=float(betas[1]), adam_eps=float(eps), bf16=True, params_dtype=torch.bfloat16,
+        use_distributed_optimizer=distributed_optimizer, clip_grad=0.0)
+    with cuda_names_on_cpu():
+        ddp = DistributedDataParallel(config, ddp_config, module=module)
+        optimizer = get_megatron_optimizer(opt_config, [ddp])
+    config.finalize_model_grads_func = (
+        lambda chunks, num_tokens=None, **kw: finalize_model_grads(chunks, None, **kw))
+    return ddp_config, opt_config, ddp, optimizer
+
+
 class MegatronActor:
     """The strict megatron-core actor (module docstring).
 
@@ -111,15 +136,14 @@ class MegatronActor:
       distributed_optimizer: megatron's ``DistributedOptimizer`` (True) or the plain
         ``Float16OptimizerWithFloat16Params`` (False); both keep fp32 main parameters.
       recompute: None, ``"full"`` or ``"selective"`` activation recompute (module docstring).
+      device: ``"cuda"``: parameters allocated on the GPU without an init, then loaded; None or
+        ``"cpu"``: built on the host (megatron's DDP moves them to its buffers' device).
     """
 
     def __init__(self, cfg, hf: dict[str, torch.Tensor], *, lr: float = 1e-3,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, distributed_optimizer: bool = True,
-                 recompute: Optional[str] = None):
+                 recompute: Optional[str] = None, device: Optional[str] = None):
         from megatron.core import parallel_state as ps
-        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-        from megatron.core.distributed.finalize_model_grads import finalize_model_grads
-        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
         from rlk.integrations.megatron import spec, weights
 
@@ -130,21 +154,19 @@ class MegatronActor:
         rc = _RECOMPUTE.get(recompute)
         if rc is None:
             raise UnsupportedConfigError(f"MegatronActor: recompute={recompute!r} (covered: {sorted(map(str, _RECOMPUTE))})")
+        on_gpu = device is not None and torch.device(device).type == "cuda"
+        if on_gpu:  # parameters allocated on the GPU without an init, then loaded (as replay.build_megatron)
+            from megatron.core import tensor_parallel
+
+            tensor_parallel.model_parallel_cuda_manual_seed(0)
+            rc = dict(rc, use_cpu_initialization=False, perform_initialization=False)
         model = spec.build_gpt_model(cfg, 1, calculate_per_token_loss=True, **rc)
+        if on_gpu:
+            model = model.to(torch.device(device))
         weights.load_into(model, weights.hf_to_megatron(cfg, hf, 1, 0))
         self.model = model
-        self.ddp_config = DistributedDataParallelConfig(
-            grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=distributed_optimizer)
-        self.opt_config = OptimizerConfig(
-            optimizer="adam", lr=float(lr), min_lr=float(lr), weight_decay=0.0, adam_beta1=float(betas[0]),
-            adam_beta2=float(betas[1]), adam_eps=float(eps), bf16=True, params_dtype=torch.bfloat16,
-            use_distributed_optimizer=distributed_optimizer, clip_grad=0.0)
-        with cuda_names_on_cpu():
-            self.ddp = DistributedDataParallel(model.config, self.ddp_config, module=model)
-            self.optimizer = get_megatron_optimizer(self.opt_config, [self.ddp])
-        # The per-token loss is already normalized: finalize without a token-count rescale.
-        model.config.finalize_model_grads_func = (
-            lambda chunks, num_tokens=None, **kw: finalize_model_grads(chunks, None, **kw))
+        self.ddp_config, self.opt_config, self.ddp, self.optimizer = training_wrappers(
+            model, model.config, lr=lr, betas=betas, eps=eps, distributed_optimizer=distributed_optimizer)
         self.steps = 0
 
     # ---- one training step ---------------------------------------------------------------------

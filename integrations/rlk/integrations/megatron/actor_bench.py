@@ -1,0 +1,504 @@
+"""Benchmark and exactness probe of one megatron-core actor step: rlk's strict spec against
+megatron-core's own native local (no TransformerEngine, no Apex) GPT model, on one batch.
+
+    python -m rlk.integrations.megatron.actor_bench --out DIR [--config qwen3-8b] [--layers 8] \\
+        [--seqs 16] [--seq-len 2048] [--recompute full] [--recipe calibrated.v1] [--seed 0] \\
+        [--skip-native] [--device cuda] [--tag h200]
+
+Writes ``DIR/megatron_actor_<tag>.json`` (tag ``h200`` on CUDA, ``cpu`` on the CPU), one progress
+line per phase on stderr; exit status 1 when a check fails.
+
+Batch: ``seqs`` sequences of ``seq-len`` seeded random token ids (the first half prompt, the
+second half response), packed; ``Qwen3Config.named(config)`` with ``num_hidden_layers = layers``;
+bf16 Hugging Face weights from ``rlk.models.qwen3.random_weights(cfg, seed, recipe=...)``; GRPO's
+clipped per-token loss (``rlk.rl.grpo``, clip 0.2, old logp = rlk's strict forward, advantages
+seeded as in ``actor_probe``). A step is megatron's forward_backward (no-pipelining schedule,
+DDP fp32 ``main_grad``) + its DistributedOptimizer Adam step (lr 1e-5).
+
+* ``strict``: :class:`rlk.integrations.megatron.actor.MegatronActor`. Step 1 (Triton compiles
+  included) is fingerprinted; step 2 is timed per phase (``torch.cuda.synchronize`` around each)
+  with its peak memory (``max_memory_allocated`` / ``max_memory_reserved``, reset before it).
+* ``run_to_run``: step 1 again in a fresh process (``--worker``): per-tensor fingerprints of the
+  logp, every main_grad after forward_backward and every bf16 weight after the optimizer step.
+* ``vs_rlk_trainer``: rlk's own trainer (``Qwen3.trainer_logp``, strict, same loss) against step
+  1's main_grads, as ``actor_probe``: logp bitwise; every main_grad but the LM head bitwise equal
+  to rlk's bf16 gradient widened to fp32; the LM head's main_grad (fp32-accumulated by the fused
+  LM head + loss) rounded to bf16 equal to rlk's.
+* ``native``: megatron's ``GPTModel`` with ``get_gpt_layer_local_spec(qk_layernorm=True,
+  normalization="RMSNorm")`` (torch RMSNorm, local ``DotProductAttention`` on ``[b, s]`` with a
+  causal mask: it takes no packed THD), RoPE (``rope_theta``), SwiGLU, fusions that need Apex or
+  TE off, ``Float16Module`` (bf16) as megatron's training wraps it, the same recompute, DDP and
+  optimizer (``actor.training_wrappers``), the same weights (checked by fingerprint), labels ->
+  megatron's per-token cross entropy (``vocab_parallel_cross_entropy`` over materialized fp32
+  logits), logp = -ce, the same loss. Timed as strict.
+
+Reduced depth: full Qwen3-8B (36 layers, 8.2B parameters) needs bf16 params + fp32 main_grad +
+fp32 main params + two fp32 Adam states = 18 bytes/param = 147 GB of model state alone, more than
+one H200's 139 GiB; ``--layers`` (default 8: 2.8B parameters, ~50 GB of state) keeps every
+tensor's shape and the LM head of the real model.
+
+Fingerprints (:func:`_fingerprint`) are exact integer hashes computed on the device (no 30 GB
+host copy): integer sums are exact in any reduction order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import json
+import os
+import subprocess
+import sys
+import time
+
+from rlk import determinism
+
+if not os.environ.get("TRITON_INTERPRET"):
+    determinism.configure_cpu_interpreter_without_gpu()
+
+import torch  # noqa: E402
+
+LM_HEAD = "output_layer.weight"
+LR = 1e-5
+REASON_REDUCED_DEPTH = ("full Qwen3-8B (36 layers, 8.2B params) needs 18 bytes/param (bf16 param, fp32 main_grad, "
+                        "fp32 main param, 2 fp32 Adam states) = 147 GB > one H200's 139 GiB")
+_T0 = time.perf_counter()
+
+
+def _say(msg: str) -> None:
+    print(f"[actor_bench {time.perf_counter() - _T0:7.1f}s] {msg}", file=sys.stderr, flush=True)
+
+
+# ---- exact device fingerprint --------------------------------------------------------------------
+_M64 = (1 << 64) - 1
+_LANES = ((0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9), (0xC2B2AE3D27D4EB4F, 0x94D049BB133111EB))
+
+
+def _s64(x: int) -> int:
+    return x - (1 << 64) if x >= 1 << 63 else x
+
+
+def _fingerprint(t: torch.Tensor, chunk: int = 1 << 24) -> str:
+    """``dtype:numel:lane0lane1`` of ``t``'s bytes, computed where ``t`` lives. Element ``i``'s
+    bits as an integer word ``w_i``; each lane is ``sum_i w_i * m(i) mod 2**64`` with odd
+    multipliers ``m(i)`` from a per-lane mix of ``i`` (wrap-around int64 arithmetic). One changed
+    element changes both lanes (``delta * odd != 0 mod 2**64``); integer sums are exact in any
+    order, so chunking and the device's reduction order do not matter."""
+    flat = t.detach().reshape(-1)
+    words = flat.view({1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[flat.element_size()])
+    acc = [torch.zeros((), dtype=torch.int64, device=flat.device) for _ in _LANES]
+    for lo in range(0, words.numel(), chunk):
+        w = words[lo:lo + chunk].to(torch.int64)
+        i = torch.arange(lo + 1, lo + 1 + w.numel(), dtype=torch.int64, device=flat.device)
+        for k, (a, b) in enumerate(_LANES):
+            h = i * _s64(a)
+            h = (h ^ (h >> 29)) * _s64(b)
+            acc[k] += (w * (h | 1)).sum()
+    return f"{str(flat.dtype)[6:]}:{flat.numel()}:" + "".join(f"{int(x) & _M64:016x}" for x in acc)
+
+
+# ---- batch, loss, rlk reference ---------------------------------------------------------------------
+def _config(a):
+    from rlk.models.qwen3 import Qwen3Config
+
+    return Qwen3Config.named(a.config, num_hidden_layers=a.layers)
+
+
+def _weights(cfg, a):
+    from rlk.models.qwen3 import random_weights
+
+    return random_weights(cfg, a.seed, device=a.device, recipe=a.recipe)
+
+
+def _setup(a):
+    """(cfg, hf, packed batch, token_loss, rlk strict model)."""
+    from rlk.models.qwen3 import Qwen3
+    from rlk.replay import trainer
+    from rlk.rl import grpo
+
+    cfg = _config(a)
+    hf = _weights(cfg, a)
+    ids = torch.randint(0, cfg.vocab_size, (a.seqs, a.seq_len), generator=torch.Generator().manual_seed(a.seed + 1))
+    p = a.seq_len // 2
+    pk = trainer.pack([r[:p].tolist() for r in ids], [r[p:].tolist() for r in ids], device=a.device)
+    m = Qwen3(cfg, hf, "strict")
+    old, _ = m.trainer_logp(pk.ids, pk.cu_seqlens, pk.targets, actor=False, host_cu=pk.host_cu)
+    adv = torch.randn(pk.ids.shape[0], generator=torch.Generator().manual_seed(7)).to(a.device)
+    loss = grpo.token_loss_fn(old, adv, pk.loss_mask, 0.2, int(pk.loss_mask.sum()))
+    return cfg, hf, pk, loss, m
+
+
+def _rlk_reference(cfg, m, pk, loss):
+    """rlk's trainer: (logp [T], bf16 gradients by megatron name)."""
+    from rlk.models.qwen3.layouts import fused_to_megatron
+
+    lp, g = m.trainer_logp(pk.ids, pk.cu_seqlens, pk.targets, actor=True, token_loss=loss, host_cu=pk.host_cu)
+    return lp, fused_to_megatron(cfg, g)
+
+
+def _vs_rlk(logp, grads, lp_rlk, ref) -> dict:
+    from rlk.integrations.megatron.actor_probe import _diff
+
+    if set(grads) != set(ref):
+        raise RuntimeError(f"vs rlk: names differ: {sorted(set(grads) ^ set(ref))}")
+    per = {k: _diff(g, ref[k].float()) for k, g in grads.items()}
+    body = {k: v["differ"] for k, v in per.items() if k != LM_HEAD}
+    return {"logp": _diff(logp, lp_rlk), "grads": {
+        "tensors": len(body), "differing_tensors": sum(1 for v in body.values() if v),
+        "differing_elements": sum(body.values()), "per_tensor_differing_elements": body},
+        "lm_head_fp32_vs_rlk_bf16": per[LM_HEAD],
+        "lm_head_bf16_rounding": _diff(grads[LM_HEAD].to(torch.bfloat16), ref[LM_HEAD])}
+
+
+# ---- timing --------------------------------------------------------------------------------------
+def _timed(fwd_bwd, opt_step, device) -> dict:
+    cuda = torch.device(device).type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    sync()
+    t0 = time.perf_counter()
+    fwd_bwd()
+    sync()
+    t1 = time.perf_counter()
+    opt_step()
+    sync()
+    t2 = time.perf_counter()
+    out = {"seconds": {"fwd_bwd": round(t1 - t0, 4), "optimizer": round(t2 - t1, 4), "step": round(t2 - t0, 4)}}
+    if cuda:
+        out.update(peak_allocated_gib=round(torch.cuda.max_memory_allocated() / 2**30, 3),
+                   peak_reserved_gib=round(torch.cuda.max_memory_reserved() / 2**30, 3))
+    return out
+
+
+def _free(device) -> None:
+    gc.collect()
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
+
+
+# ---- strict ------------------------------------------------------------------------------------
+def _strict(cfg, hf, pk, loss, a, on_grads=None):
+    """The strict actor's step 1: ``(actor, fingerprints, on_grads(logp, main_grads) result,
+    fingerprints of the loaded weights)``."""
+    from rlk.integrations.megatron.actor import MegatronActor
+    from rlk.kernels.common import host_validated
+
+    actor = MegatronActor(cfg, hf, lr=LR, recompute=a.recompute, device=a.device)
+    params = dict(actor.model.named_parameters())
+    loaded = {k: _fingerprint(p) for k, p in params.items()}
+    with host_validated():
+        (logp,) = actor.forward_backward([(pk, loss)])
+    grads = {k: p.main_grad for k, p in params.items()}
+    fps = {"logp": _fingerprint(logp), **{f"grad/{k}": _fingerprint(g) for k, g in grads.items()}}
+    extra = on_grads(logp, grads) if on_grads is not None else None
+    actor.step()
+    fps.update({f"weight/{k}": _fingerprint(p) for k, p in params.items()})
+    return actor, fps, extra, loaded
+
+
+def _worker_fingerprints(a) -> dict:
+    cfg, hf, pk, loss, m = _setup(a)
+    del m
+    actor, fps, _, _ = _strict(cfg, hf, pk, loss, a)
+    _say(f"worker: step 1 fingerprinted ({len(fps)} tensors)")
+    return fps
+
+
+def _run_worker(a) -> dict:
+    """Step 1's fingerprints from a fresh interpreter (this module with ``--worker``)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "worker.json")
+        argv = [sys.executable, "-m", "rlk.integrations.megatron.actor_bench", "--worker", path] + _args_of(a)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        p = subprocess.run(argv, env=env, stdout=subprocess.PIPE, text=True, timeout=a.worker_timeout)
+        if p.returncode != 0:
+            raise RuntimeError(f"actor_bench worker failed (rc {p.returncode}):\n{p.stdout[-3000:]}")
+        with open(path) as f:
+            return json.load(f)
+
+
+# ---- native ------------------------------------------------------------------------------------
+def _native_model(cfg, a):
+    """megatron-core's local-spec GPTModel (module docstring), bf16 through ``Float16Module``."""
+    import torch.nn.functional as F
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.module import Float16Module
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from rlk.integrations.megatron.actor import _RECOMPUTE
+
+    on_gpu = torch.device(a.device).type == "cuda"
+    tc = TransformerConfig(
+        num_layers=cfg.num_hidden_layers, hidden_size=cfg.hidden_size, ffn_hidden_size=cfg.intermediate_size,
+        num_attention_heads=cfg.num_attention_heads, num_query_groups=cfg.num_key_value_heads,
+        kv_channels=cfg.head_dim, layernorm_epsilon=cfg.rms_norm_eps, normalization="RMSNorm", qk_layernorm=True,
+        gated_linear_unit=True, activation_func=F.silu, add_bias_linear=False, add_qkv_bias=False,
+        hidden_dropout=0.0, attention_dropout=0.0, bf16=True, params_dtype=torch.bfloat16, transformer_impl="local",
+        masked_softmax_fusion=False, bias_activation_fusion=False, bias_dropout_fusion=False,
+        gradient_accumulation_fusion=False, persist_layer_norm=False, apply_rope_fusion=False,
+        cross_entropy_loss_fusion=False, calculate_per_token_loss=True, tensor_model_parallel_size=1,
+        use_cpu_initialization=not on_gpu, perform_initialization=False, **_RECOMPUTE[a.recompute])
+    layer_spec = get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm")
+    model = GPTModel(config=tc, transformer_layer_spec=layer_spec,
+                     vocab_size=cfg.vocab_size, max_sequence_length=cfg.max_position_embeddings, pre_process=True,
+                     post_process=True, parallel_output=True,
+                     share_embeddings_and_output_weights=cfg.tie_word_embeddings, position_embedding_type="rope",
+                     rotary_base=cfg.rope_theta)
+    return Float16Module(tc, model).to(torch.device(a.device)), tc
+
+
+# rlk's megatron names -> the local spec's (identical in megatron-core 0.19.2: torch RMSNorm and
+# megatron's linears keep ".weight"); listed so a rename fails closed in weights.load_into.
+_NATIVE_RENAMES: dict[str, str] = {}
+
+
+def _native_state(cfg, hf) -> dict[str, torch.Tensor]:
+    from rlk.integrations.megatron import weights
+
+    sd = weights.hf_to_megatron(cfg, hf, 1, 0)
+    out = {}
+    for k, t in sd.items():
+        for old, new in _NATIVE_RENAMES.items():
+            k = k.replace(old, new)
+        out[k] = t
+    return out
+
+
+class _NativeActor:
+    def __init__(self, cfg, hf, a):
+        from megatron.core import tensor_parallel
+
+        from rlk.integrations.megatron import spec, weights
+        from rlk.integrations.megatron.actor import cuda_names_on_cpu, training_wrappers
+
+        spec.init_parallel(1)
+        self.on_gpu = torch.device(a.device).type == "cuda"
+        if self.on_gpu:  # local DotProductAttention forks megatron's model-parallel CUDA RNG (dropout)
+            tensor_parallel.model_parallel_cuda_manual_seed(0)
+        with cuda_names_on_cpu():
+            self.f16, tc = _native_model(cfg, a)
+        self.model = self.f16.module
+        weights.load_into(self.model, _native_state(cfg, hf))  # fail closed: every parameter covered
+        _, _, self.ddp, self.optimizer = training_wrappers(self.f16, tc, lr=LR, betas=(0.9, 0.999), eps=1e-8)
+
+    def forward_backward(self, pk, loss, seqs: int) -> torch.Tensor:
+        from megatron.core.pipeline_parallel.schedules import forward_backward_no_pipelining
+
+        from rlk.integrations.megatron.actor import cuda_names_on_cpu
+
+        T = pk.ids.shape[0]
+        tokens, labels = pk.ids.view(seqs, T // seqs), pk.targets.view(seqs, T // seqs)
+        S = T // seqs
+        pos = torch.arange(S, device=tokens.device).expand(seqs, -1)
+        # Causal mask as megatron's pretrain_gpt builds it (get_ltor_masks_and_position_ids): True = masked.
+        mask = torch.triu(torch.ones(S, S, dtype=torch.bool, device=tokens.device), diagonal=1).view(1, 1, S, S)
+        logps = []
+
+        def forward_step(data_iterator, model):
+            next(data_iterator)
+            ce = model(tokens, pos, mask, labels=labels)  # [b, s] fp32 per-token cross entropy
+            logp = -ce.reshape(T)
+            logps.append(logp.detach())
+            return loss(logp, 0, T).sum(), lambda out: (out, torch.tensor(T, dtype=torch.int), {"loss": out.detach()})
+
+        self.ddp.train()
+        with cuda_names_on_cpu(), self._cpu_rng_fork():
+            self.ddp.zero_grad_buffer()
+            self.optimizer.zero_grad()
+            forward_backward_no_pipelining(forward_step_func=forward_step, data_iterator=iter([0]), model=[self.ddp],
+                                           num_microbatches=1, seq_length=S, micro_batch_size=seqs,
+                                           forward_only=False)
+        return logps[0]
+
+    @contextlib.contextmanager
+    def _cpu_rng_fork(self):
+        """Without CUDA there is no generator for megatron's RNG tracker; the attention dropout is
+        0 (draws nothing), so on the CPU its ``fork()`` is a no-op context. Unused on a GPU."""
+        if self.on_gpu:
+            yield
+            return
+        from megatron.core import tensor_parallel
+
+        tracker = tensor_parallel.get_cuda_rng_tracker()
+        tracker.fork = lambda *a, **k: contextlib.nullcontext()
+        try:
+            yield
+        finally:
+            del tracker.fork
+
+    def step(self) -> None:
+        from rlk.integrations.megatron.actor import cuda_names_on_cpu
+
+        with cuda_names_on_cpu():
+            ok, _, _ = self.optimizer.step()
+        if not ok:
+            raise RuntimeError("native optimizer step skipped (inf/nan gradients)")
+
+
+# ---- the run -----------------------------------------------------------------------------------
+def run(a) -> dict:
+    failures: list[str] = []
+    checks: dict[str, bool] = {}
+    _say(f"run to run: step 1 in a fresh process ({a.config}, {a.layers} layers, {a.seqs}x{a.seq_len}, {a.device})")
+    other = _run_worker(a)
+    _say("rlk trainer: reference logp and gradients")
+    cfg, hf, pk, loss, m = _setup(a)
+    lp_rlk, ref = _rlk_reference(cfg, m, pk, loss)
+    del m
+    _free(a.device)
+    _say("strict: step 1 (compiles) and comparison with rlk's trainer")
+    actor, fps, (strict_logp, vs), loaded = _strict(
+        cfg, hf, pk, loss, a, on_grads=lambda lp, g: (lp.clone(), _vs_rlk(lp, g, lp_rlk, ref)))
+    del hf, ref, lp_rlk
+    _say("strict: step 2 (timed)")
+    strict = _timed(lambda: actor.forward_backward([(pk, loss)]), actor.step, a.device)
+    del actor
+    _free(a.device)
+    diff_names = sorted(k for k in fps if other.get(k) != fps[k]) + sorted(set(other) - set(fps))
+    rtr = {"tensors": len(fps), "differing_tensors": len(diff_names), "differing": diff_names[:20]}
+    checks["run_to_run_equal"] = not diff_names
+    checks["logp_equal_rlk"] = vs["logp"]["differ"] == 0
+    checks["grads_equal_rlk"] = vs["grads"]["differing_tensors"] == 0
+    checks["lm_head_bf16_rounding_equal_rlk"] = vs["lm_head_bf16_rounding"]["differ"] == 0
+    native, ratios, nvs = {"skipped": "--skip-native"}, None, None
+    if not a.skip_native:
+        _say("native: build megatron-core local-spec GPTModel, step 1")
+        try:
+            nat = _NativeActor(cfg, _weights(cfg, a), a)
+            same = sorted(k for k, p in nat.model.named_parameters() if _fingerprint(p) != loaded.get(k))
+            checks["native_weights_equal_strict"] = not same
+            lp = nat.forward_backward(pk, loss, a.seqs)
+            nat.step()
+            d = (lp.float() - strict_logp.float()).abs()
+            nvs = {"max_abs_diff": float(d.max()), "mean_abs_diff": float(d.mean()),
+                   "differing": int((lp != strict_logp).sum()), "tokens": int(lp.numel()),
+                   "weights_differing_from_strict": same[:20]}
+            # Loose on purpose (a sanity check of the weight mapping, not an exactness claim): native
+            # rounds its logits to bf16 before the fp32 cross entropy; tiny (2 layers) gives 0.025.
+            checks["native_logp_close_to_strict"] = bool(torch.isfinite(lp).all()) and nvs["mean_abs_diff"] < 0.5
+            _say("native: step 2 (timed)")
+            native = _timed(lambda: nat.forward_backward(pk, loss, a.seqs), nat.step, a.device)
+            del nat
+        except Exception as e:  # reported, not raised: the strict results are still written
+            import traceback
+
+            native = {"error": repr(e)[:2000], "traceback": traceback.format_exc()[-4000:]}
+            checks["native_ran"] = False
+        _free(a.device)
+        if "seconds" in native:
+            s, n = strict["seconds"], native["seconds"]
+            ratios = {"fwd_bwd": round(s["fwd_bwd"] / n["fwd_bwd"], 3), "step": round(s["step"] / n["step"], 3)}
+            if "peak_allocated_gib" in native:
+                ratios["peak_allocated"] = round(strict["peak_allocated_gib"] / native["peak_allocated_gib"], 3)
+                ratios["peak_reserved"] = round(strict["peak_reserved_gib"] / native["peak_reserved_gib"], 3)
+    failures = [k for k, ok in checks.items() if not ok]
+    _say("done: " + ("passed" if not failures else f"FAILED {failures}"))
+    return {"spec": {"config": a.config, "layers": a.layers, "seqs": a.seqs, "seq_len": a.seq_len,
+                     "tokens": int(pk.ids.shape[0]), "prompt_len": a.seq_len // 2, "recompute": a.recompute,
+                     "recipe": a.recipe, "seed": a.seed, "device": a.device, "lr": LR,
+                     "reason_reduced_depth": REASON_REDUCED_DEPTH, "model_config": cfg.to_dict()},
+            "strict": strict, "native": native, "strict_vs_native": ratios,
+            "strict_vs_native_note": "ratios are strict / native (> 1: strict slower or larger)",
+            "native_vs_strict_logp": nvs,
+            "run_to_run": rtr, "vs_rlk_trainer": vs, "checks": checks, "passed": not failures,
+            "failures": failures, "provenance": _provenance(a), "versions": _versions(),
+            "seconds_total": round(time.perf_counter() - _T0, 1)}
+
+
+def _provenance(a) -> dict:
+    try:
+        from megatron.core import package_info
+
+        from rlk.integrations.megatron import spec
+        from rlk.provenance import capability_record
+
+        return capability_record("strict", contract_ids=sorted(set(spec.CONTRACTS.values())), load_contracts=False,
+                                 extra={"engine": "megatron-core", "engine_version": package_info.__version__,
+                                        "pattern": "megatron_actor_bench", "config": a.config, "layers": a.layers})
+    except Exception as e:  # the report is still written
+        return {"error": repr(e)}
+
+
+def _versions() -> dict:
+    from importlib import metadata
+
+    out = {}
+    for name in ("torch", "triton", "megatron-core"):
+        try:
+            out[name] = metadata.version(name)
+        except Exception as e:
+            out[name] = repr(e)
+    try:
+        from megatron.core import package_info
+
+        out["megatron.core.package_info"] = package_info.__version__
+    except Exception as e:
+        out["megatron.core.package_info"] = repr(e)
+    if torch.cuda.is_available():
+        out["gpu"] = torch.cuda.get_device_name()
+        out["cuda"] = torch.version.cuda
+    return out
+
+
+def _parser():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out")
+    ap.add_argument("--config", default="qwen3-8b")
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--seqs", type=int, default=16)
+    ap.add_argument("--seq-len", type=int, default=2048)
+    ap.add_argument("--recompute", default="full", choices=["full", "selective", "none"])
+    ap.add_argument("--recipe", default="calibrated.v1")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--skip-native", action="store_true")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--tag")
+    ap.add_argument("--worker-timeout", type=float, default=900.0)
+    ap.add_argument("--worker", help=argparse.SUPPRESS)  # step 1's fingerprints to this JSON file
+    return ap
+
+
+def _args_of(a) -> list[str]:
+    return ["--config", a.config, "--layers", str(a.layers), "--seqs", str(a.seqs), "--seq-len", str(a.seq_len),
+            "--recompute", a.recompute or "none", "--recipe", a.recipe, "--seed", str(a.seed), "--device", a.device]
+
+
+def main(argv=None) -> int:
+    ap = _parser()
+    a = ap.parse_args(argv)
+    a.recompute = None if a.recompute == "none" else a.recompute
+    if a.worker:
+        fps = _worker_fingerprints(a)
+        with open(a.worker, "w") as f:
+            json.dump(fps, f)
+        return 0
+    if not a.out:
+        ap.error("--out is required")
+    tag = a.tag or ("h200" if torch.device(a.device).type == "cuda" else "cpu")
+    try:
+        res = run(a)
+    except Exception as e:  # a report is written even when a phase fails (e.g. out of memory)
+        import traceback
+
+        _say(f"FAILED: {e!r}"[:500])
+        res = {"error": repr(e)[:2000], "traceback": traceback.format_exc()[-6000:], "passed": False,
+               "failures": ["run raised"], "strict": None, "native": {}, "versions": _versions()}
+    os.makedirs(a.out, exist_ok=True)
+    path = os.path.join(a.out, f"megatron_actor_{tag}.json")
+    with open(path, "w") as f:
+        json.dump(res, f, indent=1, default=str)
+        f.write("\n")
+    print(json.dumps({"out": path, "passed": res["passed"], "failures": res["failures"], "strict": res["strict"],
+                      "native": {k: v for k, v in (res["native"] or {}).items() if k != "traceback"}}))
+    return 0 if res["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""The megatron actor benchmark (``actor_bench``) on the CPU, tiny Qwen3 (2 layers, 2 x 16 tokens):
+
+* the device fingerprint is exact (equal for equal bytes at any chunking) and changes with one
+  flipped bit, a swap of two elements, the sign of a zero or the dtype;
+* the whole CLI runs (fresh-process worker, rlk's trainer, strict and native megatron-core steps)
+  and every check passes;
+* a broken input fails the named checks: one bit of one rlk gradient (``grads_equal_rlk``) and one
+  worker fingerprint (``run_to_run_equal``).
+
+megatron-core 0.19.2 is required (``CI`` set: the tests fail when it is missing).
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import torch
+
+from rlk.integrations.megatron.testing import require_megatron
+
+ARGS = ["--config", "tiny", "--layers", "2", "--seqs", "2", "--seq-len", "16", "--device", "cpu"]
+
+
+def test_fingerprint_exact_and_sensitive():
+    from rlk.integrations.megatron.actor_bench import _fingerprint
+
+    t = torch.randn(1000, 7, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    fp = _fingerprint(t)
+    assert fp == _fingerprint(t.clone()) == _fingerprint(t, chunk=13) == _fingerprint(t.t().contiguous().t())
+    u = t.clone()
+    w = u.view(torch.int16).view(-1)
+    w[4321] = w[4321] ^ 1
+    assert _fingerprint(u) != fp
+    u = t.clone().view(-1)
+    u[[10, 11]] = u[[11, 10]]
+    assert _fingerprint(u.view(1000, 7)) != fp or bool(t.view(-1)[10] == t.view(-1)[11])
+    assert _fingerprint(torch.zeros(5)) != _fingerprint(torch.tensor([0.0, 0.0, -0.0, 0.0, 0.0]))
+    assert _fingerprint(torch.zeros(4, dtype=torch.int32)) != _fingerprint(torch.zeros(4))
+    g = t.float()
+    assert _fingerprint(g) != fp and _fingerprint(g) == _fingerprint(g, chunk=1000)
+
+
+def test_cli_runs_and_passes(tmp_path):
+    require_megatron()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    p = subprocess.run([sys.executable, "-m", "rlk.integrations.megatron.actor_bench", "--out", str(tmp_path)] + ARGS,
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-4000:]
+    r = json.loads((tmp_path / "megatron_actor_cpu.json").read_text())
+    assert r["passed"] and r["failures"] == [], r["failures"]
+    assert set(r["checks"]) == {"run_to_run_equal", "logp_equal_rlk", "grads_equal_rlk",
+                                "lm_head_bf16_rounding_equal_rlk", "native_weights_equal_strict",
+                                "native_logp_close_to_strict"}
+    # logp + (grad, weight) per parameter: 2 layers x 8 + embedding, final norm, LM head.
+    assert r["run_to_run"] == {"tensors": 1 + 2 * 19, "differing_tensors": 0, "differing": []}
+    assert r["vs_rlk_trainer"]["grads"]["tensors"] == 18
+    assert r["native"]["seconds"]["step"] > 0 and r["strict"]["seconds"]["step"] > 0
+    assert r["spec"]["tokens"] == 32 and "147 GB" in r["spec"]["reason_reduced_depth"]
+    assert "stderr" not in r and p.stderr.count("[actor_bench") >= 6
+
+
+def test_a_broken_input_fails_the_named_checks(tmp_path, monkeypatch):
+    require_megatron()
+    from rlk.integrations.megatron import actor_bench as B
+
+    k = "decoder.layers.0.mlp.linear_fc2.weight"
+    real_ref = B._rlk_reference
+
+    def perturbed_ref(*a):
+        lp, ref = real_ref(*a)
+        ref[k] = ref[k].clone()
+        w = ref[k].view(torch.int16).view(-1)
+        w[0] = w[0] ^ 1
+        return lp, ref
+
+    def perturbed_worker(a):
+        fps = B._worker_fingerprints(a)
+        fps["weight/decoder.final_layernorm.weight"] = "changed"
+        return fps
+
+    monkeypatch.setattr(B, "_rlk_reference", perturbed_ref)
+    monkeypatch.setattr(B, "_run_worker", perturbed_worker)
+    assert B.main(["--out", str(tmp_path), "--skip-native"] + ARGS) == 1
+    r = json.loads((tmp_path / "megatron_actor_cpu.json").read_text())
+    assert not r["passed"] and sorted(r["failures"]) == ["grads_equal_rlk", "run_to_run_equal"]
+    assert r["vs_rlk_trainer"]["grads"]["per_tensor_differing_elements"][k] == 1
+    assert r["vs_rlk_trainer"]["grads"]["differing_elements"] == 1
+    assert r["run_to_run"]["differing"] == ["weight/decoder.final_layernorm.weight"]
+    assert r["native"] == {"skipped": "--skip-native"}

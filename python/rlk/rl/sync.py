@@ -61,6 +61,12 @@ def _device_lanes(t: torch.Tensor) -> list[int]:
     return [int(x) for x in acc]
 
 
+def tensor_fingerprint(t: torch.Tensor) -> str:
+    """One tensor's exact fingerprint, computed where it lives: ``dtype|shape|[lane0, lane1]``
+    (the arithmetic above)."""
+    return f"{t.dtype}|{tuple(t.shape)}|{_device_lanes(t)}"
+
+
 def device_fingerprint(weights: dict[str, torch.Tensor]) -> str:
     """An exact integer fingerprint computed where the tensors live (no copy to the host): per
     tensor (names sorted) its name, dtype, shape and the two lane sums of the arithmetic above,
@@ -68,8 +74,7 @@ def device_fingerprint(weights: dict[str, torch.Tensor]) -> str:
     step (a Qwen3-8B model is 16 GB)."""
     h = hashlib.sha256(b"rlk.device_fingerprint.v1")
     for k in sorted(weights):
-        t = weights[k]
-        h.update(f"{k}|{t.dtype}|{tuple(t.shape)}|{_device_lanes(t)}".encode())
+        h.update(f"{k}|{tensor_fingerprint(weights[k])}".encode())
     return h.hexdigest()
 
 

@@ -113,3 +113,14 @@ def test_sync_with_device_fingerprint_and_a_corrupting_transport():
         sync.sync_weights(src, _engine(), generation=2, transport=bad, kind="device")
     with pytest.raises(UnsupportedConfigError, match="unknown"):
         sync.fingerprint(src, "md5")
+
+
+def test_tensor_fingerprint_of_views_zeros_signs_and_dtypes(monkeypatch):
+    t = torch.randn(1000, 7, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    fp = sync.tensor_fingerprint(t)
+    assert fp == sync.tensor_fingerprint(t.t().contiguous().t())  # a strided view of the same values
+    assert sync.tensor_fingerprint(torch.zeros(5)) != sync.tensor_fingerprint(torch.tensor([0.0, 0.0, -0.0, 0.0, 0.0]))
+    assert sync.tensor_fingerprint(torch.zeros(4, dtype=torch.int32)) != sync.tensor_fingerprint(torch.zeros(4))
+    g = t.float()
+    monkeypatch.setattr(sync, "_CHUNK_WORDS", 13)
+    assert sync.tensor_fingerprint(t) == fp and sync.tensor_fingerprint(g) != fp

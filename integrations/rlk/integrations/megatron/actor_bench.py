@@ -37,8 +37,8 @@ fp32 main params + two fp32 Adam states = 18 bytes/param = 147 GB of model state
 one H200's 139 GiB; ``--layers`` (default 8: 2.8B parameters, ~50 GB of state) keeps every
 tensor's shape and the LM head of the real model.
 
-Fingerprints (:func:`_fingerprint`) are exact integer hashes computed on the device (no 30 GB
-host copy): integer sums are exact in any reduction order.
+Fingerprints (:func:`rlk.rl.sync.tensor_fingerprint`) are exact integer hashes computed on the
+device (no 30 GB host copy): integer sums modulo a prime are exact in any reduction order.
 """
 
 from __future__ import annotations
@@ -70,35 +70,10 @@ def _say(msg: str) -> None:
     print(f"[actor_bench {time.perf_counter() - _T0:7.1f}s] {msg}", file=sys.stderr, flush=True)
 
 
-# ---- exact device fingerprint --------------------------------------------------------------------
-_M64 = (1 << 64) - 1
-_LANES = ((0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9), (0xC2B2AE3D27D4EB4F, 0x94D049BB133111EB))
+# Exact per-tensor fingerprints computed on the device: the weight sync's (rlk.rl.sync).
+from rlk.rl.sync import tensor_fingerprint as _fingerprint  # noqa: E402
 
 
-def _s64(x: int) -> int:
-    return x - (1 << 64) if x >= 1 << 63 else x
-
-
-def _fingerprint(t: torch.Tensor, chunk: int = 1 << 24) -> str:
-    """``dtype:numel:lane0lane1`` of ``t``'s bytes, computed where ``t`` lives. Element ``i``'s
-    bits as an integer word ``w_i``; each lane is ``sum_i w_i * m(i) mod 2**64`` with odd
-    multipliers ``m(i)`` from a per-lane mix of ``i`` (wrap-around int64 arithmetic). One changed
-    element changes both lanes (``delta * odd != 0 mod 2**64``); integer sums are exact in any
-    order, so chunking and the device's reduction order do not matter."""
-    flat = t.detach().reshape(-1)
-    words = flat.view({1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[flat.element_size()])
-    acc = [torch.zeros((), dtype=torch.int64, device=flat.device) for _ in _LANES]
-    for lo in range(0, words.numel(), chunk):
-        w = words[lo:lo + chunk].to(torch.int64)
-        i = torch.arange(lo + 1, lo + 1 + w.numel(), dtype=torch.int64, device=flat.device)
-        for k, (a, b) in enumerate(_LANES):
-            h = i * _s64(a)
-            h = (h ^ (h >> 29)) * _s64(b)
-            acc[k] += (w * (h | 1)).sum()
-    return f"{str(flat.dtype)[6:]}:{flat.numel()}:" + "".join(f"{int(x) & _M64:016x}" for x in acc)
-
-
-# ---- batch, loss, rlk reference ---------------------------------------------------------------------
 def _config(a):
     from rlk.models.qwen3 import Qwen3Config
 

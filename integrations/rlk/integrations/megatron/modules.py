@@ -6,7 +6,8 @@ reshape, slice and copy. Constructor and call signatures are megatron-core 0.19.
 
 | slot | class | contract |
 | --- | --- | --- |
-| ``linear_qkv``, ``linear_fc1`` | :class:`RlkColumnParallelLinear` | gemm.bf16.v1 (+ ar.v1 on dx at TP>1) |
+| ``linear_qkv`` | :class:`RlkQKVLinear` | gemm.bf16.v1 over rlk's ``[Q\|K\|V]`` rows (+ ar.v1 on dx at TP>1) |
+| ``linear_fc1`` | :class:`RlkColumnParallelLinear` | gemm.bf16.v1 (+ ar.v1 on dx at TP>1) |
 | ``linear_proj``, ``linear_fc2`` | :class:`RlkRowParallelLinear` | gemm.bf16.v1 + ar.v1 (TP>1) |
 | ``core_attention`` | :class:`RlkCoreAttention` | rope.v1 + attn.v2 (+ ag.v1 / rs.v1 at CP>1) |
 | every norm | :class:`RlkRMSNorm` | rmsnorm.v1 |
@@ -126,6 +127,71 @@ class RlkColumnParallelLinear(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"in={self.input_size}, out={self.output_size}, tp={self.tp}, stride={self.stride}"
+
+
+def qkv_order(groups: int, group_size: int, head_dim: int) -> torch.Tensor:
+    """Row indices ``order`` with ``W[order]`` = the ``[Q|K|V]`` rows of a weight ``W`` in
+    megatron's per-query-group interleave (``[q_g (group_size * head_dim), k_g, v_g]`` for each
+    of ``groups`` groups)."""
+    per, qd = (group_size + 2) * head_dim, group_size * head_dim
+    base = torch.arange(groups, dtype=torch.int64)[:, None] * per
+    q = (base + torch.arange(qd)).reshape(-1)
+    k = (base + qd + torch.arange(head_dim)).reshape(-1)
+    v = (base + qd + head_dim + torch.arange(head_dim)).reshape(-1)
+    return torch.cat([q, k, v])
+
+
+class _Permute(torch.autograd.Function):
+    """``t.index_select(dim, idx)`` for a permutation ``idx``, whose backward gathers the
+    gradient back with the inverse permutation: exact both ways (autograd's own backward of an
+    index would add the gradient into zeros, which turns a -0.0 into +0.0)."""
+
+    @staticmethod
+    def forward(ctx, t, dim: int, idx, inv):
+        ctx.dim = dim
+        ctx.save_for_backward(inv)
+        return t.index_select(dim, idx)
+
+    @staticmethod
+    def backward(ctx, g):
+        (inv,) = ctx.saved_tensors
+        return g.index_select(ctx.dim, inv), None, None, None
+
+
+class RlkQKVLinear(RlkColumnParallelLinear):
+    """megatron's ``linear_qkv`` with the weight in megatron's interleaved rows (its checkpoint
+    layout), computed over rlk's ``[Q|K|V]`` rows: ``y = (x @ W[order].T)[..., inv]``.
+
+    Why: the input gradient ``dx = dy @ W`` reduces over the QKV rows, in the order the rows
+    are stored. rlk's trainer (and vLLM's layout) stores ``[Q|K|V]``; megatron interleaves per
+    query group. Over the interleaved rows the K walk of ``gemm.bf16.v1`` would add the same
+    products in another order and give other bits (measured on the H200; the CPU interpreter's
+    fp64 chunk sums hide it). The forward's columns are unchanged (each output column is its own
+    dot product), the weight gradient's rows are a permutation of the same row sums, and the
+    input gradient is the trainer's. At TP > 1 each rank's groups are permuted locally.
+    """
+
+    def __init__(self, input_size: int, output_size: int, *, config, **kwargs):
+        super().__init__(input_size, output_size, config=config, **kwargs)
+        groups, heads, d = config.num_query_groups, config.num_attention_heads, config.kv_channels
+        if groups % self.tp or heads % groups or output_size != (heads + 2 * groups) * d:
+            raise UnsupportedConfigError(f"{type(self).__name__}: output {output_size} is not (heads {heads} + 2 x "
+                                         f"groups {groups}) x head_dim {d} split over TP={self.tp}")
+        order = qkv_order(groups // self.tp, heads // groups, d)
+        self.register_buffer("qkv_order", order, persistent=False)
+        self.register_buffer("qkv_inverse", torch.argsort(order), persistent=False)
+
+    def forward(self, x: torch.Tensor, *args, **kwargs):
+        from rlk.kernels.gemm import autograd as gemm
+
+        if self.tp > 1:
+            from rlk.nn.tensor_parallel import copy_to_tp
+
+            x = copy_to_tp(x, self.tp_group)
+        order, inv = self.qkv_order.to(self.weight.device), self.qkv_inverse.to(self.weight.device)
+        w = _Permute.apply(self.weight, 0, order, inv)
+        y = gemm.linear(x, w)
+        return _Permute.apply(y, y.dim() - 1, inv, order), None
 
 
 class RlkRowParallelLinear(torch.nn.Module):
@@ -385,5 +451,5 @@ class RlkVocabParallelEmbedding(torch.nn.Module):
         return f"vocab_local={self.vocab_per_rank}, start={self.vocab_start}, tp={self.tp}"
 
 
-RLK_MODULES = (RlkColumnParallelLinear, RlkRowParallelLinear, RlkRMSNorm, RlkSwiGLU, RlkCoreAttention,
+RLK_MODULES = (RlkColumnParallelLinear, RlkQKVLinear, RlkRowParallelLinear, RlkRMSNorm, RlkSwiGLU, RlkCoreAttention,
                RlkVocabParallelEmbedding)

@@ -174,7 +174,7 @@ def layer_spec(cfg: Qwen3Config):
             self_attention=ModuleSpec(
                 module=SelfAttention, params={"attn_mask_type": AttnMaskType.causal},
                 submodules=SelfAttentionSubmodules(
-                    linear_qkv=M.RlkColumnParallelLinear, core_attention=core,
+                    linear_qkv=M.RlkQKVLinear, core_attention=core,
                     linear_proj=M.RlkRowParallelLinear, q_layernorm=M.RlkRMSNorm, k_layernorm=M.RlkRMSNorm)),
             self_attn_bda=get_bias_dropout_add,
             pre_mlp_layernorm=M.RlkRMSNorm,

@@ -49,7 +49,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="the actor: rlk's own trainer, or megatron-core's GPTModel on rlk's strict spec "
                         "(megatron's DDP, schedule and Adam; strict route only)")
     p.add_argument("--steps", type=int, default=12)
-    p.add_argument("--out", required=True, help="report folder")
+    p.add_argument("--out", help="report folder (required unless --replot)")
+    p.add_argument("--replot", metavar="REPORT_JSON", help="only draw the PNG of a written report again")
     p.add_argument("--model", default=d.model,
                    help="a named config (Qwen3Config NAMED, e.g. qwen3-8b): its trained checkpoint when it "
                         "has one (tiny, tiny-hd64) and no --recipe is given, else seeded weights")
@@ -111,6 +112,13 @@ def _progress(steps: int):
 def main(argv=None) -> int:
     parser = _parser()
     a = parser.parse_args(argv)
+    if a.replot:
+        from rlk.rl.loop import replot
+
+        print(replot(a.replot) or "not drawn: matplotlib is not importable", file=sys.stderr)
+        return 0
+    if not a.out:
+        parser.error("--out is required")
     if len(a.target) != 1 or ord(a.target) > 255:
         parser.error(f"--target must be one byte-valued character (got {a.target!r})")
     _setup_env()

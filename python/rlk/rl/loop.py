@@ -490,11 +490,7 @@ def run_and_report(lc: LoopConfig, routes: list[str], out_dir: str, on_step: Cal
     failures = strict_failures(arms["strict"]) if "strict" in arms else []
     report = {"arms": arms, "routes": list(routes), "passed": not failures, "failures": failures,
               "provenance": _provenance(lc, routes)}
-    what = (f"target byte {chr(lc.target)!r}" if lc.task_name == "target_byte"
-            else f"token class {lc.task().to_dict()['residue']} mod {lc.task().to_dict()['modulus']}")
-    png = rep.plot(arms, paths["png"], title=f"rlk RL loop on {lc.describe_model()}, task: {what}, "
-                                             f"{lc.prompts_per_step} prompt(s) x {lc.group_size} "
-                                             f"samples x {lc.response_len} tokens, lr {lc.lr}, seed {lc.seed}")
+    png = rep.plot(arms, paths["png"], title=plot_title(lc))
     report["files"] = {"json": paths["json"], "jsonl": paths["jsonl"],
                        "png": png or "not written: matplotlib is not importable"}
     rep.write_json(report, paths["json"])
@@ -510,6 +506,26 @@ def _memory() -> dict:
         out["gpu_peak_allocated_gib"] = round(torch.cuda.max_memory_allocated() / 2 ** 30, 3)
         out["gpu_peak_reserved_gib"] = round(torch.cuda.max_memory_reserved() / 2 ** 30, 3)
     return out
+
+
+def plot_title(lc: LoopConfig) -> str:
+    what = (f"target byte {chr(lc.target)!r}" if lc.task_name == "target_byte"
+            else f"token class {lc.task().to_dict()['residue']} mod {lc.task().to_dict()['modulus']}")
+    return (f"rlk RL loop on {lc.describe_model()}, task: {what}, {lc.prompts_per_step} prompt(s) x "
+            f"{lc.group_size} samples x {lc.response_len} tokens, lr {lc.lr}, seed {lc.seed}")
+
+
+def replot(json_path: str, png_path: str | None = None) -> str | None:
+    """Draws the PNG of a written report again (``rl_loop_<tag>.json`` -> ``.png`` beside it)."""
+    from rlk.rl import report as rep
+
+    with open(json_path) as f:
+        report = json.load(f)
+    arms = report["arms"]
+    cfg = dict(next(iter(arms.values()))["config"])
+    cfg["betas"] = tuple(cfg.get("betas", LoopConfig.betas))
+    lc = LoopConfig(**{k: v for k, v in cfg.items() if k in {f.name for f in dataclasses.fields(LoopConfig)}})
+    return rep.plot(arms, png_path or os.path.splitext(json_path)[0] + ".png", title=plot_title(lc))
 
 
 def _release_memory() -> None:

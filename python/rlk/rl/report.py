@@ -34,7 +34,8 @@ def plot(arms: dict[str, dict], path: str, title: str = "") -> str | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    fig, ax = plt.subplots(1, 3, figsize=(15, 4.2))
+    fig, ax = plt.subplots(1, 4, figsize=(19, 4.2))
+    task = next(iter(arms.values()), {}).get("task", {})
     for route, arm in arms.items():
         steps = arm["steps"]
         x = [r["step"] for r in steps]
@@ -46,12 +47,15 @@ def plot(arms: dict[str, dict], path: str, title: str = "") -> str | None:
         for key, style in (("max", "o-"), ("p99", "s--"), ("p50", "^:")):
             ax[2].plot(x, [r.get("abs_dev", {}).get(key, 0.0) for r in steps], style, color=c,
                        label=f"{route}: {key}")
-    ax[0].set(title="reward (fraction of target bytes): mean, min-max", xlabel="step", ylabel="reward",
-              ylim=(-0.02, 1.02))
+        ax[3].plot(x, [r.get("entropy_mean", float("nan")) for r in steps], "o-", color=c, label=route)
+    what = (f"fraction of tokens with id % {task.get('modulus')} == {task.get('residue')}"
+            if task.get("name") == "token_class" else "fraction of target bytes")
+    ax[0].set(title=f"reward ({what}): mean, min-max", xlabel="step", ylabel="reward", ylim=(-0.02, 1.02))
     ax[1].set(title="tokens with ratio != 1 / logp bits differing", xlabel="step", ylabel="tokens")
     ax[2].set(title="|ratio - 1|, ratio = exp(logp_train - logp_rollout)", xlabel="step",
               ylabel="|ratio - 1|")
     ax[2].set_yscale("symlog", linthresh=1e-8)
+    ax[3].set(title="sampling entropy (nats, mean over response tokens)", xlabel="step", ylabel="nats")
     for a in ax:
         a.title.set_fontsize(10)
         a.grid(alpha=0.3)

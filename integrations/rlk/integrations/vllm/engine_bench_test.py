@@ -98,6 +98,12 @@ def test_attribution_classes_union_and_host_idle(tmp_path):
     a = engine_profile.attribution(ev)
     assert a["kernels"] == 4 and a["span_s"] == 45e-6 and a["gpu_busy_s"] == 20e-6 and a["host_idle_s"] == 25e-6
     assert a["device_s"] == {"gemm": 12e-6, "attention": 10e-6, "norm": 5e-6}
+    assert [(k["name"], k["class"], k["calls"], k["seconds"]) for k in a["top_kernels"]] == [
+        ("nvjet_tst_128x256", "gemm", 1, 10e-6), ("_paged_fwd_kernel", "attention", 1, 10e-6),
+        ("rms_norm_kernel", "norm", 1, 5e-6), ("nvjet_small", "gemm", 1, 2e-6)]
+    three = engine_profile.attribution(ev + [dict(ev[3], ts=50), dict(ev[3], ts=60)])
+    assert three["top_kernels"][0] == {"name": "rms_norm_kernel", "class": "norm", "calls": 3, "seconds": 15e-6,
+                                       "mean_us": 5.0}
     with gzip.open(tmp_path / "worker.pt.trace.json.gz", "wt") as f:
         json.dump({"traceEvents": ev}, f)
     with open(tmp_path / "frontend.json", "w") as f:

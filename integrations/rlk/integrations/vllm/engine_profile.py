@@ -18,6 +18,10 @@ import os
 
 from rlk.bench.attribution import categorize
 
+TOP_KERNELS = 40  # kernel names listed per trace, by device time
+NAME_CHARS = 160
+
+
 def classify(name: str) -> str:
     """The kernel class of ``name``: the categories of the e2e attribution
     (:func:`rlk.bench.attribution.categorize`), one classifier for every report."""
@@ -59,10 +63,19 @@ def attribution(events: list) -> dict:
     busy += cur_e - cur_s
     span = iv[-1][1] - iv[0][0]
     total = sum(per.values())
+    by_name: dict[str, list] = {}
+    for e in ks:
+        rec = by_name.setdefault(e.get("name", ""), [0, 0.0])
+        rec[0] += 1
+        rec[1] += float(e["dur"])
+    top = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:TOP_KERNELS]
     return {"kernels": len(ks), "span_s": round(span / 1e6, 6), "gpu_busy_s": round(busy / 1e6, 6),
             "host_idle_s": round((span - busy) / 1e6, 6),
             "device_s": {k: round(v / 1e6, 6) for k, v in sorted(per.items(), key=lambda kv: -kv[1])},
-            "device_frac": {k: round(v / total, 4) for k, v in sorted(per.items(), key=lambda kv: -kv[1])}}
+            "device_frac": {k: round(v / total, 4) for k, v in sorted(per.items(), key=lambda kv: -kv[1])},
+            # The kernels that take the most device time, by name (cut to NAME_CHARS), with their class.
+            "top_kernels": [{"name": n[:NAME_CHARS], "class": classify(n), "calls": c, "seconds": round(t / 1e6, 6),
+                             "mean_us": round(t / c, 2)} for n, (c, t) in top]}
 
 
 def attribution_from_dir(trace_dir: str) -> dict:

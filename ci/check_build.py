@@ -288,7 +288,7 @@ def check_kernel_ops(root: str) -> list[str]:
 # import inside a function is still a dependency).
 ROOT_PACKAGE = "rlk"
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("base", (ROOT_PACKAGE, "rlk.errors", "rlk.contracts", "rlk.determinism", "rlk.strict", "rlk.testing")),
+    ("base", (ROOT_PACKAGE, "rlk.errors", "rlk.contracts", "rlk.determinism", "rlk.testing")),
     ("kernels", ("rlk.kernels", "rlk.testing.timing")),
     ("collectives", ("rlk.collectives",)),
     ("model", ("rlk.nn", "rlk.models")),

@@ -30,7 +30,7 @@ class Qwen3:
     Args:
       cfg: the model config.
       weights: internal fused dict (vLLM naming) or Hugging Face dict (converted here).
-      route: ``"strict"`` (rlk ops, contract IDs in ``routes.STRICT_CONTRACTS``) or ``"native"``.
+      route: ``"strict"`` (rlk ops, contract IDs in ``routes.StrictOps.contracts``) or ``"native"``.
     """
 
     def __init__(self, cfg: Qwen3Config, weights: dict[str, torch.Tensor], route: str = "strict"):
@@ -117,7 +117,7 @@ class Qwen3:
           is ``None``.
 
         Determinism: strict route: every row's bytes follow the contracts in
-        ``routes.STRICT_CONTRACTS`` (batch-invariant, run-to-run bitwise); native: none.
+        ``routes.StrictOps.contracts`` (batch-invariant, run-to-run bitwise); native: none.
         """
         cfg = self.cfg
         cu = cu_seqlens.to(self.device, torch.int32)

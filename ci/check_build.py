@@ -20,7 +20,7 @@ Checks, each failure one line (exit 1 when any):
     BUILD files load Python rules from @rules_python or //:rlk.bzl, never the native ones;
   * kernels/rlk/kernels/BUILD.bazel's KERNEL_OPS equals the op folders that have a BUILD.bazel;
   * imports point down the layers of ARCHITECTURE.md (LAYERS below): no upward import, no import
-    cycle, function-level imports included; tests and tools (LEAF_PATTERNS) are leaves; the
+    cycle, function-level imports included; tests and tools (LEAF_PATTERNS: pyproject.toml [tool.rlk]) are leaves; the
     known exceptions are IMPORT_ALLOWLIST's, each with its reason; ARCHITECTURE.md's layer table
     matches LAYERS;
   * buildifier (npm's @bazel/buildifier, pinned in third_party/buildifier) reports no format or
@@ -37,6 +37,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 
 SOURCE_ROOTS = ("python", "kernels", "collectives", "integrations")
 CHECKED_TREES = SOURCE_ROOTS + ("ci",)
@@ -296,10 +297,18 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("harness", ("rlk.replay", "rlk.bench", "rlk.gate", "rlk.rl", "rlk.collectives.checks")),
     ("integrations", ("rlk.integrations",)),
 )
+
+
+def leaf_patterns(root: str) -> tuple[str, ...]:
+    """pyproject.toml's ``[tool.rlk] leaf_patterns``: the one list (setup.py's wheel filter
+    reads it too)."""
+    with open(os.path.join(root, "pyproject.toml"), "rb") as f:
+        return tuple(tomllib.load(f)["tool"]["rlk"]["leaf_patterns"])
+
+
 # Tests and tools are leaves, above every layer: they may import any module; a library module
 # that imports one is an upward import. A file is a leaf when its name matches one of these.
-LEAF_PATTERNS = ("*_test.py", "conftest.py", "__main__.py", "*_bench.py", "*_sweep.py", "*_tune.py",
-                 "*_variants.py", "*_probe.py", "*_scenarios.py")
+LEAF_PATTERNS = leaf_patterns(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LEAVES = "tools"
 # Imports that break the order and stay for now: (importer, imported) -> why. Only ever shrinks;
 # an entry that no longer matches an import is itself an error.

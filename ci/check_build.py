@@ -312,16 +312,7 @@ LEAF_PATTERNS = leaf_patterns(os.path.dirname(os.path.dirname(os.path.abspath(__
 LEAVES = "tools"
 # Imports that break the order and stay for now: (importer, imported) -> why. Only ever shrinks;
 # an entry that no longer matches an import is itself an error.
-IMPORT_ALLOWLIST: dict[tuple[str, str], str] = {
-    ("rlk.integrations.vllm.engine_compare", "rlk.integrations.vllm.engine_bench"):
-        "engine_compare is engine_bench's `compare` step and reuses its say()/workload(); both are "
-        "tools that leave the library together (engine_bench.py is being edited elsewhere)",
-    ("rlk.models.train_tiny", "rlk.replay.rollout"):
-        "train_tiny is a tool (python -m rlk.models.train_tiny, the command its results record "
-        "names) that samples through the replay executor; it leaves models/ with the other tools",
-    ("rlk.models.train_tiny", "rlk.provenance"):
-        "train_tiny (a tool, see above) records provenance in the checkpoint's results file",
-}
+IMPORT_ALLOWLIST: dict[tuple[str, str], str] = {}
 
 
 def module_name(rel: str) -> str:

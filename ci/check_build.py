@@ -20,7 +20,7 @@ Checks, each failure one line (exit 1 when any):
     BUILD files load Python rules from @rules_python or //:rlk.bzl, never the native ones;
   * kernels/rlk/kernels/BUILD.bazel's KERNEL_OPS equals the op folders that have a BUILD.bazel;
   * imports point down the layers of ARCHITECTURE.md (LAYERS below): no upward import, no import
-    cycle, function-level imports included; tests and tools (LEAF_PATTERNS) are leaves; the
+    cycle, function-level imports included; tests and tools (LEAF_PATTERNS: pyproject.toml [tool.rlk]) are leaves; the
     known exceptions are IMPORT_ALLOWLIST's, each with its reason; ARCHITECTURE.md's layer table
     matches LAYERS;
   * buildifier (npm's @bazel/buildifier, pinned in third_party/buildifier) reports no format or
@@ -37,6 +37,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 
 SOURCE_ROOTS = ("python", "kernels", "collectives", "integrations")
 CHECKED_TREES = SOURCE_ROOTS + ("ci",)
@@ -288,7 +289,7 @@ def check_kernel_ops(root: str) -> list[str]:
 # import inside a function is still a dependency).
 ROOT_PACKAGE = "rlk"
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("base", (ROOT_PACKAGE, "rlk.errors", "rlk.contracts", "rlk.determinism", "rlk.strict", "rlk.testing")),
+    ("base", (ROOT_PACKAGE, "rlk.errors", "rlk.contracts", "rlk.determinism", "rlk.testing")),
     ("kernels", ("rlk.kernels", "rlk.testing.timing")),
     ("collectives", ("rlk.collectives",)),
     ("model", ("rlk.nn", "rlk.models")),
@@ -296,23 +297,22 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("harness", ("rlk.replay", "rlk.bench", "rlk.gate", "rlk.rl", "rlk.collectives.checks")),
     ("integrations", ("rlk.integrations",)),
 )
+
+
+def leaf_patterns(root: str) -> tuple[str, ...]:
+    """pyproject.toml's ``[tool.rlk] leaf_patterns``: the one list (setup.py's wheel filter
+    reads it too)."""
+    with open(os.path.join(root, "pyproject.toml"), "rb") as f:
+        return tuple(tomllib.load(f)["tool"]["rlk"]["leaf_patterns"])
+
+
 # Tests and tools are leaves, above every layer: they may import any module; a library module
 # that imports one is an upward import. A file is a leaf when its name matches one of these.
-LEAF_PATTERNS = ("*_test.py", "conftest.py", "__main__.py", "*_bench.py", "*_sweep.py", "*_tune.py",
-                 "*_variants.py", "*_probe.py", "*_scenarios.py")
+LEAF_PATTERNS = leaf_patterns(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LEAVES = "tools"
 # Imports that break the order and stay for now: (importer, imported) -> why. Only ever shrinks;
 # an entry that no longer matches an import is itself an error.
-IMPORT_ALLOWLIST: dict[tuple[str, str], str] = {
-    ("rlk.integrations.vllm.engine_compare", "rlk.integrations.vllm.engine_bench"):
-        "engine_compare is engine_bench's `compare` step and reuses its say()/workload(); both are "
-        "tools that leave the library together (engine_bench.py is being edited elsewhere)",
-    ("rlk.models.train_tiny", "rlk.replay.rollout"):
-        "train_tiny is a tool (python -m rlk.models.train_tiny, the command its results record "
-        "names) that samples through the replay executor; it leaves models/ with the other tools",
-    ("rlk.models.train_tiny", "rlk.provenance"):
-        "train_tiny (a tool, see above) records provenance in the checkpoint's results file",
-}
+IMPORT_ALLOWLIST: dict[tuple[str, str], str] = {}
 
 
 def module_name(rel: str) -> str:

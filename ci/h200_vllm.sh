@@ -5,7 +5,7 @@
 #   STAGES="stage2 prepare arm_rlk ..." bash ci/h200_vllm.sh  # call 2, right after (carry part-ab)
 #
 # Stages, in this order: stage1 stage2 prepare arm_rlk arm_stock arm_batch_invariant compare report
-# baselines (rlk's kernels vs vLLM's own, rlk.integrations.vllm.kernel_baselines).
+# baselines (rlk's kernels vs vLLM's own, rlk.integrations.vllm.kernel_baselines_bench).
 # Everything but stage1 needs the extracted bundle (ci/vllm_bundle.sh). The checkpoint ($CKPT)
 # and results ($R) live under /tmp/rlk_vllm, which survives between calls while the machine stays
 # warm; $OUT/results.tgz (JSON, logs, token files) and $OUT/summary.txt come back after every
@@ -47,6 +47,6 @@ stage arm_rlk_eager "${ARM_LIMIT:-420}" $BENCH arm --arm rlk --eager --dir "$CKP
 stage compare 420 $BENCH compare --dir "$CKPT" --arms $(ls "$R"/arm_*.json 2>/dev/null) --out "$R/compare.json" \
   ${COMPARE_ARGS:-}
 stage report 60 $BENCH report --results "$R" --out "$R/vllm_h200.json"
-stage baselines 300 python3 -m rlk.integrations.vllm.kernel_baselines --out "$R/kernel_baselines_h200.json"
+stage baselines 300 python3 -m rlk.integrations.vllm.kernel_baselines_bench --out "$R/kernel_baselines_h200.json"
 tar czf "$OUT/results.tgz" --exclude="*_trace" -C "$R" .
 cat "$SUMMARY"

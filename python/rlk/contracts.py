@@ -59,6 +59,23 @@ CONTRACT_MODULES = (
 )
 
 
+# The contract each op runs under in this release: the one map of op -> contract ID, keyed by
+# the op names the engines use (the model's ops, then the collectives). The strict model route
+# (``rlk.models.qwen3.routes.StrictOps.contracts``), the megatron spec (``spec.CONTRACTS``), the
+# vLLM plugin's model (through the route) and the replay records all read their IDs from here.
+STRICT_CONTRACTS: Mapping[str, str] = MappingProxyType({
+    "gemm": "gemm.bf16.v1",
+    "rmsnorm": "rmsnorm.v1",
+    "rope": "rope.v1",
+    "swiglu": "swiglu.v1",
+    "embedding": "embedding.v1",
+    "attention": "attn.v2",
+    "linear_logp": "logp.v2",
+    "all_reduce": "ar.v1",
+    "reduce_scatter": "rs.v1",
+    "all_gather": "ag.v1",
+})
+
 def _freeze(value: Any) -> Any:
     if isinstance(value, Mapping):
         return MappingProxyType({str(k): _freeze(v) for k, v in sorted(value.items())})

@@ -2,7 +2,7 @@
 
 The custom ops (``rlk::*``) exist for autograd and for tracing (``torch.compile``, fake tensors).
 On the H200 their Python dispatch costs about 40-70 us per call on top of the launcher
-(``rlk.bench.overhead``), which dominates small decode-sized launches. When no autograd graph is
+(``rlk.bench.overhead_bench``), which dominates small decode-sized launches. When no autograd graph is
 being built and nothing is tracing, the public functions call the same launcher the custom op's
 body calls, with the same arguments: the bytes are identical by construction (one code path).
 """

@@ -4,7 +4,7 @@ Between its entry and its launch, a strict launcher checks dtypes, ranks, device
 strides, looks up its schedule, and derives the grid, the integer arguments (strides, counts) and
 the constexprs. All of it depends only on the inputs' metadata (type, dtype, shape, strides,
 device) and the launcher's Python scalars, and repeating it costs host time on every call
-(paged decode 32 us, prefill 17 us on a CPU host, launch excluded: ``rlk.bench.overhead``). Where
+(paged decode 32 us, prefill 17 us on a CPU host, launch excluded: ``rlk.bench.overhead_bench``). Where
 a launcher's calls repeat their metadata (a decode step, fixed-shape steps, a benchmark) a
 :class:`PlanCache` keeps the result; a hit allocates the outputs and launches.
 

@@ -1,4 +1,4 @@
-"""The byte corpus of ``rlk.models.train_tiny``: the running Python's top-level standard-library
+"""The byte corpus of ``rlk.models.train_tiny_tune``: the running Python's top-level standard-library
 sources, split into train and validation text, with a hash that pins the text (it differs between
 Python versions) and a guard against training on another one.
 """

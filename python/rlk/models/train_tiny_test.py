@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from rlk.models import train_tiny as tt
+from rlk.models import train_tiny_tune as tt
 from rlk.models.qwen3 import Qwen3, Qwen3Config, random_weights
 
 

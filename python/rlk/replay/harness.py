@@ -20,7 +20,7 @@ import torch
 from rlk.models.qwen3 import Qwen3, Qwen3Config, load_safetensors, random_weights
 from rlk.models.qwen3.distribution import distribution_stats
 from rlk.models.qwen3.weights import DEFAULT_RECIPE, calibration_record
-from rlk.models.qwen3.routes import STRICT_CONTRACTS
+from rlk.models.qwen3.routes import StrictOps
 from rlk.replay import compare, rollout, trainer
 from rlk.replay.fixture import Fixture
 
@@ -194,7 +194,7 @@ def headline(strict: dict, native: dict | None, extra: dict | None = None) -> di
     """The replay summary: L4 figures for strict, and the same under ``native``."""
     s = strict.get("trainer_vs_recorded") or strict["trainer_vs_rollout"]
     out = {k: s[k] for k in ("sequences", "compared_elements", "mismatch_count", "max_abs_diff", "torch_equal")}
-    out["contracts"] = STRICT_CONTRACTS
+    out["contracts"] = dict(StrictOps.contracts)
     if native is not None:
         n = native["trainer_vs_rollout"]
         out["native"] = {k: n[k] for k in ("compared_elements", "mismatch_count", "max_abs_diff", "torch_equal")}

@@ -1,5 +1,5 @@
 """Runs the strict megatron-core GPTModel against rlk's own trainer pattern on the same weights
-and packed tokens (used by the tests and by :mod:`rlk.integrations.megatron.check`).
+and packed tokens (used by the tests and by :mod:`rlk.integrations.megatron.cpu_probe`).
 
 * :func:`megatron_logp` (one rank): build at TP=``tp``, CP=``cp``, load this rank's shard,
   forward with the rlk output processor over packed sequences (``thd``), optional actor

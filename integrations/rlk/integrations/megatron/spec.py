@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import torch
 
+from rlk.contracts import STRICT_CONTRACTS
 from rlk.errors import UnsupportedConfigError
 from rlk.integrations.megatron.modules import (  # noqa: F401 - the CP layout's public names here too
     CP_COMM_TYPES,
@@ -35,13 +36,13 @@ from rlk.integrations.megatron.modules import (  # noqa: F401 - the CP layout's 
     cp_token_index,
 )
 from rlk.models.qwen3.config import Qwen3Config
-from rlk.models.qwen3.routes import STRICT_CONTRACTS
+from rlk.models.qwen3.routes import MODEL_OPS
 
 MEGATRON_VERSION = "0.19.2"
 
 # Contract IDs of the arithmetic this provider puts in megatron's slots: the strict model's, plus
-# the fixed-order collectives of the TP layers (docs/API.md).
-CONTRACTS = {**STRICT_CONTRACTS, "all_reduce": "ar.v1", "all_gather": "ag.v1"}
+# the fixed-order collectives of the TP layers (docs/API.md), all from rlk.contracts.STRICT_CONTRACTS.
+CONTRACTS = {op: STRICT_CONTRACTS[op] for op in (*MODEL_OPS, "all_reduce", "all_gather")}
 
 # TransformerConfig fields the guard pins: name -> the only accepted value.
 _PINNED = {

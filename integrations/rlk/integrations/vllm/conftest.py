@@ -33,9 +33,9 @@ def vllm_workdir():
                         ".venv-vllm/bin/python", pytrace=False)
         pytest.skip(f"vLLM not installed ({missing}): not run, not verified; bash ci/setup_vllm.sh")
     from rlk import determinism
-    from rlk.integrations.vllm import check
+    from rlk.integrations.vllm import cpu_probe
 
-    determinism.export(check.engine_env(os.path.join(_WORK, "counters")))
+    determinism.export(cpu_probe.engine_env(os.path.join(_WORK, "counters")))
     return _WORK
 
 
@@ -43,9 +43,9 @@ def vllm_workdir():
 def engine(vllm_workdir):
     """One engine start for the whole session (~40 s plus the interpreter's steps), serving the
     trained ``tiny-hd64`` checkpoint (``write_tiny_model``'s default)."""
-    from rlk.integrations.vllm import check
+    from rlk.integrations.vllm import cpu_probe
 
-    model_dir = check.write_tiny_model(os.path.join(vllm_workdir, "model"))
-    llm = check.make_llm(model_dir)
+    model_dir = cpu_probe.write_tiny_model(os.path.join(vllm_workdir, "model"))
+    llm = cpu_probe.make_llm(model_dir)
     yield llm, vllm_workdir
     del llm

@@ -27,7 +27,7 @@ Arms (engine arguments in :func:`engine_kwargs`):
 * ``rlk``: ``strict_engine_kwargs``: the strict Qwen3 class, full CUDA graphs of decode batches,
   ``logprobs_mode="raw_logits"`` (the values leave ``compute_logits`` as rlk's ``logp.v2``).
 
-``compare`` (:mod:`rlk.integrations.vllm.engine_compare`) scores every arm's tokens with rlk's
+``compare`` (:mod:`rlk.integrations.vllm.engine_compare_bench`) scores every arm's tokens with rlk's
 trainer pattern (strict route, packed varlen) and, when megatron-core is importable, with
 megatron-core's GPTModel on rlk's spec, and compares the raw fp32 bytes. Workloads (:data:`WORKLOADS`): prompt ids and lengths from
 ``rlk.replay.harness.make_requests(seed=1)``.
@@ -174,7 +174,7 @@ def run_arm(arm: str, model_dir: str, out: str, workloads: list[str], w0_reps: i
 
     ``profile``: after the timed workloads, :data:`PROFILE` runs once under vLLM's torch
     profiler (armed at engine start, inactive until then) and the record gets ``attribution``
-    (:mod:`rlk.integrations.vllm.engine_profile`)."""
+    (:mod:`rlk.integrations.vllm.engine_profile_bench`)."""
     if arm not in ARMS:
         raise SystemExit(f"--arm {arm!r}: one of {ARMS}")
     from rlk import determinism
@@ -196,9 +196,9 @@ def run_arm(arm: str, model_dir: str, out: str, workloads: list[str], w0_reps: i
     kw = engine_kwargs(arm, model_dir, eager)
     trace_dir = os.path.splitext(out)[0] + "_trace"
     if profile:
-        from rlk.integrations.vllm import engine_profile
+        from rlk.integrations.vllm import engine_profile_bench
 
-        kw.update(engine_profile.profiler_kwargs(trace_dir))
+        kw.update(engine_profile_bench.profiler_kwargs(trace_dir))
     say(f"[{arm}] engine start: {json.dumps({k: v for k, v in kw.items() if k != 'model'}, default=str)}")
     t0 = time.perf_counter()
     llm = LLM(**kw)
@@ -254,7 +254,7 @@ def run_arm(arm: str, model_dir: str, out: str, workloads: list[str], w0_reps: i
         llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
         wall = time.perf_counter() - t0
         llm.stop_profile()
-        rec["attribution"] = dict(engine_profile.attribution_from_dir(trace_dir), wall_s=round(wall, 4),
+        rec["attribution"] = dict(engine_profile_bench.attribution_from_dir(trace_dir), wall_s=round(wall, 4),
                                   what=f"{PROFILE['workload']} prompts, {PROFILE['tokens']} tokens each, profiled")
         say(f"[{arm}] attribution: {json.dumps(rec['attribution'])}")
     if arm == "rlk":
@@ -320,13 +320,14 @@ def main(argv=None) -> int:
         run_arm(a.arm, a.dir, a.out, [w for w in a.workloads.split(",") if w], a.w0_reps, a.eager, a.profile,
                 a.warmup_runs)
     elif a.cmd == "compare":
-        from rlk.integrations.vllm import engine_compare
+        from rlk.integrations.vllm import engine_compare_bench
 
-        engine_compare.compare(a.dir, a.arms, a.out, megatron=not a.no_megatron)
+        engine_compare_bench.compare(a.dir, a.arms, a.out, megatron=not a.no_megatron, workload=workload,
+                                     say=say)
     else:
-        from rlk.integrations.vllm import engine_report
+        from rlk.integrations.vllm import engine_report_bench
 
-        engine_report.write(a.results, a.out)
+        engine_report_bench.write(a.results, a.out)
     return 0
 
 

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from rlk.integrations.vllm import engine_bench, engine_compare, engine_report
+from rlk.integrations.vllm import engine_bench, engine_compare_bench, engine_report_bench
 
 
 def test_workloads_are_seeded_and_in_range():
@@ -33,14 +33,14 @@ def test_only_the_rlk_arm_loads_rlk_and_its_environment(tmp_path):
 def test_compare_logp_counts_bits_and_refuses_non_fp32_values():
     t = [torch.tensor([-0.5, -3.25, -7.0], dtype=torch.float32), torch.tensor([-1.0], dtype=torch.float32)]
     e = [x.double() for x in t]
-    ok = engine_compare.compare_logp(e, t)
+    ok = engine_compare_bench.compare_logp(e, t)
     assert ok["mismatch_count"] == 0 and ok["compared_elements"] == 4 and ok["torch_equal"]
     bumped = t[0].clone()
     bumped.view(torch.int32)[1] += 1  # one ulp
-    bad = engine_compare.compare_logp([bumped.double(), e[1]], t)
+    bad = engine_compare_bench.compare_logp([bumped.double(), e[1]], t)
     assert bad["mismatch_count"] == 1 and bad["first_mismatch"]["token"] == 1 and bad["max_abs_diff"] > 0
     with pytest.raises(AssertionError, match="not fp32"):
-        engine_compare.compare_logp([torch.tensor([-0.1], dtype=torch.float64)], [torch.tensor([-0.1])])
+        engine_compare_bench.compare_logp([torch.tensor([-0.1], dtype=torch.float64)], [torch.tensor([-0.1])])
 
 
 def _arm(tmp_path, arm, tok):
@@ -65,7 +65,7 @@ def test_report_ratios_and_targets(tmp_path):
     _arm(tmp_path, "batch_invariant", {"W0": 500.0})
     _arm(tmp_path, "rlk", {"W0": 960.0})
     _cmp(tmp_path, 0)
-    rep = engine_report.write(str(tmp_path), str(tmp_path / "out" / "vllm_h200.json"))
+    rep = engine_report_bench.write(str(tmp_path), str(tmp_path / "out" / "vllm_h200.json"))
     w = rep["workloads"]["W0"]
     assert w["stock"] == 1000.0 and w["rlk_vs_stock_tok_per_s"] == 0.96 and w["rlk_vs_batch_invariant_tok_per_s"] == 1.92
     assert rep["targets"] == {"rlk_ge_0.95x_stock": True, "rlk_faster_than_batch_invariant": True,
@@ -80,7 +80,7 @@ def test_report_targets_fail_on_slow_arm_or_one_mismatch(tmp_path):
     _arm(tmp_path, "batch_invariant", {"W0": 990.0})
     _arm(tmp_path, "rlk", {"W0": 940.0})
     _cmp(tmp_path, 1)
-    t = engine_report.build(str(tmp_path))["targets"]
+    t = engine_report_bench.build(str(tmp_path))["targets"]
     assert t["rlk_ge_0.95x_stock"] is False and t["rlk_faster_than_batch_invariant"] is False
     assert t["rlk_bitwise_rlk_trainer"] is False
 
@@ -88,14 +88,14 @@ def test_report_targets_fail_on_slow_arm_or_one_mismatch(tmp_path):
 def test_attribution_classes_union_and_host_idle(tmp_path):
     import gzip
 
-    from rlk.integrations.vllm import engine_profile
+    from rlk.integrations.vllm import engine_profile_bench
 
     ev = [{"cat": "kernel", "name": "nvjet_tst_128x256", "ts": 0, "dur": 10},
           {"cat": "kernel", "name": "_paged_fwd_kernel", "ts": 5, "dur": 10},  # overlaps the first
           {"cat": "kernel", "name": "nvjet_small", "ts": 6, "dur": 2},  # inside the second
           {"cat": "kernel", "name": "rms_norm_kernel", "ts": 40, "dur": 5},
           {"cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 100}]
-    a = engine_profile.attribution(ev)
+    a = engine_profile_bench.attribution(ev)
     assert a["kernels"] == 4 and a["span_s"] == 45e-6 and a["gpu_busy_s"] == 20e-6 and a["host_idle_s"] == 25e-6
     assert a["device_s"] == {"gemm": 12e-6, "attention": 10e-6, "norm": 5e-6}
     assert [(k["name"], k["class"], k["calls"], k["seconds"]) for k in a["top_kernels"]] == [
@@ -108,12 +108,12 @@ def test_attribution_classes_union_and_host_idle(tmp_path):
         json.dump({"traceEvents": ev}, f)
     with open(tmp_path / "frontend.json", "w") as f:
         json.dump({"traceEvents": ev[4:]}, f)
-    got = engine_profile.attribution_from_dir(str(tmp_path))
+    got = engine_profile_bench.attribution_from_dir(str(tmp_path))
     assert got["trace"] == "worker.pt.trace.json.gz" and got["kernels"] == 4
 
 
 def test_kernel_classes_of_known_names():
-    from rlk.integrations.vllm.engine_profile import classify
+    from rlk.integrations.vllm.engine_profile_bench import classify
 
     assert classify("flash_fwd_splitkv_kernel") == "attention" and classify("_linear_logp_fwd") == "logp"
     assert classify("sm90_xmma_gemm_bf16") == "gemm" and classify("fused_add_rms_norm_kernel") == "norm"
@@ -124,7 +124,7 @@ def test_kernel_classes_of_known_names():
 
 
 def test_sampled_logp_stats():
-    s = engine_compare.sampled_logp_stats(torch.tensor([0.0, -1.0, -2.0, float("-inf")], dtype=torch.float64))
+    s = engine_compare_bench.sampled_logp_stats(torch.tensor([0.0, -1.0, -2.0, float("-inf")], dtype=torch.float64))
     assert s["n"] == 4 and s["non_finite"] == 1 and s["frac_logp_zero"] == 0.25 and s["mean"] == -1.0
 
 
@@ -136,13 +136,13 @@ def test_report_over_process_repetitions_takes_medians_and_checks_the_checkpoint
         _arm(d, "rlk", {"W0": rlk})
         (d / "checkpoint.json").write_text(json.dumps({"sha256": "c" * 64}))
     _cmp(a, 0)
-    rep = engine_report.build([str(a), str(b), str(c)])
+    rep = engine_report_bench.build([str(a), str(b), str(c)])
     w = rep["workloads"]["W0"]
     assert w["rlk"] == 980.0 and w["stock"] == 1000.0 and w["rlk_vs_stock_tok_per_s"] == 0.98
     assert w["per_process"]["rlk"] == [900.0, 980.0, 1000.0] and rep["targets"]["rlk_bitwise_rlk_trainer"]
     (c / "checkpoint.json").write_text(json.dumps({"sha256": "d" * 64}))
     with pytest.raises(ValueError, match="different checkpoints"):
-        engine_report.build([str(a), str(b), str(c)])
+        engine_report_bench.build([str(a), str(b), str(c)])
 
 
 def test_prepare_reuses_a_checkpoint_of_the_same_identity_only(tmp_path, monkeypatch):

@@ -16,13 +16,13 @@ import os
 
 import pytest
 
-from rlk.integrations.vllm import check, counters
+from rlk.integrations.vllm import cpu_probe, counters
 
 
 def test_engine_logp_bitwise_equals_trainer_and_rlk_kernels_ran(engine):
     llm, wd = engine
-    rec, _ = check.run(wd, llm=llm)
-    assert rec["generated_tokens"] == len(check.PROMPTS) * check.MAX_TOKENS
+    rec, _ = cpu_probe.run(wd, llm=llm)
+    assert rec["generated_tokens"] == len(cpu_probe.PROMPTS) * cpu_probe.MAX_TOKENS
     assert rec["compared_elements"] == rec["generated_tokens"]
     assert rec["mismatch_count"] == 0, rec["first_mismatch"]
     s = rec["worker_counters"]
@@ -33,7 +33,7 @@ def test_engine_logp_bitwise_equals_trainer_and_rlk_kernels_ran(engine):
     from rlk.models.qwen3.weights import file_sha256
 
     w = rec["weights"]
-    assert w["kind"] == "trained" and w["config"] == check.CONFIG == "tiny-hd64", w
+    assert w["kind"] == "trained" and w["config"] == cpu_probe.CONFIG == "tiny-hd64", w
     assert w["sha256"] == file_sha256(os.path.join(trained_path("tiny-hd64"), "model.safetensors")), w
     lp = rec["sampled_logp"]
     assert lp["n"] == rec["generated_tokens"] and lp["non_finite"] == 0, lp
@@ -89,6 +89,6 @@ def test_engine_weight_update_generations(engine):
         llm.apply_model(functools.partial(model.rpc_check_generation, expected=4))
     llm.reset_prefix_cache()
     # The plan was rebuilt over the reloaded parameters: still bitwise equal to the trainer.
-    resps, lps = check.generate(llm, check.PROMPTS[:1], max_tokens=2)
-    cmp = check.compare(lps, check.trainer_logp(model_dir, check.PROMPTS[:1], resps))
+    resps, lps = cpu_probe.generate(llm, cpu_probe.PROMPTS[:1], max_tokens=2)
+    cmp = cpu_probe.compare(lps, cpu_probe.trainer_logp(model_dir, cpu_probe.PROMPTS[:1], resps))
     assert cmp["mismatch_count"] == 0 and cmp["compared_elements"] == 2, cmp

@@ -15,7 +15,6 @@ import torch
 from rlk.errors import UnsupportedConfigError
 from rlk.kernels.linear_logp import launch
 from rlk.kernels.linear_logp import reference as R
-from rlk.nn.lm_head import LMHeadLogp
 from rlk.kernels.linear_logp.autograd import linear_logp
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -104,16 +103,6 @@ def test_backward_logp_only_and_forward_only_path():
         ref = linear_logp(hh, w, tg, segmentation=CPU_SEG)
     assert ref.logp.grad_fn is None
     torch.testing.assert_close(ref.logp, out.logp.detach(), rtol=0, atol=0)
-
-
-def test_nn_module_matches_op():
-    h, w, tg = make(3, 64, 128, 120)
-    mod = LMHeadLogp(64, 128, vocab_real=120, segmentation=CPU_SEG)
-    with torch.no_grad():
-        mod.weight.copy_(w)
-        a = mod(h, tg, temperature=0.9)
-    b = linear_logp(h, w, tg, 0, 120, 0.9, segmentation=CPU_SEG)
-    torch.testing.assert_close(a.logp, b.logp, rtol=0, atol=0)
 
 
 def _bad(fn, match):

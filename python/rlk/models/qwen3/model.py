@@ -30,7 +30,7 @@ class Qwen3:
     Args:
       cfg: the model config.
       weights: internal fused dict (vLLM naming) or Hugging Face dict (converted here).
-      route: ``"strict"`` (rlk ops, contract IDs in ``routes.STRICT_CONTRACTS``) or ``"native"``.
+      route: ``"strict"`` (rlk ops, contract IDs in ``routes.StrictOps.contracts``) or ``"native"``.
     """
 
     def __init__(self, cfg: Qwen3Config, weights: dict[str, torch.Tensor], route: str = "strict"):
@@ -82,7 +82,7 @@ class Qwen3:
     # The strict actor's LM head through the fused logp + loss path (ops.logp_loss: gradients
     # formed in the forward, 3 GEMM-equivalents instead of 4). Same bytes as the unfused path:
     # bitwise in the CPU tests and on the H200 (python -m rlk.models.qwen3.fused_actor_probe,
-    # docs/results/fused_actor_probe_h200.json, and python -m rlk.bench.actor_lm_head at the L5
+    # docs/results/fused_actor_probe_h200.json, and python -m rlk.bench.actor_lm_head_bench at the L5
     # size: logp and every gradient equal). On by default: at Qwen3's 151,936-column vocabulary
     # the fused op takes 0.76-0.83x the unfused op's time (docs/results/linear_logp_h200.json,
     # T 1024 / 8192 / 32768); the actor phase as a whole is host-noisy on the H200 machine
@@ -117,7 +117,7 @@ class Qwen3:
           is ``None``.
 
         Determinism: strict route: every row's bytes follow the contracts in
-        ``routes.STRICT_CONTRACTS`` (batch-invariant, run-to-run bitwise); native: none.
+        ``routes.StrictOps.contracts`` (batch-invariant, run-to-run bitwise); native: none.
         """
         cfg = self.cfg
         cu = cu_seqlens.to(self.device, torch.int32)

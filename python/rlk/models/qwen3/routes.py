@@ -14,16 +14,14 @@ from typing import Protocol, runtime_checkable
 import torch
 import torch.nn.functional as F
 
+from rlk.contracts import STRICT_CONTRACTS
 from rlk.errors import UnsupportedConfigError
-from rlk.strict import DEFAULT_CONTRACTS
 
 ROUTES = ("strict", "native")
 
-# Contract IDs the strict route uses (docs/API.md), keyed by the model's op names and recorded in
-# fixtures. The IDs come from the one map, rlk.strict.DEFAULT_CONTRACTS (its "logp" is the
-# model's "linear_logp").
-STRICT_CONTRACTS = {op: DEFAULT_CONTRACTS["logp" if op == "linear_logp" else op]
-                    for op in ("gemm", "rmsnorm", "rope", "swiglu", "embedding", "attention", "linear_logp")}
+# The model's ops (docs/API.md); the strict route runs each under its entry of the one contract
+# map, rlk.contracts.STRICT_CONTRACTS, and records those IDs (``StrictOps.contracts``).
+MODEL_OPS = ("gemm", "rmsnorm", "rope", "swiglu", "embedding", "attention", "linear_logp")
 
 
 @dataclasses.dataclass
@@ -89,10 +87,10 @@ class FusedLossOps(Protocol):
 
 
 class StrictOps:
-    """rlk ops (docs/API.md). Contract IDs: ``STRICT_CONTRACTS``."""
+    """rlk ops (docs/API.md). Contract IDs: ``rlk.contracts.STRICT_CONTRACTS`` of ``MODEL_OPS``."""
 
     name = "strict"
-    contracts = STRICT_CONTRACTS
+    contracts = {op: STRICT_CONTRACTS[op] for op in MODEL_OPS}
 
     def __init__(self, vocab_size: int | None = None):
         from rlk.kernels.attention import autograd as attention
@@ -202,7 +200,7 @@ class NativeOps:
     """torch/cuBLAS/SDPA in Hugging Face's order and rounding points (the P/P arm)."""
 
     name = "native"
-    contracts = {k: "native" for k in STRICT_CONTRACTS}
+    contracts = {k: "native" for k in MODEL_OPS}
 
     def linear(self, x, w):
         return F.linear(x, w)

@@ -48,10 +48,18 @@ def test_a_drifting_route_is_caught():
 
 
 def test_strict_contract_ids_come_from_the_one_map():
-    from rlk import strict
+    from rlk import contracts
 
-    assert routes.STRICT_CONTRACTS == {"gemm": "gemm.bf16.v1", "rmsnorm": "rmsnorm.v1", "rope": "rope.v1",
-                                       "swiglu": "swiglu.v1", "embedding": "embedding.v1", "attention": "attn.v2",
-                                       "linear_logp": "logp.v2"}
-    assert all(strict.DEFAULT_CONTRACTS["logp" if k == "linear_logp" else k] == v
-               for k, v in routes.STRICT_CONTRACTS.items())
+    assert routes.StrictOps.contracts == {"gemm": "gemm.bf16.v1", "rmsnorm": "rmsnorm.v1", "rope": "rope.v1",
+                                          "swiglu": "swiglu.v1", "embedding": "embedding.v1",
+                                          "attention": "attn.v2", "linear_logp": "logp.v2"}
+    assert all(contracts.STRICT_CONTRACTS[k] == v for k, v in routes.StrictOps.contracts.items())
+    assert set(routes.NativeOps.contracts) == set(routes.MODEL_OPS)
+
+
+def test_every_strict_contract_id_is_registered():
+    from rlk import contracts
+
+    contracts.load_all()
+    for op, cid in contracts.STRICT_CONTRACTS.items():
+        assert contracts.get(cid).id == cid, op  # ContractMismatchError for an unknown ID

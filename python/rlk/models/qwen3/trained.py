@@ -1,7 +1,7 @@
 """Checked-in trained checkpoints of the small configs: byte-level models with a realistic
 next-token distribution for CPU tests (random weights give a nearly uniform one).
 
-Trained by ``python -m rlk.models.train_tiny --config NAME`` (corpus, command, losses, entropy
+Trained by ``python -m rlk.models.train_tiny_tune --config NAME`` (corpus, command, losses, entropy
 statistics and sha256 in ``docs/results/<stem>.json``, where ``<stem>`` is
 :func:`trained_stem`). Each folder holds ``model.safetensors`` (bf16, Hugging Face names) and
 ``config.json`` (a copy of ``configs/<name>.json``).

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rlk.errors import UnsupportedConfigError
-from rlk.models import train_tiny as tt
+from rlk.models import train_tiny_tune as tt
 from rlk.models.qwen3 import (Qwen3, Qwen3Config, random_weights, trained_path, trained_tiny_path, trained_tiny_weights,
                               trained_weights)
 from rlk.models.qwen3.config import CONFIG_DIR

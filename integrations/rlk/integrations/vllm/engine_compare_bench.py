@@ -12,8 +12,6 @@ import json
 import os
 import time
 
-from rlk.integrations.vllm.engine_bench import say, workload
-
 
 def compare_logp(engine: list, trainer: list) -> dict:
     """Bitwise comparison of per-request logp (engine: float64 values that must be exact fp32)."""
@@ -60,7 +58,9 @@ def _split(flat, lens):
 
 
 def compare(model_dir: str, arm_files: list[str], out: str, microbatch_tokens: int = 32768,
-            megatron: bool = True) -> dict:
+            megatron: bool = True, *, workload, say=print) -> dict:
+    """``workload(name, vocab)`` and ``say(msg)`` are engine_bench's (passed in, so that this
+    step does not import the benchmark that imports it)."""
     import torch
     from safetensors.torch import load_file
 

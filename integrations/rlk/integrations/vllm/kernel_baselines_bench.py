@@ -1,6 +1,6 @@
 """rlk's strict kernels against the kernels vLLM 0.26.0 itself runs, on the same bytes (H200).
 
-    python -m rlk.integrations.vllm.kernel_baselines --out R/kernel_baselines_h200.json [--quick]
+    python -m rlk.integrations.vllm.kernel_baselines_bench --out R/kernel_baselines_h200.json [--quick]
 
 Needs vLLM's CUDA build (the H200 bundle, ``ci/h200_vllm.sh`` stage ``baselines``). Shapes are
 Qwen3-8B at TP1, the engine bench's model: 32 q heads / 8 kv heads of 128, hidden 4096, FFN 12288.
@@ -198,7 +198,7 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="two decode cases, one token count")
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
-        raise SystemExit("kernel_baselines needs a CUDA device and vLLM's CUDA build")
+        raise SystemExit("kernel_baselines_bench needs a CUDA device and vLLM's CUDA build")
     run(a.out, a.quick)
     return 0
 

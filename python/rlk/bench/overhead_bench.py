@@ -1,6 +1,6 @@
 """Where the time of small strict ops goes: host launch path vs device, eager vs CUDA graph.
 
-    python -m rlk.bench.overhead --out overhead.json [--profile-top 15]
+    python -m rlk.bench.overhead_bench --out overhead.json [--profile-top 15]
 
 For each case (decode/small-row shapes of the Qwen3-8B TP4 shard), on the same inputs:
 
@@ -175,7 +175,7 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=7, help="alternating measurement rounds per case")
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
-        raise SystemExit("rlk.bench.overhead needs a GPU")
+        raise SystemExit("rlk.bench.overhead_bench needs a GPU")
     rows, profiles = [], {}
     print(f"{'case':26} {'variant':14} {'eager_us':>9} {'graph_us':>9} {'host_us':>9} {'b2b_us':>9}")
     for name, fns in cases():

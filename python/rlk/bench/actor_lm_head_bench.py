@@ -1,7 +1,7 @@
 """Actor-phase benchmark: the strict actor's LM head fused (logp + loss, 3 GEMM-equivalents) or
 unfused (logp, then autograd: 4), against the native actor, on the L5 workload.
 
-    python -m rlk.bench.actor_lm_head --out actor_lm_head_h200.json [--rounds 7]
+    python -m rlk.bench.actor_lm_head_bench --out actor_lm_head_h200.json [--rounds 7]
 
 One process, one strict and one native model (the L5 size: ``rlk.bench.checks.L5_ARGS``), the
 same frozen prompts and responses. Each round times ``trainer.score(actor=True)`` once per arm in
@@ -78,7 +78,7 @@ def main(argv=None) -> int:
     ap.add_argument("--sequences", type=int, default=None)
     a = ap.parse_args(argv)
     if a.device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("actor_lm_head needs a GPU (or --device cpu with a tiny --config)")
+        raise SystemExit("actor_lm_head_bench needs a GPU (or --device cpu with a tiny --config)")
     over = {k: getattr(a, k) for k in ("config", "layers", "sequences") if getattr(a, k) is not None}
     res = run(a.rounds, a.device, **over)
     with open(a.out, "w") as f:

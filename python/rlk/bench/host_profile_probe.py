@@ -1,6 +1,6 @@
 """Where the host time of one e2e phase goes: cProfile of the phase on the L5 workload.
 
-    python -m rlk.bench.host_profile --out DIR [--phase rollout] [--routes native strict] [--reps 2] [--no-step-logp]
+    python -m rlk.bench.host_profile_probe --out DIR [--phase rollout] [--routes native strict] [--reps 2] [--no-step-logp]
 
 For each route: build the L5-size workload (``rlk.bench.checks.L5_ARGS``), run one warm-up step
 of the phase, then profile ``--reps`` runs of it under cProfile. Writes ``DIR/host_<route>_<phase>.txt``

@@ -1,7 +1,7 @@
 """Trains a small Qwen3 config byte-level on CPU: the trained fixtures of the CPU tests.
 
-    python -m rlk.models.train_tiny            # tiny: about 5 minutes on a shared 2-core CPU (1 thread)
-    python -m rlk.models.train_tiny --config tiny-hd64 --steps 300   # head_dim 64 (vLLM CPU check)
+    python -m rlk.models.train_tiny_tune            # tiny: about 5 minutes on a shared 2-core CPU (1 thread)
+    python -m rlk.models.train_tiny_tune --config tiny-hd64 --steps 300   # head_dim 64 (vLLM CPU check)
 
 writes the checkpoint ``python/rlk/models/qwen3/<stem>/{model.safetensors,config.json}`` (bf16,
 Hugging Face names; load it with :func:`rlk.models.qwen3.trained.trained_weights`) and
@@ -284,7 +284,7 @@ def _rel(path: str) -> str:
 
 def parser() -> argparse.ArgumentParser:
     d = TrainConfig()
-    ap = argparse.ArgumentParser(prog="python -m rlk.models.train_tiny", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m rlk.models.train_tiny_tune", description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", default="tiny", choices=TRAINED, help="named config to train (default tiny)")
     ap.add_argument("--steps", type=int, default=d.steps)
     ap.add_argument("--batch", type=int, default=d.batch)
@@ -342,7 +342,7 @@ def main(argv=None) -> int:
 
     rec = {
         "what": f"byte-level training of the {args.config} Qwen3 config on CPU (the trained fixture of the CPU tests)",
-        "command": " ".join(["python -m rlk.models.train_tiny", *(argv if argv is not None else sys.argv[1:])]),
+        "command": " ".join(["python -m rlk.models.train_tiny_tune", *(argv if argv is not None else sys.argv[1:])]),
         "config": args.config,
         "corpus": corpus.meta,
         "train_config": dataclasses.asdict(tc),
@@ -360,7 +360,7 @@ def main(argv=None) -> int:
         "curve": {k: [round(v, 4) for v in vals] if k in ("train", "val") else vals for k, vals in curve.items()},
         "machine": {"cpu_count": os.cpu_count(), "torch_threads": tc.threads},
         "provenance": provenance.capability_record(route="native", contract_ids=[], load_contracts=False,
-                                                   extra={"tool": "rlk.models.train_tiny"}),
+                                                   extra={"tool": "rlk.models.train_tiny_tune"}),
     }
     os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
     with open(json_path, "w") as f:

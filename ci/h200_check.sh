@@ -36,9 +36,9 @@ stage tests_kernels ${TESTS_LIMIT:-540} python3 -m pytest -m gpu -q -p no:cachep
 stage tests_python ${TESTS_LIMIT:-540} python3 -m pytest -m gpu -q -p no:cacheprovider python integrations collectives --timeout=500
 # Diagnostic, only when named: bisects the open rollout_test capture failure (carry .whl/).
 stage rollout_bisect ${BISECT_LIMIT:-420} bash ci/h200_rollout_bisect.sh "$R"
-stage actor_lm_head ${ACTOR_LIMIT:-300} python3 -m rlk.bench.actor_lm_head --out "$R/actor_lm_head_h200.json" ${ACTOR_ARGS:-}
-stage host_profile ${HOST_PROFILE_LIMIT:-240} python3 -m rlk.bench.host_profile --out "$R/host_profile" ${HOST_PROFILE_ARGS:-}
-stage overhead ${OVERHEAD_LIMIT:-240} python3 -m rlk.bench.overhead --out "$R/overhead_h200.json"
+stage actor_lm_head ${ACTOR_LIMIT:-300} python3 -m rlk.bench.actor_lm_head_bench --out "$R/actor_lm_head_h200.json" ${ACTOR_ARGS:-}
+stage host_profile ${HOST_PROFILE_LIMIT:-240} python3 -m rlk.bench.host_profile_probe --out "$R/host_profile" ${HOST_PROFILE_ARGS:-}
+stage overhead ${OVERHEAD_LIMIT:-240} python3 -m rlk.bench.overhead_bench --out "$R/overhead_h200.json"
 stage logp_variants ${VARIANTS_LIMIT:-420} python3 -m rlk.kernels.linear_logp.linear_logp_variants --out "$R/linear_logp_variants_h200.json" ${VARIANTS_ARGS:-}
 stage attn_variants ${ATTN_VARIANTS_LIMIT:-300} python3 -m rlk.kernels.attention.attention_variants --out "$R/attention_variants_h200.json" ${ATTN_VARIANTS_ARGS:-}
 stage gemm_sweep 240 python3 -m rlk.kernels.gemm.gemm_invariance_sweep --out "$R/gemm_invariance_sm90.json"

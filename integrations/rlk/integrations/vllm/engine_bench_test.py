@@ -101,7 +101,7 @@ def test_attribution_classes_union_and_host_idle(tmp_path):
     assert [(k["name"], k["class"], k["calls"], k["seconds"]) for k in a["top_kernels"]] == [
         ("nvjet_tst_128x256", "gemm", 1, 10e-6), ("_paged_fwd_kernel", "attention", 1, 10e-6),
         ("rms_norm_kernel", "norm", 1, 5e-6), ("nvjet_small", "gemm", 1, 2e-6)]
-    three = engine_profile.attribution(ev + [dict(ev[3], ts=50), dict(ev[3], ts=60)])
+    three = engine_profile_bench.attribution(ev + [dict(ev[3], ts=50), dict(ev[3], ts=60)])
     assert three["top_kernels"][0] == {"name": "rms_norm_kernel", "class": "norm", "calls": 3, "seconds": 15e-6,
                                        "mean_us": 5.0}
     with gzip.open(tmp_path / "worker.pt.trace.json.gz", "wt") as f:

@@ -115,6 +115,7 @@ class RlkStrictQwen3ForCausalLM(nn.Module):
         self.rlk_weight_generation = 0
         self._plan = None
         self._max_tokens = int(vllm_config.scheduler_config.max_num_batched_tokens)
+        self._max_seqs = int(vllm_config.scheduler_config.max_num_seqs)
         self._warmed = False
 
     # ---- weights -----------------------------------------------------------------------------
@@ -183,14 +184,18 @@ class RlkStrictQwen3ForCausalLM(nn.Module):
             m.ops = _counters.CountingOps(m.ops, self.counters)
             self._plan = (self.rlk_weight_generation, m)
             if not self._warmed:
-                self._warm_up_gemms()
+                self._warm_up(m)
         return self._plan[1]
 
-    def _warm_up_gemms(self) -> None:
-        """Compile every GEMM variant the table picks for 1..max_num_batched_tokens rows, for the
-        four projection shapes, before vLLM's warm-up and capture (vLLM's dummy runs cover only
-        its capture sizes and the largest batch; a prefill chunk of another size would otherwise
-        compile its tiles while serving)."""
+    def _warm_up(self, m) -> None:
+        """Compiles, before vLLM's warm-up and capture, what serving would otherwise compile while
+        it serves (vLLM's dummy runs cover only its capture sizes and the largest batch; the
+        engine's JIT monitor reports the rest as latency spikes):
+
+        * every GEMM variant the table picks for 1..max_num_batched_tokens rows, for the four
+          projection shapes (``rlk.kernels.gemm.launch.warm_up``);
+        * the row ops' specializations of every row-count class (``Qwen3.warm_up_rows``);
+        * the logits + lse path at 1..max_num_seqs rows (:func:`logp_row_counts`)."""
         from rlk.kernels.gemm import launch as gemm_launch
 
         lay = self.model.layers[0]
@@ -198,6 +203,15 @@ class RlkStrictQwen3ForCausalLM(nn.Module):
                   lay.mlp.down_proj.weight):
             gemm_launch.warm_up(w.data, self._max_tokens)
         self._warmed = True
+        from rlk import determinism
+
+        if determinism.interpreter_active():  # nothing is compiled under the interpreter
+            return
+        m.warm_up_rows(self._max_tokens)
+        H = self.rlk_cfg.hidden_size
+        with torch.no_grad():
+            for T in logp_row_counts(self._max_seqs):
+                self._logp_rows(m, torch.zeros(T, H, dtype=torch.bfloat16, device=m.device))
 
     # ---- vLLM model interface -----------------------------------------------------------------
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -245,19 +259,32 @@ class RlkStrictQwen3ForCausalLM(nn.Module):
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """``[T, V]`` fp32 log-probabilities of ``logp.v2`` at the strict temperature."""
+        out = self._logp_rows(self._get_plan(), hidden_states)
+        self.counters.add("logits_logp")
+        return out
+
+    def _logp_rows(self, m, hidden_states: torch.Tensor) -> torch.Tensor:
         from rlk.models.qwen3.routes import logp_segmentation
         from rlk.kernels.common import host_validated
         from rlk.kernels.linear_logp import autograd as linear_logp
 
-        m = self._get_plan()
         dummy = torch.zeros(hidden_states.shape[0], dtype=torch.int64, device=hidden_states.device)
         with host_validated():  # the targets are zeros written here: nothing to check on the device
             out = linear_logp.linear_logp(hidden_states, m.w["lm_head.weight"], dummy, temperature=self.temperature,
                                           return_logits=True,
                                           segmentation=logp_segmentation(self.rlk_cfg.vocab_size))
-        self.counters.add("logits_logp")
         # Same fp32 subtraction as the kernel's `logp = x[target] - lse`, for every column.
         return out.logits - out.lse[:, None]
+
+
+def logp_row_counts(max_rows: int) -> list[int]:
+    """Row counts of the logits + lse warm-up: powers of two up to ``max_rows``, each with its
+    successor (the schedule's row buckets and Triton's divisibility classes), and ``max_rows``."""
+    out, p = {max_rows}, 1
+    while p <= max_rows:
+        out |= {p, p + 1}
+        p *= 2
+    return sorted(t for t in out if 1 <= t <= max_rows)
 
 
 def _install_tripwire(layer, counters) -> None:

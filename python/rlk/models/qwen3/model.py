@@ -78,6 +78,40 @@ class Qwen3:
             probes["final"] = x.detach()
         return x
 
+    # ---- serving warm-up -----------------------------------------------------------------------
+    def warm_row_counts(self, max_tokens: int) -> list[int]:
+        """Token counts whose forwards compile every Triton specialization the row ops meet at any
+        count up to ``max_tokens``: Triton specializes an integer argument on its divisibility by
+        16, and the row ops take row counts ``T``, ``T * heads`` (32 q heads: always a multiple of
+        16; 8 kv heads: one iff ``T`` is even), so per regime (at most / above the fused QK-norm +
+        RoPE limit) an odd, an even and a multiple-of-16 count; plus the largest counts."""
+        fq = int(getattr(self.ops, "fused_qk_norm_rope_max_tokens", 0) or 0)
+        cands = {1, 2, 3, 16, 17, 18, 32, max_tokens - 2, max_tokens - 1, max_tokens}
+        if fq:
+            above16 = fq + 16 - fq % 16
+            cands |= {fq - 1, fq, fq + 1, fq + 2, above16, above16 + 1, above16 + 2}
+        return sorted(t for t in cands if 1 <= t <= max_tokens)
+
+    @torch.no_grad()
+    def warm_up_rows(self, max_tokens: int, counts: list[int] | None = None) -> list[int]:
+        """Runs the forward once per :meth:`warm_row_counts` (attention replaced by zeros: the
+        engine's attention needs its KV cache) so that a serving engine compiles nothing while it
+        serves batches of other sizes. GEMM variants per row count are compiled by
+        ``rlk.kernels.gemm.launch.warm_up``. Returns the counts run."""
+        from rlk.kernels.common import host_validated
+
+        counts = self.warm_row_counts(max_tokens) if counts is None else counts
+
+        def zeros(i, q, k, v):
+            return torch.zeros_like(q)
+
+        for T in counts:
+            ids = torch.zeros(T, dtype=torch.int64, device=self.device)
+            pos = torch.arange(T, dtype=torch.int64, device=self.device) % self.cfg.max_position_embeddings
+            with host_validated():  # as an engine's forward runs (its inputs are checked at admission)
+                self._forward(self.w, ids, pos, zeros)
+        return counts
+
     # ---- trainer pattern -----------------------------------------------------------------------
     # The strict actor's LM head through the fused logp + loss path (ops.logp_loss: gradients
     # formed in the forward, 3 GEMM-equivalents instead of 4). Same bytes as the unfused path:

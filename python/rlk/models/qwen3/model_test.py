@@ -172,3 +172,36 @@ def test_strict_qk_norm_rope_dispatch_same_bytes(monkeypatch):
         assert len(calls) == 1  # above the bound: the separate ops
     for a, b, what in zip(fused, parts, ("q", "k")):
         assert_bitwise_equal(a, b, f"{what}: fused vs separate ops")
+
+
+def test_warm_row_counts_cover_each_divisibility_class_in_both_regimes():
+    m = Qwen3(TINY, random_weights(TINY, 3), "strict")
+    fq = m.ops.fused_qk_norm_rope_max_tokens
+    got = m.warm_row_counts(8192)
+    assert got == sorted(set(got)) and max(got) == 8192 and min(got) == 1
+    for lo, hi in ((1, fq), (fq + 1, 8192)):
+        part = [t for t in got if lo <= t <= hi]
+        assert any(t % 2 for t in part) and any(t % 2 == 0 and t % 16 for t in part) \
+            and any(t % 16 == 0 for t in part), (lo, hi, part)
+    assert all(1 <= t <= 10 for t in m.warm_row_counts(10)) and 10 in m.warm_row_counts(10)
+    assert m.warm_up_rows(8, counts=[1, 2]) == [1, 2]  # runs the forward (attention zeroed)
+
+
+@pytest.mark.gpu
+def test_gpu_warm_up_rows_leaves_no_row_op_to_compile():
+    """After ``warm_up_rows``, forwards at other token counts compile no row-op, logp or
+    attention kernel (GEMM variants per M are ``gemm.launch.warm_up``'s and are not counted)."""
+    import triton
+
+    cfg = Qwen3Config.named("qwen3-0.6b", num_hidden_layers=2)
+    m = Qwen3(cfg, random_weights(cfg, 0, device="cuda"), "strict")
+    m.warm_up_rows(600)
+    compiled = []
+    saved = triton.knobs.runtime.jit_post_compile_hook
+    triton.knobs.runtime.jit_post_compile_hook = lambda **kw: compiled.append(str(kw.get("repr", "?")))
+    try:
+        m.warm_up_rows(600, counts=[5, 40, 77, 129, 200, 257, 300, 599])
+        torch.cuda.synchronize()
+    finally:
+        triton.knobs.runtime.jit_post_compile_hook = saved
+    assert [c for c in compiled if "gemm" not in c] == []

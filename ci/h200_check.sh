@@ -51,7 +51,7 @@ stage attention_sweep ${SWEEP_LIMIT:-240} python3 -m rlk.kernels.attention.atten
 stage attention_bench ${ATTN_BENCH_LIMIT:-300} python3 -m rlk.kernels.attention.attention_bench --out "$R/attention_h200.json" ${ATTN_BENCH_ARGS:-}
 stage logp_bench ${LOGP_BENCH_LIMIT:-420} python3 -m rlk.kernels.linear_logp.linear_logp_bench --out "$R/linear_logp_h200.json" ${LOGP_BENCH_ARGS:-}
 stage replay ${REPLAY_LIMIT:-540} python3 -m rlk.replay h200 --out "$R/replay" ${REPLAY_ARGS:-}
-stage megatron_replay ${MEGATRON_LIMIT:-300} python3 -m rlk.integrations.megatron.replay --out "$R/replay_megatron" ${MEGATRON_ARGS:-}
+stage megatron_replay ${MEGATRON_LIMIT:-300} python3 -m rlk.integrations.megatron.replay_probe --out "$R/replay_megatron" ${MEGATRON_ARGS:-}
 # Only when named: the RL loop at Qwen3-8B shapes (36 layers, seeded calibrated weights) on rlk's executor and
 # trainer, both routes, Adam's state on the host (the trainer + engine + fp32 Adam do not fit the GPU).
 stage rl_loop ${RL_LIMIT:-560} python3 -m rlk.rl --device cuda --model qwen3-8b --task token_class \

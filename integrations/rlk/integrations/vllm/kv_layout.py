@@ -9,7 +9,7 @@ engine layout is adapted here by views only; the kernels stay independent of the
   first ``block_size * D`` elements are K rows, the next ``block_size * D`` are V rows.
 * FlashAttention / Triton (GPU, vLLM 0.32/0.33): ``[num_blocks, Hk, block_size, 2 * D]`` read
   as ``kv_cache.transpose(1, 2).split(D, dim=-1)``: each (block, head, token) row holds K then V.
-The GPU entry is written from the backends' source (``api_check`` pins that line) and is not
+The GPU entry is written from the backends' source (``api_check_probe`` pins that line) and is not
 run here; other backends (FlashInfer, MLA, ROCm) are rejected.
 """
 

@@ -102,7 +102,7 @@ def test_plain_tied_is_degenerate_and_calibrated_is_not():
 
 
 def test_checked_in_measurements_match_the_code():
-    """calibration_stats.json (written by ``python -m rlk.models.qwen3.calibrate``) was measured
+    """calibration_stats.json (written by ``python -m rlk.models.qwen3.calibrate_tune``) was measured
     with the constants in the code, and its calibrated.v1 rows are in band, plain.v0 tied not."""
     path = os.path.join(os.path.dirname(os.path.abspath(W.__file__)), "calibration_stats.json")
     with open(path) as f:

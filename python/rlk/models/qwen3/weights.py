@@ -83,7 +83,7 @@ def hf_shapes(cfg: Qwen3Config) -> dict[str, tuple[int, ...]]:
 # at V = 151936), and the final norm weight carries the logit scale instead. Measured
 # statistics per config (entropy 2.1-2.3 nats at V = 151936, 1.7 at V = 256; sampled logp p1
 # -7.5 to -11.7, p99 -0.007 to -0.024): ``calibration_stats.json`` (written by the tool
-# ``python -m rlk.models.qwen3.calibrate``).
+# ``python -m rlk.models.qwen3.calibrate_tune``).
 RECIPES = ("calibrated.v1", "plain.v0")
 DEFAULT_RECIPE = "calibrated.v1"
 LOGIT_BETA = 1.3

@@ -6,9 +6,9 @@ package folder or a wheel (``zipfile`` + ``ast``), so official vLLM 0.33.0 is ch
 installing its CUDA stack:
 
     pip download vllm==0.33.0 --no-deps -d /tmp/w
-    python -m rlk.integrations.vllm.api_check --wheel /tmp/w/vllm-0.33.0-*.whl \\
+    python -m rlk.integrations.vllm.api_check_probe --wheel /tmp/w/vllm-0.33.0-*.whl \\
         --out integrations/rlk/integrations/vllm/api_vllm_0.33.0.json
-    python -m rlk.integrations.vllm.api_check --installed      # the engine in this venv
+    python -m rlk.integrations.vllm.api_check_probe --installed      # the engine in this venv
 
 Versions differ in one place, :data:`VARIANTS` (entries that replace SYMBOLS' for one version).
 Cached results: ``api_vllm_0.33.0.json`` (official, CUDA build) and ``api_vllm_0.26.0.json`` (the

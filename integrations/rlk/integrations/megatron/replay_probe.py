@@ -1,7 +1,7 @@
 """Frozen replay with the megatron-core trainer: rlk's strict rollout records a fixture, the strict
 megatron-core ``GPTModel`` (this package's spec, TP=1, in this process) re-scores it.
 
-    python -m rlk.integrations.megatron.replay --out DIR [--config qwen3-8b] [--layers N]
+    python -m rlk.integrations.megatron.replay_probe --out DIR [--config qwen3-8b] [--layers N]
         [--sequences N] [--quick] [--device cuda|cpu] [--microbatch-tokens N] [--no-native]
 
 1. Record: rlk's rollout executor (``rlk.replay.harness.record``, strict route) on random bf16
@@ -340,7 +340,7 @@ def run(out_dir: str, *, config: str | None = None, layers: int | None = None, s
         progress(f"native arm (rlk native-route trainer) vs strict rollout: mismatch_count={n['mismatch_count']} "
                  f"of {n['compared_elements']}, max_abs_diff={n['max_abs_diff']:.3g} ({nat_s:.1f} s)")
 
-    cmd = command or ("python -m rlk.integrations.megatron.replay --out DIR" + (f" --config {config}" if config else "")
+    cmd = command or ("python -m rlk.integrations.megatron.replay_probe --out DIR" + (f" --config {config}" if config else "")
                       + (f" --layers {layers}" if layers else "") + (f" --sequences {sequences}" if sequences else "")
                       + (" --quick" if quick else "") + f" --device {device}")
     summary = {
@@ -389,7 +389,7 @@ def run(out_dir: str, *, config: str | None = None, layers: int | None = None, s
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m rlk.integrations.megatron.replay", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m rlk.integrations.megatron.replay_probe", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="folder for replay_megatron_h200.json and fixture/")
     ap.add_argument("--config", default=None, help="qwen3-8b on CUDA, tiny on CPU by default")
@@ -405,7 +405,7 @@ def main(argv=None) -> int:
         determinism.configure_cpu_interpreter()
     else:
         determinism.configure_cpu_interpreter_without_gpu()
-    cmd = "python -m rlk.integrations.megatron.replay " + " ".join(sys.argv[1:] if argv is None else argv)
+    cmd = "python -m rlk.integrations.megatron.replay_probe " + " ".join(sys.argv[1:] if argv is None else argv)
     s = run(a.out, config=a.config, layers=a.layers, sequences=a.sequences, quick=a.quick, device=a.device,
             microbatch_tokens=a.microbatch_tokens, native=not a.no_native, cpu_init=a.cpu_init, command=cmd)
     print(json.dumps({k: s[k] for k in ("trainer_engine", "megatron_core_version", "sequences", "compared_elements",

@@ -1,7 +1,7 @@
 """Offline tool (never imported by the library): measures the next-token statistics of the weight
 recipes and writes ``calibration_stats.json`` beside this file.
 
-    python -m rlk.models.qwen3.calibrate [--out PATH] [--configs tiny qwen3-8b ...] [--device cpu]
+    python -m rlk.models.qwen3.calibrate_tune [--out PATH] [--configs tiny qwen3-8b ...] [--device cpu]
 
 For every config: the recipe's weights (seed 0) on the native route, 4 random prompts x 64
 tokens, :func:`rlk.models.qwen3.distribution.measure`. Rows: each published config at one layer
@@ -49,7 +49,7 @@ def measure_row(name: str, recipe: str, layers: int | None, device: str, say=pri
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m rlk.models.qwen3.calibrate", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m rlk.models.qwen3.calibrate_tune", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=DEFAULT_OUT)
     p.add_argument("--configs", nargs="+", default=["tiny", "qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b"])
@@ -68,7 +68,7 @@ def main(argv=None) -> int:
         "what": "next-token statistics of random_weights(cfg, seed=0, recipe=...) on the native route: "
                 "4 random prompts x 64 tokens (distribution.random_prompts seed 0), one seeded sample "
                 "per position after the first (distribution.measure)",
-        "command": " ".join(["python -m rlk.models.qwen3.calibrate", *(sys.argv[1:] if argv is None else argv)]),
+        "command": " ".join(["python -m rlk.models.qwen3.calibrate_tune", *(sys.argv[1:] if argv is None else argv)]),
         "date": datetime.date.today().isoformat(),
         "host": {"machine": platform.machine(), "device": a.device, "torch": torch.__version__},
         "recipes": {"calibrated.v1": {"beta": W.LOGIT_BETA, "rho": W.TIED_EMBED_RHO}, "plain.v0": {}},

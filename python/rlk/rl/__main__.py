@@ -17,6 +17,11 @@ G`` also fails a strict arm whose reward gain (mean of the last k steps minus th
 ``--trainer megatron --route strict``: the actor is megatron-core's GPTModel on rlk's strict spec
 (``rlk.integrations.megatron.actor.RLTrainer``: megatron's DDP with fp32 main_grad buffers, its
 no-pipelining schedule and DistributedOptimizer Adam); the rollout engine is unchanged.
+
+``--engine vllm --route strict``: the rollout engine is vLLM serving rlk's strict plugin
+(``rlk.integrations.vllm.rl_engine.VllmRolloutEngine``; run with the vLLM venv's python); the
+weight sync writes a safetensors file and the workers load it through ``collective_rpc`` by
+method name, answering with the fingerprint of what they hold.
 """
 
 from __future__ import annotations
@@ -48,6 +53,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--trainer", choices=("rlk", "megatron"), default="rlk",
                    help="the actor: rlk's own trainer, or megatron-core's GPTModel on rlk's strict spec "
                         "(megatron's DDP, schedule and Adam; strict route only)")
+    p.add_argument("--engine", choices=("rlk", "vllm"), default="rlk",
+                   help="the rollout engine: rlk's replay executor, or vLLM with rlk's strict plugin "
+                        "(strict route only; needs vLLM installed)")
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--out", help="report folder (required unless --replot)")
     p.add_argument("--replot", metavar="REPORT_JSON", help="only draw the PNG of a written report again")
@@ -137,6 +145,16 @@ def main(argv=None) -> int:
         from rlk.integrations.megatron.actor import RLTrainer
 
         make_trainer = RLTrainer
+    make_engine = None
+    if a.engine == "vllm":
+        if routes != ["strict"]:
+            parser.error("--engine vllm serves the strict route only: add --route strict")
+        from rlk import determinism
+        from rlk.integrations.vllm import plugin
+        from rlk.integrations.vllm.rl_engine import make_engine as vllm_engine
+
+        determinism.export(plugin.worker_env())  # the engine's processes inherit it
+        make_engine = vllm_engine()
     try:
         for r in routes:
             dataclasses.replace(lc, route=r).check()  # bad arguments fail before any work
@@ -151,7 +169,8 @@ def main(argv=None) -> int:
 
     t0 = time.perf_counter()
     try:
-        report = loop.run_and_report(lc, routes, a.out, on_step=on_step, make_trainer=make_trainer, tag=a.tag)
+        report = loop.run_and_report(lc, routes, a.out, on_step=on_step, make_trainer=make_trainer, tag=a.tag,
+                                     make_engine=make_engine)
     except sync.WeightSyncError as e:
         close()
         print(f"ABORT: {e}", file=sys.stderr)

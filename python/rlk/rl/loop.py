@@ -301,21 +301,34 @@ class RolloutEngine:
 
 
 def _sync(trainer_: Trainer, engine: RolloutEngine, hooks: Hooks, kind: str = "sha256") -> dict:
-    rec = sync.sync_weights(trainer_.w, engine, trainer_.generation, hooks.transport, kind=kind)
+    if hasattr(engine, "receive"):
+        # An engine whose weights live elsewhere brings its own transport (sync.sync_remote).
+        if hooks.transport is not None:
+            raise UnsupportedConfigError("hooks.transport replaces the in-place copy of the in-process engine; "
+                                         f"{type(engine).__name__} has its own transport (receive)")
+        rec = sync.sync_remote(trainer_.w, engine, trainer_.generation, kind=kind)
+    else:
+        rec = sync.sync_weights(trainer_.w, engine, trainer_.generation, hooks.transport, kind=kind)
     if hooks.after_sync is not None:
         hooks.after_sync(trainer_.generation, engine)
     return {k: rec[k] for k in ("generation", "fingerprint", "sha256_trainer", "sha256_rollout", "match", "seconds")}
 
 
 def run_arm(lc: LoopConfig, hooks: Hooks | None = None, on_step: Callable[[dict], None] | None = None,
-            make_trainer: Callable | None = None) -> dict:
+            make_trainer: Callable | None = None, make_engine: Callable | None = None) -> dict:
     """Runs ``lc.steps`` RL steps on ``lc.route``; returns ``{"route", "config", "task", "initial_sync",
     "steps": [record per step], "summary"}`` (JSON-able). ``on_step(record)`` sees each record as it
     is made. Raises :class:`rlk.rl.sync.WeightSyncError` on a fingerprint mismatch or stale weights.
 
     ``make_trainer(cfg, fused, route, lc)``: the actor when ``lc.trainer`` is not ``"rlk"`` (e.g.
     ``rlk.integrations.megatron.actor.RLTrainer``); it offers :class:`Trainer`'s ``w``,
-    ``generation``, ``actor(...)`` and ``apply(grads)``."""
+    ``generation``, ``actor(...)`` and ``apply(grads)``.
+
+    ``make_engine(cfg, fused, route, lc)``: the rollout engine instead of :class:`RolloutEngine`
+    (e.g. ``rlk.integrations.vllm.rl_engine.VllmRolloutEngine``); it offers ``weight_generation``,
+    ``generate(prompts, step)`` (a result with ``responses``, ``logp``, ``entropy`` or None,
+    ``steps``, ``composition_changes``) and either ``w`` (in-place sync) or
+    ``receive(weights, generation, kind) -> held fingerprint`` (its own transport)."""
     lc.check()
     if (lc.trainer == "rlk") != (make_trainer is None):
         raise UnsupportedConfigError(f"trainer {lc.trainer!r} with make_trainer={make_trainer!r}: the rlk trainer "
@@ -331,7 +344,7 @@ def run_arm(lc: LoopConfig, hooks: Hooks | None = None, on_step: Callable[[dict]
     del hf
     t0 = time.perf_counter()
     actor = (make_trainer or Trainer)(cfg, fused, lc.route, lc)
-    engine = RolloutEngine(cfg, fused, lc.route, lc)
+    engine = (make_engine or RolloutEngine)(cfg, fused, lc.route, lc)
     del fused  # both sides hold their own copies
     setup_s = time.perf_counter() - t0
     kind = lc.fingerprint_kind()
@@ -378,7 +391,9 @@ def run_arm(lc: LoopConfig, hooks: Hooks | None = None, on_step: Callable[[dict]
             "reward_min": float(rewards.min()), "reward_max": float(rewards.max()),
             # Diversity of the samples: GRPO learns nothing from a group whose samples are all alike.
             "distinct_responses": len({tuple(r) for r in res.responses}),
-            "entropy_mean": float(torch.cat([e.float().cpu() for e in res.entropy]).mean()),
+            # NaN where the engine reports no entropy (vLLM returns the sampled token's logp only).
+            "entropy_mean": (float(torch.cat([e.float().cpu() for e in res.entropy]).mean())
+                             if getattr(res, "entropy", None) is not None else float("nan")),
             "loss": loss, "grad_norm": grad_norm,
             "old_logp": "rollout (reused, not recomputed)",
             **ratio,
@@ -462,7 +477,8 @@ def strict_failures(arm: dict) -> list[str]:
 
 
 def run_and_report(lc: LoopConfig, routes: list[str], out_dir: str, on_step: Callable[[dict], None] | None = None,
-                   hooks: Hooks | None = None, make_trainer: Callable | None = None, tag: str | None = None) -> dict:
+                   hooks: Hooks | None = None, make_trainer: Callable | None = None, tag: str | None = None,
+                   make_engine: Callable | None = None) -> dict:
     """Runs one arm per route of ``routes`` (config ``lc`` with the route replaced), writes
     :func:`output_paths`' files and returns the report (``arms``, ``passed``, ``failures``, ``files``).
 
@@ -485,7 +501,7 @@ def run_and_report(lc: LoopConfig, routes: list[str], out_dir: str, on_step: Cal
 
         for route in routes:
             arms[route] = run_arm(dataclasses.replace(lc, route=route), hooks=hooks, on_step=record,
-                                  make_trainer=make_trainer)
+                                  make_trainer=make_trainer, make_engine=make_engine)
             _release_memory()  # the arm's trainer, engine and optimizer state go before the next arm
     failures = strict_failures(arms["strict"]) if "strict" in arms else []
     report = {"arms": arms, "routes": list(routes), "passed": not failures, "failures": failures,

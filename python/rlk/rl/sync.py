@@ -168,6 +168,27 @@ def sync_weights(src: dict[str, torch.Tensor], engine, generation: int,
             "seconds": time.perf_counter() - t0}
 
 
+def sync_remote(src: dict[str, torch.Tensor], engine, generation: int, kind: str = "sha256") -> dict:
+    """Sends trainer weights ``src`` to an engine whose weights live elsewhere (another process:
+    a vLLM worker) and checks the fingerprint on both sides.
+
+    ``engine.receive(src, generation, kind)`` moves the bytes by its own transport and returns
+    the fingerprint (:func:`fingerprint`, ``kind``) the receiving side computed over the weights
+    it now holds, under the same names as ``src``. Returns and raises as :func:`sync_weights`
+    (no per-tensor diagnosis: the receiver's tensors are not in this process)."""
+    t0 = time.perf_counter()
+    sent = fingerprint(src, kind)  # sender side, before the bytes move
+    engine.weight_generation = None  # until the receiver's fingerprint matches
+    held = engine.receive(src, generation, kind)
+    if held != sent:
+        raise WeightSyncError(f"weight sync of generation {generation}: fingerprint mismatch: trainer sent "
+                              f"{sent}, rollout holds {held}")
+    engine.weight_generation = generation
+    return {"generation": generation, "fingerprint": kind, "sha256_trainer": sent, "sha256_rollout": held, "match": True,
+            "bytes": int(sum(t.numel() * t.element_size() for t in {id(t): t for t in src.values()}.values())),
+            "seconds": time.perf_counter() - t0}
+
+
 def check_generation(engine, expected: int) -> None:
     """Raises :class:`WeightSyncError` unless ``engine`` holds weight generation ``expected``."""
     held = getattr(engine, "weight_generation", None)

@@ -19,6 +19,9 @@ import os
 ARCH = "RlkStrictQwen3ForCausalLM"
 MODEL_PATH = "rlk.integrations.vllm.model:RlkStrictQwen3ForCausalLM"
 GATE_PATH = "rlk.integrations.vllm.logits_gate:RlkRequestGate"
+# The worker extension of the RL weight sync (vLLM's ``worker_extension_cls``: a dotted
+# module.class name; its methods are called by name through ``LLM.collective_rpc``).
+WORKER_EXT = "rlk.integrations.vllm.worker_ext.RlkWorkerExtension"
 
 _registered = False
 
@@ -55,6 +58,8 @@ def strict_engine_kwargs(**overrides) -> dict:
     torch.compile); on CPU: eager. ``hf_overrides`` selects :data:`ARCH`; ``rlk_temperature`` (default 1.0) is the strict
     sampling temperature applied inside rlk's fused LM head. The request gate is installed as
     a logits processor (its ``validate_params`` rejects uncovered requests at admission).
+    ``worker_extension_cls`` adds the RL weight-sync methods to the workers
+    (:mod:`rlk.integrations.vllm.worker_ext`).
     """
     temperature = overrides.pop("rlk_temperature", 1.0)
     hf = {"architectures": [ARCH], "rlk_temperature": float(temperature)}
@@ -65,6 +70,7 @@ def strict_engine_kwargs(**overrides) -> dict:
         logprobs_mode="raw_logits",
         enable_prefix_caching=False,
         logits_processors=[GATE_PATH],
+        worker_extension_cls=WORKER_EXT,
     )
     if _cuda_available():
         # Full CUDA graphs of decode batches (captured by vLLM per batch bucket), mixed and prefill

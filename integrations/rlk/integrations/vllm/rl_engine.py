@@ -1,0 +1,187 @@
+"""vLLM with rlk's strict plugin as the RL loop's rollout engine (:func:`rlk.rl.loop.run_arm`'s
+``make_engine``).
+
+:class:`VllmRolloutEngine` serves the strict architecture (``RlkStrictQwen3ForCausalLM``) in a
+vLLM ``LLM`` and offers what the loop needs of a rollout engine: ``generate(prompts, step)``
+(responses, each sampled token's logp as vLLM reports it: with ``logprobs_mode="raw_logits"`` and
+``logprobs=0`` the value rlk's fused LM head computed, fp32) and ``receive(weights, generation,
+kind)``, the weight sync's transport (:func:`rlk.rl.sync.sync_remote`): the trainer's fused
+weights are written in Hugging Face naming (:func:`rlk.models.qwen3.layouts.fused_to_hf`) to a
+safetensors file, and the workers load it through the worker extension
+(:mod:`rlk.integrations.vllm.worker_ext`) called by name with ``collective_rpc``: a path and a
+generation go over vLLM's RPC, never a pickled tensor or function. Each worker answers with the
+fingerprint of the weights it holds; the loop compares it with the trainer's.
+
+Weight generations: vLLM's initial load is the strict model's generation 1 and every update must
+be newer, so trainer generation ``g`` is engine generation ``base + 1 + g`` (``base``: the
+generation the engine held when this object was made; an engine can serve several runs).
+
+Only the strict route: stock vLLM is not rlk's native route. vLLM reports no sampling entropy
+(``entropy`` is None; the loop records NaN).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+import time
+from typing import Callable
+
+import torch
+
+from rlk.errors import UnsupportedConfigError
+
+
+@dataclasses.dataclass
+class VllmRolloutResult:
+    responses: list[list[int]]
+    logp: list[torch.Tensor]  # per request: fp32 logp of each sampled token
+    entropy: None  # not reported by vLLM
+    steps: int  # engine steps are vLLM's own: the number of generate calls (1)
+    composition_changes: int  # not observed from outside the engine: 0
+    seconds: float
+
+
+def request_seed(seed: int, step: int, i: int) -> int:
+    """The sampling seed of request ``i`` of ``step``: fixed per (seed, step, request), so a rerun
+    repeats the samples and the samples of a group differ."""
+    return (1_000_003 * seed + 7919 * step + i) % (2 ** 31 - 1)
+
+
+def write_model_dir(path: str, cfg, fused: dict[str, torch.Tensor]) -> str:
+    """config.json (``cfg`` as a Hugging Face Qwen3 config), model.safetensors (``fused`` in HF
+    naming, bf16) and a word-level tokenizer (``t<i>`` = token ``i``) into ``path``."""
+    from rlk.models.qwen3.layouts import fused_to_hf
+    from rlk.models.qwen3.weights import save_safetensors
+
+    os.makedirs(path, exist_ok=True)
+    d = {k: v for k, v in cfg.to_dict().items() if k != "name"}
+    d.update(architectures=["Qwen3ForCausalLM"], model_type="qwen3", torch_dtype="bfloat16")
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(d, f, indent=1)
+    save_safetensors(fused_to_hf(cfg, fused), os.path.join(path, "model.safetensors"))
+    _write_tokenizer(path, cfg.vocab_size)
+    return path
+
+
+def _write_tokenizer(path: str, vocab: int) -> None:
+    # The loop works on token ids; vLLM still loads a tokenizer (word-level, as cpu_probe's).
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab)}, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0", bos_token="t1", eos_token="t2").save_pretrained(path)
+
+
+class VllmRolloutEngine:
+    """The loop's rollout engine on vLLM + rlk's strict plugin.
+
+    Args:
+      cfg, fused, route, lc: as :class:`rlk.rl.loop.RolloutEngine` (``fused``: the initial weights,
+        written into the engine's checkpoint when ``llm`` is None).
+      llm: an engine already built with :func:`rlk.integrations.vllm.plugin.strict_engine_kwargs`
+        (worker extension included) serving ``cfg``; None builds one on ``workdir``.
+      workdir: where the checkpoint and the sync files go (default: a new temporary folder).
+      before_rpc: ``before_rpc(path)`` runs on each written weight file before the workers load it
+        (fault injection in tests).
+      engine_kwargs: more ``LLM`` arguments when ``llm`` is None.
+    """
+
+    def __init__(self, cfg, fused: dict[str, torch.Tensor], route: str, lc, llm=None, workdir: str | None = None,
+                 before_rpc: Callable[[str], None] | None = None, **engine_kwargs):
+        if route != "strict":
+            raise UnsupportedConfigError(f"vLLM rollout engine: route {route!r}: only the strict route is served "
+                                         "(rlk's strict plugin; stock vLLM is not rlk's native route)")
+        self.cfg, self.lc, self.before_rpc = cfg, lc, before_rpc
+        self.workdir = workdir or tempfile.mkdtemp(prefix="rlk-vllm-rl-")
+        if llm is None:
+            from rlk.integrations.vllm.plugin import strict_engine_kwargs
+            from vllm import LLM
+
+            model_dir = write_model_dir(os.path.join(self.workdir, "model"), cfg, fused)
+            n = lc.prompts_per_step * lc.group_size
+            kw = dict(model=model_dir, tokenizer=model_dir, seed=lc.seed, max_num_seqs=lc.max_batch or n,
+                      max_model_len=min(cfg.max_position_embeddings, 4096))
+            kw.update(engine_kwargs)
+            llm = LLM(**strict_engine_kwargs(**kw))
+        self.llm = llm
+        self.base = self._one("rlk_generation")
+        self.weight_generation: int | None = None  # set by the loop's sync (rlk.rl.sync.sync_remote)
+
+    # ---- RPCs ---------------------------------------------------------------------------------
+    def _one(self, method: str, *args):
+        """``collective_rpc`` by name with plain arguments; every worker must answer the same."""
+        out = self.llm.collective_rpc(method, args=args)
+        if not out or any(o != out[0] for o in out):
+            raise UnsupportedConfigError(f"vLLM workers answer {method} differently: {out}")
+        return out[0]
+
+    def engine_generation(self, generation: int) -> int:
+        return self.base + 1 + int(generation)
+
+    def receive(self, weights: dict[str, torch.Tensor], generation: int, kind: str = "sha256") -> str:
+        """The transport of :func:`rlk.rl.sync.sync_remote`: ``weights`` (fused names) to a
+        safetensors file in HF naming, loaded by every worker as the engine generation of
+        ``generation``; returns the workers' fingerprint of what they hold."""
+        from rlk.models.qwen3.layouts import fused_to_hf
+        from rlk.models.qwen3.weights import save_safetensors
+
+        d = os.path.join(self.workdir, "sync")
+        shutil.rmtree(d, ignore_errors=True)
+        os.makedirs(d)
+        path = os.path.join(d, "model.safetensors")
+        save_safetensors(fused_to_hf(self.cfg, weights), path)
+        if self.before_rpc is not None:
+            self.before_rpc(path)
+        held = self._one("rlk_load_weights", path, self.engine_generation(generation), kind)
+        self.llm.reset_prefix_cache()  # no KV of older weights (prefix caching is off in strict mode anyway)
+        shutil.rmtree(d, ignore_errors=True)
+        return held
+
+    def fingerprint(self, kind: str = "sha256") -> str:
+        return self._one("rlk_fingerprint", kind)
+
+    # ---- rollout ------------------------------------------------------------------------------
+    def generate(self, prompts: list[list[int]], step: int) -> VllmRolloutResult:
+        from vllm import SamplingParams
+
+        lc = self.lc
+        if self.weight_generation is None:
+            raise UnsupportedConfigError("vLLM rollout engine: no verified weight sync yet")
+        held = self._one("rlk_generation")
+        if held != self.engine_generation(self.weight_generation):
+            from rlk.rl.sync import WeightSyncError
+
+            raise WeightSyncError(f"vLLM workers hold engine generation {held}, expected "
+                                  f"{self.engine_generation(self.weight_generation)} (trainer generation "
+                                  f"{self.weight_generation})")
+        t0 = time.perf_counter()
+        sps = [SamplingParams(temperature=1.0, max_tokens=lc.response_len, min_tokens=lc.response_len,
+                              ignore_eos=True, logprobs=0, seed=request_seed(lc.seed, step, i))
+               for i in range(len(prompts))]
+        outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], sps, use_tqdm=False)
+        responses, logp = [], []
+        for o in outs:
+            c = o.outputs[0]
+            toks = list(c.token_ids)
+            if len(toks) != lc.response_len or c.logprobs is None or len(c.logprobs) != len(toks):
+                raise UnsupportedConfigError(f"vLLM returned {len(toks)} tokens / "
+                                             f"{None if c.logprobs is None else len(c.logprobs)} logprobs, "
+                                             f"expected {lc.response_len}")
+            vals = torch.tensor([d[t].logprob for t, d in zip(toks, c.logprobs)], dtype=torch.float64)
+            lp = vals.to(torch.float32)
+            if not torch.equal(lp.to(torch.float64), vals):  # the engine's fp32 values, widened exactly
+                raise UnsupportedConfigError("vLLM logprobs are not fp32 values (logprobs_mode / plugin not in effect)")
+            responses.append(toks)
+            logp.append(lp)
+        return VllmRolloutResult(responses=responses, logp=logp, entropy=None, steps=1, composition_changes=0,
+                                 seconds=time.perf_counter() - t0)
+
+
+def make_engine(**kw) -> Callable:
+    """A ``make_engine`` for :func:`rlk.rl.loop.run_arm` building :class:`VllmRolloutEngine` with ``kw``."""
+    return lambda cfg, fused, route, lc: VllmRolloutEngine(cfg, fused, route, lc, **kw)

@@ -1,0 +1,90 @@
+"""The RL loop with vLLM + rlk's strict plugin as the rollout engine (CPU, Triton interpreter).
+
+Reuses the session engine (conftest.py: trained ``tiny-hd64``; ``strict_engine_kwargs`` installs
+the worker extension). The weight sync goes through ``collective_rpc`` by method name with a
+path and a generation (no pickled tensors or functions); the loop's strict promise (every ratio
+exactly 1.0) must hold with vLLM's reported logp as the old logp.
+"""
+
+import pytest
+
+LC = dict(model="tiny-hd64", route="strict", prompts_per_step=1, group_size=4, response_len=3, device="cpu")
+
+
+def _setup():
+    from rlk.models.qwen3.layouts import hf_to_fused
+    from rlk.rl.loop import LoopConfig
+
+    lc = LoopConfig(steps=2, **LC)
+    cfg, hf = lc.weights()
+    return lc, cfg, hf_to_fused(cfg, hf)
+
+
+def test_sync_through_worker_returns_trainer_fingerprint_then_generates(engine):
+    from rlk.integrations.vllm.rl_engine import VllmRolloutEngine
+    from rlk.rl import sync
+
+    llm, _ = engine
+    lc, cfg, fused = _setup()
+    eng = VllmRolloutEngine(cfg, fused, "strict", lc, llm=llm)
+    rec = sync.sync_remote(fused, eng, 0, kind="sha256")
+    assert rec["match"] and rec["sha256_trainer"] == rec["sha256_rollout"] == sync.fingerprint(fused), rec
+    assert eng.weight_generation == 0 and llm.collective_rpc("rlk_generation") == [eng.base + 1]
+    assert eng.fingerprint("device") == sync.fingerprint(fused, "device")
+    res = eng.generate([[100, 101, 102], [100, 101, 102]], step=0)
+    assert [len(r) for r in res.responses] == [3, 3] and all(lp.shape == (3,) for lp in res.logp)
+    # A stale generation is refused by the model (nothing loaded); the held weights stay verified.
+    with pytest.raises(Exception, match="stale"):
+        eng.receive(fused, -1)
+    assert eng.fingerprint() == rec["sha256_trainer"]
+
+
+def test_two_strict_rl_steps_with_vllm_engine_ratio_exactly_one(engine):
+    from rlk.integrations.vllm.rl_engine import make_engine
+    from rlk.rl.loop import LoopConfig, run_arm, strict_failures
+
+    llm, _ = engine
+    arm = run_arm(LoopConfig(steps=2, **LC), make_engine=make_engine(llm=llm))
+    s = arm["summary"]
+    assert strict_failures(arm) == [], (strict_failures(arm), s)
+    assert s["ratio_not_one"] == 0 and s["logp_mismatch"] == 0 and s["tokens"] == 2 * 4 * 3, s
+    assert s["syncs_verified"] == 3 and arm["initial_sync"]["match"], s
+    gens = [r["sync"]["generation"] for r in arm["steps"]]
+    assert gens == [1, 2]
+    # Seeded: step 1's group has different rewards, so its update moves the weights and the last
+    # sync carries new weights, which the workers hold.
+    last, prev = (r["sync"]["sha256_trainer"] for r in arm["steps"][::-1])
+    assert arm["steps"][1]["reward_std"] > 0 and last != prev, [r["reward_std"] for r in arm["steps"]]
+    assert llm.collective_rpc("rlk_fingerprint", args=("sha256",)) == [last]
+
+
+def test_corrupted_transport_raises_weight_sync_error(engine):
+    from safetensors.torch import load_file, save_file
+
+    from rlk.integrations.vllm.rl_engine import VllmRolloutEngine
+    from rlk.rl import sync
+
+    def flip_one(path):
+        w = load_file(path)
+        k = sorted(w)[0]
+        t = w[k].clone()
+        t.view(-1)[7] = -t.view(-1)[7] if float(t.view(-1)[7]) != 0 else 1.0
+        w[k] = t
+        save_file(w, path)
+
+    llm, _ = engine
+    lc, cfg, fused = _setup()
+    eng = VllmRolloutEngine(cfg, fused, "strict", lc, llm=llm, before_rpc=flip_one)
+    with pytest.raises(sync.WeightSyncError, match="fingerprint mismatch"):
+        sync.sync_remote(fused, eng, 0)
+    assert eng.weight_generation is None
+    with pytest.raises(Exception, match="no verified weight sync"):
+        eng.generate([[1, 2]], 0)
+
+
+def test_native_route_refused():
+    from rlk.errors import UnsupportedConfigError
+    from rlk.integrations.vllm.rl_engine import VllmRolloutEngine
+
+    with pytest.raises(UnsupportedConfigError, match="strict route"):
+        VllmRolloutEngine(None, {}, "native", None, llm=object())

@@ -21,7 +21,8 @@ no-pipelining schedule and DistributedOptimizer Adam); the rollout engine is unc
 ``--engine vllm --route strict``: the rollout engine is vLLM serving rlk's strict plugin
 (``rlk.integrations.vllm.rl_engine.VllmRolloutEngine``; run with the vLLM venv's python); the
 weight sync writes a safetensors file and the workers load it through ``collective_rpc`` by
-method name, answering with the fingerprint of what they hold.
+method name, answering with the fingerprint of what they hold. On one GPU the trainer shares the
+device with vLLM: ``--engine-memory`` sets vLLM's share (``gpu_memory_utilization``).
 """
 
 from __future__ import annotations
@@ -56,6 +57,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--engine", choices=("rlk", "vllm"), default="rlk",
                    help="the rollout engine: rlk's replay executor, or vLLM with rlk's strict plugin "
                         "(strict route only; needs vLLM installed)")
+    p.add_argument("--engine-memory", type=float, default=None, metavar="FRACTION",
+                   help="--engine vllm: vLLM's gpu_memory_utilization (the share of the GPU vLLM takes for "
+                        "weights and KV cache); leave room for the trainer on the same GPU")
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--out", help="report folder (required unless --replot)")
     p.add_argument("--replot", metavar="REPORT_JSON", help="only draw the PNG of a written report again")
@@ -117,6 +121,17 @@ def _progress(steps: int):
     return update, close
 
 
+def engine_kwargs(a, parser) -> dict:
+    """vLLM engine arguments from the command line (``--engine-memory``)."""
+    if a.engine_memory is None:
+        return {}
+    if a.engine != "vllm":
+        parser.error("--engine-memory applies to --engine vllm")
+    if not 0.0 < a.engine_memory <= 1.0:
+        parser.error(f"--engine-memory must lie in (0, 1] (got {a.engine_memory})")
+    return {"gpu_memory_utilization": a.engine_memory}
+
+
 def main(argv=None) -> int:
     parser = _parser()
     a = parser.parse_args(argv)
@@ -154,7 +169,7 @@ def main(argv=None) -> int:
         from rlk.integrations.vllm.rl_engine import make_engine as vllm_engine
 
         determinism.export(plugin.worker_env())  # the engine's processes inherit it
-        make_engine = vllm_engine()
+        make_engine = vllm_engine(**engine_kwargs(a, parser))
     try:
         for r in routes:
             dataclasses.replace(lc, route=r).check()  # bad arguments fail before any work

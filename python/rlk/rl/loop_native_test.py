@@ -91,3 +91,18 @@ def test_command_line_writes_the_reports(tmp_path, capsys):
         main(["--route", "native", "--target", "ab", "--out", str(out)])
     with pytest.raises(SystemExit):
         main(["--route", "native", "--group-size", "1", "--out", str(out)])
+
+
+def test_engine_memory_option():
+    import pytest as _pytest
+
+    from rlk.rl.__main__ import _parser, engine_kwargs
+
+    p = _parser()
+    a = p.parse_args(["--engine", "vllm", "--engine-memory", "0.35", "--out", "x"])
+    assert engine_kwargs(a, p) == {"gpu_memory_utilization": 0.35}
+    assert engine_kwargs(p.parse_args(["--out", "x"]), p) == {}
+    for bad in (["--engine-memory", "0.3"], ["--engine", "vllm", "--engine-memory", "1.5"],
+                ["--engine", "vllm", "--engine-memory", "0"]):
+        with _pytest.raises(SystemExit):
+            engine_kwargs(p.parse_args(bad + ["--out", "x"]), p)

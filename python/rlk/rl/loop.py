@@ -506,7 +506,7 @@ def run_and_report(lc: LoopConfig, routes: list[str], out_dir: str, on_step: Cal
     failures = strict_failures(arms["strict"]) if "strict" in arms else []
     report = {"arms": arms, "routes": list(routes), "passed": not failures, "failures": failures,
               "provenance": _provenance(lc, routes)}
-    png = rep.plot(arms, paths["png"], title=plot_title(lc))
+    png = rep.plot(arms, paths["png"], title=plot_title(lc), reward_rule=lc.task().reward_rule())
     report["files"] = {"json": paths["json"], "jsonl": paths["jsonl"],
                        "png": png or "not written: matplotlib is not importable"}
     rep.write_json(report, paths["json"])
@@ -525,9 +525,8 @@ def _memory() -> dict:
 
 
 def plot_title(lc: LoopConfig) -> str:
-    what = (f"target byte {chr(lc.target)!r}" if lc.task_name == "target_byte"
-            else f"token class {lc.task().to_dict()['residue']} mod {lc.task().to_dict()['modulus']}")
-    return (f"rlk RL loop on {lc.describe_model()}, task: {what}, {lc.prompts_per_step} prompt(s) x "
+    return (f"rlk RL loop on {lc.describe_model()}, reward: {lc.task().reward_rule()}, "
+            f"{lc.prompts_per_step} prompt(s) x "
             f"{lc.group_size} samples x {lc.response_len} tokens, lr {lc.lr}, seed {lc.seed}")
 
 
@@ -541,7 +540,8 @@ def replot(json_path: str, png_path: str | None = None) -> str | None:
     cfg = dict(next(iter(arms.values()))["config"])
     cfg["betas"] = tuple(cfg.get("betas", LoopConfig.betas))
     lc = LoopConfig(**{k: v for k, v in cfg.items() if k in {f.name for f in dataclasses.fields(LoopConfig)}})
-    return rep.plot(arms, png_path or os.path.splitext(json_path)[0] + ".png", title=plot_title(lc))
+    return rep.plot(arms, png_path or os.path.splitext(json_path)[0] + ".png", title=plot_title(lc),
+                    reward_rule=lc.task().reward_rule())
 
 
 def _release_memory() -> None:

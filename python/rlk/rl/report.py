@@ -24,9 +24,10 @@ def write_json(report: dict, path: str) -> str:
     return path
 
 
-def plot(arms: dict[str, dict], path: str, title: str = "") -> str | None:
+def plot(arms: dict[str, dict], path: str, title: str = "", reward_rule: str = "reward") -> str | None:
     """Reward and importance-ratio statistics per step of each arm (``{route: run_arm result}``);
-    returns ``path``, or ``None`` when matplotlib is not importable (the caller says so)."""
+    ``reward_rule``: the task's reward in words. Returns ``path``, or ``None`` when matplotlib is
+    not importable (the caller says so)."""
     try:
         import matplotlib
 
@@ -35,7 +36,6 @@ def plot(arms: dict[str, dict], path: str, title: str = "") -> str | None:
     except ImportError:
         return None
     fig, ax = plt.subplots(1, 4, figsize=(19, 4.2))
-    task = next(iter(arms.values()), {}).get("task", {})
     for route, arm in arms.items():
         steps = arm["steps"]
         x = [r["step"] for r in steps]
@@ -48,9 +48,7 @@ def plot(arms: dict[str, dict], path: str, title: str = "") -> str | None:
             ax[2].plot(x, [r.get("abs_dev", {}).get(key, 0.0) for r in steps], style, color=c,
                        label=f"{route}: {key}")
         ax[3].plot(x, [r.get("entropy_mean", float("nan")) for r in steps], "o-", color=c, label=route)
-    what = (f"fraction of tokens with id % {task.get('modulus')} == {task.get('residue')}"
-            if task.get("name") == "token_class" else "fraction of target bytes")
-    ax[0].set(title=f"reward ({what}): mean, min-max", xlabel="step", ylabel="reward", ylim=(-0.02, 1.02))
+    ax[0].set(title=f"reward ({reward_rule}): mean, min-max", xlabel="step", ylabel="reward", ylim=(-0.02, 1.02))
     ax[1].set(title="tokens with ratio != 1 / logp bits differing", xlabel="step", ylabel="tokens")
     ax[2].set(title="|ratio - 1|, ratio = exp(logp_train - logp_rollout)", xlabel="step",
               ylabel="|ratio - 1|")

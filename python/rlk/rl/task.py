@@ -26,15 +26,20 @@ PROMPTS = (b"def ", b"import ", b"class ", b"return ", b"    if ", b"for x in ",
 
 
 @dataclasses.dataclass(frozen=True)
-class TargetByteTask:
-    """Reward = fraction of response tokens equal to ``target`` (a token id of the byte vocabulary)."""
+class _PromptTask:
+    """What both tasks share: byte prompts taken in turn, and a reward that is the fraction of a
+    response's tokens that :meth:`hit` accepts."""
 
-    target: int = ord("e")
     prompts: tuple[bytes, ...] = PROMPTS
 
+    def hit(self, token: int) -> bool:
+        raise NotImplementedError
+
+    def reward_rule(self) -> str:
+        """The reward in words (reports and plots)."""
+        raise NotImplementedError
+
     def check(self, vocab_size: int) -> None:
-        if not 0 <= self.target < vocab_size:
-            raise UnsupportedConfigError(f"target token {self.target} outside the vocabulary [0, {vocab_size})")
         if not self.prompts or any(not p for p in self.prompts):
             raise UnsupportedConfigError("the task needs at least one prompt, none of them empty")
         bad = [p for p in self.prompts if any(b >= vocab_size for b in p)]
@@ -49,25 +54,51 @@ class TargetByteTask:
     def reward(self, response: list[int]) -> float:
         if not response:
             raise UnsupportedConfigError("empty response (every request has max_new_tokens >= 1)")
-        return sum(int(t) == self.target for t in response) / len(response)
+        return sum(self.hit(int(t)) for t in response) / len(response)
 
     def rewards(self, responses: list[list[int]]) -> torch.Tensor:
         """``[N]`` fp32 rewards of ``responses``."""
         return torch.tensor([self.reward(r) for r in responses], dtype=torch.float32)
 
-    def to_dict(self) -> dict:
-        return {"name": "target_byte", "target": self.target, "target_char": chr(self.target),
+    def _dict(self, name: str, **fields) -> dict:
+        return {"name": name, **fields, "reward_rule": self.reward_rule(),
                 "prompts": [p.decode("latin-1") for p in self.prompts]}
 
 
 @dataclasses.dataclass(frozen=True)
-class TokenClassTask:
+class TargetByteTask(_PromptTask):
+    """Reward = fraction of response tokens equal to ``target`` (a token id of the byte vocabulary)."""
+
+    target: int = ord("e")
+
+    def hit(self, token: int) -> bool:
+        return token == self.target
+
+    def reward_rule(self) -> str:
+        return f"fraction of response bytes equal to {chr(self.target)!r}"
+
+    def check(self, vocab_size: int) -> None:
+        if not 0 <= self.target < vocab_size:
+            raise UnsupportedConfigError(f"target token {self.target} outside the vocabulary [0, {vocab_size})")
+        super().check(vocab_size)
+
+    def to_dict(self) -> dict:
+        return self._dict("target_byte", target=self.target, target_char=chr(self.target))
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenClassTask(_PromptTask):
     """Reward = fraction of response tokens ``t`` with ``t % modulus == residue``; the prompts are
     :data:`PROMPTS`' bytes (token ids below 256, valid in any vocabulary of at least 256)."""
 
     modulus: int = 2
     residue: int = 0
-    prompts: tuple[bytes, ...] = PROMPTS
+
+    def hit(self, token: int) -> bool:
+        return token % self.modulus == self.residue
+
+    def reward_rule(self) -> str:
+        return f"fraction of response tokens with id % {self.modulus} == {self.residue}"
 
     def check(self, vocab_size: int) -> None:
         if self.modulus < 2 or not 0 <= self.residue < self.modulus:
@@ -75,22 +106,10 @@ class TokenClassTask:
                                          f"{self.residue} in [0, modulus)")
         if vocab_size < max(self.modulus, 256):
             raise UnsupportedConfigError(f"token class: vocabulary {vocab_size} smaller than 256 or the modulus")
-        TargetByteTask(target=0, prompts=self.prompts).check(vocab_size)  # the prompts' checks
-
-    def step_prompts(self, step: int, n: int) -> list[list[int]]:
-        return TargetByteTask(target=0, prompts=self.prompts).step_prompts(step, n)
-
-    def reward(self, response: list[int]) -> float:
-        if not response:
-            raise UnsupportedConfigError("empty response (every request has max_new_tokens >= 1)")
-        return sum(int(t) % self.modulus == self.residue for t in response) / len(response)
-
-    def rewards(self, responses: list[list[int]]) -> torch.Tensor:
-        return torch.tensor([self.reward(r) for r in responses], dtype=torch.float32)
+        super().check(vocab_size)
 
     def to_dict(self) -> dict:
-        return {"name": "token_class", "modulus": self.modulus, "residue": self.residue,
-                "prompts": [p.decode("latin-1") for p in self.prompts]}
+        return self._dict("token_class", modulus=self.modulus, residue=self.residue)
 
 
 TASKS = ("target_byte", "token_class")

@@ -177,7 +177,7 @@ class RlkQKVLinear(RlkColumnParallelLinear):
         if groups % self.tp or heads % groups or output_size != (heads + 2 * groups) * d:
             raise UnsupportedConfigError(f"{type(self).__name__}: output {output_size} is not (heads {heads} + 2 x "
                                          f"groups {groups}) x head_dim {d} split over TP={self.tp}")
-        order = qkv_order(groups // self.tp, heads // groups, d)
+        order = qkv_order(groups // self.tp, heads // groups, d).to(self.weight.device)
         self.register_buffer("qkv_order", order, persistent=False)
         self.register_buffer("qkv_inverse", torch.argsort(order), persistent=False)
 
@@ -188,7 +188,7 @@ class RlkQKVLinear(RlkColumnParallelLinear):
             from rlk.nn.tensor_parallel import copy_to_tp
 
             x = copy_to_tp(x, self.tp_group)
-        order, inv = self.qkv_order.to(self.weight.device), self.qkv_inverse.to(self.weight.device)
+        order, inv = self.qkv_order, self.qkv_inverse  # on the weight's device (moved with the module)
         w = _Permute.apply(self.weight, 0, order, inv)
         y = gemm.linear(x, w)
         return _Permute.apply(y, y.dim() - 1, inv, order), None

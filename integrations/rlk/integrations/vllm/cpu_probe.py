@@ -110,8 +110,7 @@ def engine_env(counters_dir: str) -> dict[str, str]:
     from rlk.integrations.vllm.counters import ENV_DIR
     from rlk.integrations.vllm.plugin import worker_env
 
-    env = {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1", ENV_DIR: counters_dir,
-           "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}  # apply_model (weight-update check) pickles a function
+    env = {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1", ENV_DIR: counters_dir}
     env.update(worker_env())
     return env
 

@@ -297,17 +297,3 @@ def _install_tripwire(layer, counters) -> None:
         return orig(*a, **k)
 
     impl.forward = forward
-
-
-# ---- weight-generation RPCs (``LLM.apply_model(functools.partial(rpc_..., ...))``) ---------------
-# Module-level so vLLM can pickle them by reference (needs VLLM_ALLOW_INSECURE_SERIALIZATION=1).
-def rpc_generation(model) -> int:
-    return model.rlk_weight_generation
-
-
-def rpc_update_weights(model, weights, generation: int) -> int:
-    return model.rlk_update_weights(weights, generation)
-
-
-def rpc_check_generation(model, expected: int) -> None:
-    model.rlk_check_generation(expected)

@@ -10,7 +10,8 @@
 # and results ($R) live under /tmp/rlk_vllm, which survives between calls while the machine stays
 # warm; $OUT/results.tgz (JSON, logs, token files) and $OUT/summary.txt come back after every
 # stage. Variables: WORKLOADS (default W0,W1,W2), CONFIG (qwen3-8b), SEED (0), RECIPE, LAYERS,
-# ARM_LIMIT (s per arm, 420; ARM_LIMIT_BI for the batch-invariant arm), COMPARE_ARGS, PROFILE (non-empty: attribution of stock and rlk).
+# ARM_LIMIT (s per arm, 420; ARM_LIMIT_BI for the batch-invariant arm), COMPARE_ARGS, PROFILE (non-empty: attribution of stock and rlk;
+# PROFILE_ARGS e.g. "--profile-workload W2 --profile-tokens 128").
 set -uo pipefail
 OUT=${OUT:-$PWD/out/h200_vllm}
 DEV=${RLK_VLLM_DIR:-/tmp/rlk_vllm}
@@ -39,7 +40,7 @@ for arm in rlk stock batch_invariant; do
   limit=${ARM_LIMIT:-420}
   [ "$arm" = batch_invariant ] && limit=${ARM_LIMIT_BI:-$((limit + 100))}
   stage "arm_$arm" "$limit" $BENCH arm --arm "$arm" --dir "$CKPT" --out "$R/arm_$arm.json" \
-    --workloads "$WORKLOADS" ${PROFILE:+--profile}
+    --workloads "$WORKLOADS" ${PROFILE:+--profile ${PROFILE_ARGS:-}}
 done
 # Diagnostic, only when named: the rlk arm without CUDA graphs.
 stage arm_rlk_eager "${ARM_LIMIT:-420}" $BENCH arm --arm rlk --eager --dir "$CKPT" --out "$R/arm_rlk_eager.json" \

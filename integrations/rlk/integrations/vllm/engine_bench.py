@@ -47,7 +47,9 @@ WORKLOADS = {
     "W2": dict(n=256, prompt=(64, 1024), response=(64, 1024)),
 }
 ARMS = ("stock", "batch_invariant", "rlk")
-PROFILE = {"workload": "W0", "tokens": 64}  # the profiled generate (attribution), after the timed ones
+# The profiled generate (attribution), after the timed ones: a workload's prompts with its own
+# response lengths (tokens None) or with ``tokens`` each.
+PROFILE = {"workload": "W0", "tokens": None}
 MAX_MODEL_LEN = 2048  # longest prompt + response of every workload
 MAX_NUM_SEQS = 256  # the largest workload fits one batch; the same for every arm
 SEED = 1
@@ -167,16 +169,24 @@ def _outputs(outs, lens):
 
 
 def run_arm(arm: str, model_dir: str, out: str, workloads: list[str], w0_reps: int = 3, eager: bool = False,
-            profile: bool = False, warmup_runs: int = 1) -> dict:
+            profile: bool = False, warmup_runs: int = 1, profile_workload: str | None = None,
+            profile_tokens: int | None = None) -> dict:
     """One engine, every workload in order; writes ``out`` (JSON) and ``<out>.safetensors``.
 
     ``warmup_runs``: untimed runs of each workload before its timed ones (the module's rule).
 
-    ``profile``: after the timed workloads, :data:`PROFILE` runs once under vLLM's torch
-    profiler (armed at engine start, inactive until then) and the record gets ``attribution``
-    (:mod:`rlk.integrations.vllm.engine_profile_bench`)."""
+    ``profile``: after the timed workloads, one generate runs under vLLM's torch profiler (armed
+    at engine start, inactive until then) and the record gets ``attribution``
+    (:mod:`rlk.integrations.vllm.engine_profile_bench`): workload ``profile_workload`` with its own
+    response lengths, or ``profile_tokens`` each (defaults: :data:`PROFILE`)."""
     if arm not in ARMS:
         raise SystemExit(f"--arm {arm!r}: one of {ARMS}")
+    profile_workload = profile_workload or PROFILE["workload"]
+    profile_tokens = profile_tokens if profile_tokens is not None else PROFILE["tokens"]
+    if profile_workload not in WORKLOADS:
+        raise SystemExit(f"--profile-workload {profile_workload!r}: one of {sorted(WORKLOADS)}")
+    if profile_tokens is not None and profile_tokens < 1:
+        raise SystemExit("--profile-tokens must be >= 1")
     from rlk import determinism
 
     counters_dir = os.path.splitext(out)[0] + "_counters"
@@ -246,16 +256,20 @@ def run_arm(arm: str, model_dir: str, out: str, workloads: list[str], w0_reps: i
         say(f"[{arm}] {w}: {len(prompts)} seqs, {n_tok} tokens, {med:.2f} s -> {n_tok / med:.0f} tok/s "
             f"(reps {[round(t, 2) for t in times]}, untimed warm-up {warm_s})")
     if profile:
-        prompts, _ = workload(PROFILE["workload"], cfg.vocab_size)
-        sp = SamplingParams(temperature=1.0, max_tokens=PROFILE["tokens"], ignore_eos=True, logprobs=0,
-                            detokenize=False)
+        prompts, lens = workload(profile_workload, cfg.vocab_size)
+        if profile_tokens is not None:
+            lens = [profile_tokens] * len(prompts)
+        sps = [SamplingParams(temperature=1.0, max_tokens=r, min_tokens=r, ignore_eos=True, logprobs=0,
+                              detokenize=False) for r in lens]
         llm.start_profile()
         t0 = time.perf_counter()
-        llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
+        llm.generate([{"prompt_token_ids": p} for p in prompts], sps, use_tqdm=False)
         wall = time.perf_counter() - t0
         llm.stop_profile()
+        what = (f"{profile_workload} prompts, " + (f"{profile_tokens} tokens each" if profile_tokens is not None
+                                                   else "its own response lengths") + ", profiled")
         rec["attribution"] = dict(engine_profile_bench.attribution_from_dir(trace_dir), wall_s=round(wall, 4),
-                                  what=f"{PROFILE['workload']} prompts, {PROFILE['tokens']} tokens each, profiled")
+                                  workload=profile_workload, response_tokens=sum(lens), what=what)
         say(f"[{arm}] attribution: {json.dumps(rec['attribution'])}")
     if arm == "rlk":
         from rlk.integrations.vllm import counters
@@ -302,6 +316,9 @@ def main(argv=None) -> int:
     a_.add_argument("--warmup-runs", type=int, default=1, help="untimed runs of each workload before its timed ones")
     a_.add_argument("--eager", action="store_true", help="rlk arm without CUDA graphs (diagnostic)")
     a_.add_argument("--profile", action="store_true", help="attribution: one profiled generate after the timed ones")
+    a_.add_argument("--profile-workload", default=None, help=f"the profiled workload (default {PROFILE['workload']})")
+    a_.add_argument("--profile-tokens", type=int, default=None,
+                    help="response tokens per sequence of the profiled generate (default: the workload's own)")
     c = sub.add_parser("compare")
     c.add_argument("--dir", required=True)
     c.add_argument("--arms", nargs="+", required=True)
@@ -318,7 +335,7 @@ def main(argv=None) -> int:
         if a.warmup_runs < 0 or a.w0_reps < 1:
             raise SystemExit("--warmup-runs must be >= 0 and --w0-reps >= 1")
         run_arm(a.arm, a.dir, a.out, [w for w in a.workloads.split(",") if w], a.w0_reps, a.eager, a.profile,
-                a.warmup_runs)
+                a.warmup_runs, a.profile_workload, a.profile_tokens)
     elif a.cmd == "compare":
         from rlk.integrations.vllm import engine_compare_bench
 

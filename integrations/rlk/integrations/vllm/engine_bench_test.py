@@ -157,3 +157,10 @@ def test_prepare_reuses_a_checkpoint_of_the_same_identity_only(tmp_path, monkeyp
     assert engine_bench.prepare(d, "tiny", 0, recipe="calibrated.v1", device="cpu") == a and writes == []
     b = engine_bench.prepare(d, "tiny", 1, recipe="calibrated.v1", device="cpu")
     assert writes == [1] and b["sha256"] != a["sha256"]
+
+
+@pytest.mark.parametrize("kw,msg", [(dict(profile_workload="W9"), "--profile-workload"),
+                                    (dict(profile_tokens=0), "--profile-tokens")])
+def test_a_bad_profile_request_stops_before_any_engine_starts(kw, msg, tmp_path):
+    with pytest.raises(SystemExit, match=msg):
+        engine_bench.run_arm("stock", str(tmp_path), str(tmp_path / "a.json"), ["W0"], profile=True, **kw)

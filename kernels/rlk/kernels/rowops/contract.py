@@ -44,9 +44,15 @@ RMSNORM = contracts.register(contracts.Contract(
                     "over slots -> fp32 partial[p]; fold: slot j takes partials j, j+FOLD_ROWS, ... "
                     "ascending, tl.sum over FOLD_ROWS slots, one rounding; no atomics",
     },
+    # The fused QK-norm + RoPE of the engine may run the norm with fewer rows per program (decode
+    # has few rows); its table entry holds only tiles measured byte-identical to the norm tile.
+    schedule_fields={"qk_norm_rope_tile": "configs/sm90.json 'qk_norm_rope' tiles: (BLOCK_ROWS, num_warps) "
+                                          "per head size, BLOCK_H the norm's; else the norm tile"},
+    bit_neutral_evidence={"qk_norm_rope_tile": (table("sm_90").get("qk_norm_rope") or {}).get(
+        "evidence", "no entry: the norm tile itself")},
     targets=("sm_90", "cpu-interpreter"),
     # rowops.qk_norm_rope: the QK-norm of this contract followed by rope.v1 in one pass (the
-    # norm's tile, tree and roundings unchanged); inference only.
+    # norm's per-row reduction and roundings unchanged); inference only.
     kernels=("rowops.rmsnorm_fwd", "rowops.rmsnorm_bwd", "rowops.fold_partials", "rowops.qk_norm_rope"),
 ))
 

@@ -181,8 +181,9 @@ def qk_norm_rope_kernel(
 
     Row r is (token t = r // NH, head h = r % NH) of x, heads 0..NQ-1 being q (weight wq, out
     q[t, h]) and NQ..NH-1 being k (weight wk, out k[t, h - NQ]). The bytes are those of
-    ``rope_kernel(rmsnorm_fwd_kernel(x))``: the norm lines are rmsnorm_fwd_kernel's (same
-    [BLOCK_ROWS, BLOCK_H] tile from norm_config(H), same tl.sum, same roundings), and the rotation
+    ``rope_kernel(rmsnorm_fwd_kernel(x))``: the norm lines are rmsnorm_fwd_kernel's (same tl.sum
+    and roundings; the tile is norm_config(H)'s or a qk_norm_rope table tile measured
+    byte-identical to it, ``schedule.qk_norm_rope_config``), and the rotation
     pairs each lane with its partner lane (d + HALF) % H of the same tile, normed the same way,
     so no value changes layout; o = y*c - yp*s below HALF, y*c + yp*s from HALF, one rounding.
     """

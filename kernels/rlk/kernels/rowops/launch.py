@@ -305,7 +305,7 @@ def qk_norm_rope(x, q_weight, k_weight, eps, n_q_heads, positions, cos, sin):
     n_rows = T * nh
     if n_rows == 0:
         return q, k
-    cfg = schedule.norm_config(D, arch_of(x.device))  # the norm's tile: the same reduction tree
+    cfg = schedule.qk_norm_rope_config(D, arch_of(x.device))  # the norm's per-row reduction tree
     launch(K.qk_norm_rope_kernel, (cdiv(n_rows, cfg["BLOCK_ROWS"]),),
         q, k, x, q_weight, k_weight, positions, cos, sin, n_rows, nq, nh, x.stride(0), x.stride(1),
         float(D), eps, max_pos,

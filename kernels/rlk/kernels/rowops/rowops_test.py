@@ -166,6 +166,22 @@ def test_qk_norm_rope_equals_norm_then_rope(D, nq, nk, dtype):
     assert not torch.equal(q2, q)
 
 
+def test_qk_norm_rope_tile_keeps_the_norm_lanes_and_has_evidence():
+    from rlk.kernels.rowops import schedule
+
+    t = schedule.table("sm_90").get("qk_norm_rope") or {}
+    assert t.get("tiles"), "the sm_90 table has no qk_norm_rope tile"
+    assert "byte-identical" in t.get("evidence", ""), "a qk_norm_rope tile needs its GPU evidence"
+    for h in (16, 64, 128, 256):
+        norm, fused = schedule.norm_config(h), schedule.qk_norm_rope_config(h)
+        tile = t["tiles"].get(str(h))
+        assert fused["BLOCK_H"] == norm["BLOCK_H"], h
+        want = (tile["BLOCK_ROWS"], tile["num_warps"]) if tile else (norm["BLOCK_ROWS"], norm["num_warps"])
+        assert (fused["BLOCK_ROWS"], fused["num_warps"]) == want, h
+    # gfx942 is not measured: it keeps the norm tile.
+    assert schedule.qk_norm_rope_config(128, "gfx942") == schedule.norm_config(128, "gfx942")
+
+
 def test_qk_norm_rope_bad_input():
     x, w = torch.ones(2, 3, 8, device=DEV), torch.ones(8, device=DEV)
     cos, sin = L.rope_table(16, 8, 1e6, DEV)
@@ -356,6 +372,44 @@ def test_gpu_accuracy_qwen3_8b():
     assert_bitwise_equal(L.embedding(ids, emb), emb[ids], "embedding")
     dwe = L.embedding_backward(dy, ids, 151936)
     assert_bitwise_equal(L.embedding_backward(dy, ids, 151936), dwe, "dW run to run")
+
+
+@pytest.mark.gpu
+def test_gpu_qk_norm_rope_tile_equals_the_norm_tile(monkeypatch):
+    """The table's qk_norm_rope tile gives the bytes of the norm tile (the contract's tree) on
+    inputs whose sums of squares round (magnitudes 1e-3..1e2 in one row); the (1, 1) tile, whose
+    lowering differs, must differ on the same inputs, or the inputs would prove nothing."""
+    from rlk.kernels.rowops import schedule
+
+    D, nq, nk = 128, 32, 8
+    cos, sin = L.rope_table(4096, D, 1_000_000.0, "cuda")
+    wq, wk = (1 + 0.2 * _data((D,), 41)).bfloat16(), (1 + 0.2 * _data((D,), 42)).bfloat16()
+    orig = schedule.qk_norm_rope_config
+
+    def run(T, tile=None):
+        if tile is None:
+            monkeypatch.setattr(schedule, "qk_norm_rope_config", orig)
+        else:
+            monkeypatch.setattr(schedule, "qk_norm_rope_config",
+                                lambda h, arch="sm_90": dict(schedule.norm_config(h, arch), **tile))
+        g = torch.Generator().manual_seed(T)
+        mag = 10.0 ** (torch.rand((T, nq + nk, D), generator=g) * 5 - 3)
+        qk = (torch.randn((T, nq + nk, D), generator=g) * mag).bfloat16().cuda()
+        pos = torch.randint(0, 4096, (T,), generator=g).cuda()
+        return L.qk_norm_rope(qk, wq, wk, EPS, nq, pos, cos, sin)
+
+    norm = schedule.norm_config(D)
+    pinned = {"BLOCK_ROWS": norm["BLOCK_ROWS"], "num_warps": norm["num_warps"]}
+    assert schedule.qk_norm_rope_config(D) != schedule.norm_config(D), "no qk_norm_rope tile at D=128"
+    differs = 0
+    for T in (1, 16, 257, 2048):
+        ref = run(T, pinned)
+        got = run(T)
+        for a, b, n in zip(got, ref, ("q", "k")):
+            assert_bitwise_equal(a, b, f"qk_norm_rope {n} at T={T}: table tile vs norm tile")
+        differs += sum(int((a.view(torch.int16) != b.view(torch.int16)).sum())
+                       for a, b in zip(run(T, {"BLOCK_ROWS": 1, "num_warps": 1}), ref))
+    assert differs > 0, "the (1, 1) tile matched too: these inputs cannot tell reduction trees apart"
 
 
 @pytest.mark.gpu

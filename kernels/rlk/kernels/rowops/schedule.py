@@ -48,6 +48,19 @@ def norm_config(hidden: int, arch: str = "sm_90") -> dict:
     return dict(table(arch)["norm"].get(str(hidden)) or norm_rule(hidden))
 
 
+def qk_norm_rope_config(hidden: int, arch: str = "sm_90") -> dict:
+    """The tile of ``qk_norm_rope`` at head size ``hidden``: :func:`norm_config`'s, with the
+    table's ``qk_norm_rope`` entry (more programs for decode's few rows) where there is one. An
+    entry only changes BLOCK_ROWS and num_warps, and only where the GPU measured its outputs
+    byte-identical to the norm tile's (the entry's ``evidence``; ``rowops_variants.py``): the
+    per-row reduction is the norm's."""
+    cfg = norm_config(hidden, arch)
+    tile = (table(arch).get("qk_norm_rope") or {}).get("tiles", {}).get(str(hidden))
+    if tile:
+        cfg.update(BLOCK_ROWS=int(tile["BLOCK_ROWS"]), num_warps=int(tile["num_warps"]))
+    return cfg
+
+
 def _flags(**kw):
     return {"OUT_BF16": True, "INTERPRET": False, **kw}
 
@@ -86,7 +99,8 @@ def _register_kernels() -> None:
           "pos_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "n_rows": "i64", "NQ": "i32",
           "NH": "i32", "stride_xt": "i64", "stride_xh": "i64", "H_F": "fp32", "eps": "fp32", "max_pos": "i64"},
          tuple(_flags(H=int(h), HALF=int(h) // 2, BLOCK_H=c["BLOCK_H"], BLOCK_ROWS=c["BLOCK_ROWS"],
-                      num_warps=c["num_warps"], num_stages=1) for h, c in t["norm"].items() if int(h) in (64, 128))),
+                      num_warps=c["num_warps"], num_stages=1)
+               for h, c in ((h, qk_norm_rope_config(int(h))) for h in t["norm"]) if int(h) in (64, 128))),
         ("rowops.swiglu_fwd", "swiglu.v1", K.swiglu_fwd_kernel,
          {"y_ptr": "*bf16", "gu_ptr": "*bf16", "n_elem": "i64", "F": "i64", "stride_gt": "i64"},
          (_flags(BLOCK=t["swiglu"]["BLOCK"], num_warps=t["swiglu"]["num_warps"], num_stages=1),)),

@@ -84,8 +84,12 @@ def test_pairs_order_skip_and_stop(tmp_path, ckpt):
     assert [c[0] for c in calls] == [3, 3]
     calls.clear()  # a failing arm stops the run with its exit status
     a = B.parser().parse_args(["pairs", "--dir", ckpt, "--results", R, "--start", "4", "--n", "2"])
-    assert B.run_pairs(a, run=_fake_arm_runner(calls, fail=(4, B.pair_order(0, 4)[0]))) == 3
-    assert [c[0] for c in calls] == [4]
+    second = B.pair_order(0, 4)[1]
+    assert B.run_pairs(a, run=_fake_arm_runner(calls, fail=(4, second))) == 3
+    assert [c[0] for c in calls] == [4, 4]
+    calls.clear()  # pair 4 has one arm file only: both of its arms run again
+    assert B.run_pairs(a, run=_fake_arm_runner(calls)) == 0
+    assert [c[0] for c in calls] == [4, 4, 5, 5]
 
 
 def test_pairs_budget_stops_before_a_pair_that_would_not_fit(tmp_path, ckpt, monkeypatch):

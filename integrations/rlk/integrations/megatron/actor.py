@@ -117,6 +117,8 @@ def training_wrappers(module: torch.nn.Module, config, *, lr: float, betas: tupl
     from megatron.core.distributed.finalize_model_grads import finalize_model_grads
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
+    # Without an optimizer, plain DDP: the distributed optimizer's bf16 parameter buffer has no use.
+    distributed_optimizer = distributed_optimizer and optimizer
     ddp_config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=distributed_optimizer)
     opt_config = OptimizerConfig(

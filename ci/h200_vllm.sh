@@ -5,7 +5,11 @@
 #   STAGES="stage2 prepare arm_rlk ..." bash ci/h200_vllm.sh  # call 2, right after (carry part-ab)
 #
 # Stages, in this order: stage1 stage2 prepare arm_rlk arm_stock arm_batch_invariant compare report
-# baselines (rlk's kernels vs vLLM's own, rlk.integrations.vllm.kernel_baselines_bench).
+# baselines (rlk's kernels vs vLLM's own, rlk.integrations.vllm.kernel_baselines_bench)
+# prod_pairs prod_report (rlk.integrations.production.bench: paired P/P vs R/R, vLLM rollout +
+# megatron-core trainer, results under $R/production; complete pairs are skipped, so the pairs
+# can be spread over several calls: PROD_PAIRS (default 5), PROD_LIMIT (s, default 560; the
+# runner stops before a pair that would not fit), PROD_ARGS (e.g. "--workload W1 --micro-tokens 16384")).
 # Everything but stage1 needs the extracted bundle (ci/vllm_bundle.sh). The checkpoint ($CKPT)
 # and results ($R) live under /tmp/rlk_vllm, which survives between calls while the machine stays
 # warm; $OUT/results.tgz (JSON, logs, token files) and $OUT/summary.txt come back after every
@@ -49,5 +53,10 @@ stage compare 420 $BENCH compare --dir "$CKPT" --arms $(ls "$R"/arm_*.json 2>/de
   ${COMPARE_ARGS:-}
 stage report 60 $BENCH report --results "$R" --out "$R/vllm_h200.json"
 stage baselines 300 python3 -m rlk.integrations.vllm.kernel_baselines_bench --out "$R/kernel_baselines_h200.json"
+PROD="python3 -m rlk.integrations.production.bench"
+PROD_LIMIT=${PROD_LIMIT:-560}
+stage prod_pairs "$PROD_LIMIT" $PROD pairs --dir "$CKPT" --results "$R/production" --n "${PROD_PAIRS:-5}" \
+  --budget-s "$((PROD_LIMIT - 30))" ${PROD_ARGS:-}
+stage prod_report 120 $PROD report --results "$R/production" --out "$R/production/e2e_production_h200.json"
 tar czf "$OUT/results.tgz" --exclude="*_trace" -C "$R" .
 cat "$SUMMARY"

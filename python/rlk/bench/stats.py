@@ -53,3 +53,18 @@ def paired_bootstrap_ratio(
     lo = boots[int(math.floor(alpha / 2 * n_boot))]
     hi = boots[min(n_boot - 1, int(math.ceil((1 - alpha / 2) * n_boot)) - 1)]
     return ratio_of_medians(strict, native), lo, hi
+
+
+def bootstrap_median(xs: Sequence[float], n_boot: int = 10000, seed: int = 0,
+                     alpha: float = 0.05) -> tuple[float, float, float]:
+    """Median of ``xs`` and its percentile-bootstrap (1-alpha) interval, resampling the values
+    themselves (e.g. one R/R / P/P ratio per process pair: the pair is the unit, not the step).
+    Returns (median, low, high); seeded, so the same input gives the same interval."""
+    if not xs:
+        raise ValueError("bootstrap of an empty sequence")
+    rng = random.Random(seed)
+    n = len(xs)
+    boots = sorted(median([xs[rng.randrange(n)] for _ in range(n)]) for _ in range(n_boot))
+    lo = boots[int(math.floor(alpha / 2 * n_boot))]
+    hi = boots[min(n_boot - 1, int(math.ceil((1 - alpha / 2) * n_boot)) - 1)]
+    return median(xs), lo, hi

@@ -103,16 +103,22 @@ _RECOMPUTE = {None: {}, "full": dict(recompute_granularity="full", recompute_met
 
 
 def training_wrappers(module: torch.nn.Module, config, *, lr: float, betas: tuple[float, float], eps: float,
-                      distributed_optimizer: bool = True):
+                      distributed_optimizer: bool = True, optimizer: bool = True):
     """megatron's ``DistributedDataParallel`` (``grad_reduce_in_fp32``: fp32 ``main_grad``
     buffers) around ``module`` and its Adam optimizer (bf16 params, fp32 main parameters,
     ``weight_decay=0``, no clipping), as :class:`MegatronActor` uses them; also sets
     ``config.finalize_model_grads_func`` to finalize without a token-count rescale (the per-token
-    loss is already normalized). Returns ``(ddp_config, opt_config, ddp, optimizer)``."""
+    loss is already normalized). Returns ``(ddp_config, opt_config, ddp, optimizer)``.
+
+    ``optimizer=False``: DDP and its ``main_grad`` buffers only; ``opt_config`` and ``optimizer``
+    are None (no fp32 main parameters or Adam states: 12 of the 18 bytes per parameter, which
+    is what keeps a full-depth 8B model's forward + backward on one GPU)."""
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.distributed.finalize_model_grads import finalize_model_grads
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
+    # Without an optimizer, plain DDP: the distributed optimizer's bf16 parameter buffer has no use.
+    distributed_optimizer = distributed_optimizer and optimizer
     ddp_config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=distributed_optimizer)
     opt_config = OptimizerConfig(
@@ -121,10 +127,10 @@ def training_wrappers(module: torch.nn.Module, config, *, lr: float, betas: tupl
         use_distributed_optimizer=distributed_optimizer, clip_grad=0.0)
     with cuda_names_on_cpu():
         ddp = DistributedDataParallel(config, ddp_config, module=module)
-        optimizer = get_megatron_optimizer(opt_config, [ddp])
+        opt = get_megatron_optimizer(opt_config, [ddp]) if optimizer else None
     config.finalize_model_grads_func = (
         lambda chunks, num_tokens=None, **kw: finalize_model_grads(chunks, None, **kw))
-    return ddp_config, opt_config, ddp, optimizer
+    return ddp_config, (opt_config if optimizer else None), ddp, opt
 
 
 class MegatronActor:
@@ -136,13 +142,14 @@ class MegatronActor:
       distributed_optimizer: megatron's ``DistributedOptimizer`` (True) or the plain
         ``Float16OptimizerWithFloat16Params`` (False); both keep fp32 main parameters.
       recompute: None, ``"full"`` or ``"selective"`` activation recompute (module docstring).
+      optimizer: False builds no optimizer (DDP ``main_grad`` buffers only; :meth:`step` refuses).
       device: ``"cuda"``: parameters allocated on the GPU without an init, then loaded; None or
         ``"cpu"``: built on the host (megatron's DDP moves them to its buffers' device).
     """
 
     def __init__(self, cfg, hf: dict[str, torch.Tensor], *, lr: float = 1e-3,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, distributed_optimizer: bool = True,
-                 recompute: Optional[str] = None, device: Optional[str] = None):
+                 recompute: Optional[str] = None, device: Optional[str] = None, optimizer: bool = True):
         from megatron.core import parallel_state as ps
 
         from rlk.integrations.megatron import spec, weights
@@ -166,7 +173,8 @@ class MegatronActor:
         weights.load_into(model, weights.hf_to_megatron(cfg, hf, 1, 0))
         self.model = model
         self.ddp_config, self.opt_config, self.ddp, self.optimizer = training_wrappers(
-            model, model.config, lr=lr, betas=betas, eps=eps, distributed_optimizer=distributed_optimizer)
+            model, model.config, lr=lr, betas=betas, eps=eps, distributed_optimizer=distributed_optimizer,
+            optimizer=optimizer)
         self.steps = 0
 
     # ---- one training step ---------------------------------------------------------------------
@@ -207,7 +215,8 @@ class MegatronActor:
         self.ddp.train()
         with cuda_names_on_cpu():
             self.ddp.zero_grad_buffer()
-            self.optimizer.zero_grad()
+            if self.optimizer is not None:
+                self.optimizer.zero_grad()
             self.last_losses = forward_backward_no_pipelining(
                 forward_step_func=forward_step, data_iterator=it, model=[self.ddp], num_microbatches=len(batches),
                 seq_length=0, micro_batch_size=1, forward_only=False)
@@ -215,6 +224,8 @@ class MegatronActor:
 
     def step(self) -> dict:
         """megatron's optimizer step (fp32 main parameters updated, copied back to bf16)."""
+        if self.optimizer is None:
+            raise UnsupportedConfigError("MegatronActor was built with optimizer=False: no optimizer step")
         with cuda_names_on_cpu():
             ok, grad_norm, zeros = self.optimizer.step()
         if not ok:

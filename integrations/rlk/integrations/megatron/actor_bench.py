@@ -199,8 +199,10 @@ def _run_worker(a) -> dict:
 
 
 # ---- native ------------------------------------------------------------------------------------
-def _native_model(cfg, a):
-    """megatron-core's local-spec GPTModel (module docstring), bf16 through ``Float16Module``."""
+def _native_model(cfg, a, core_attention=None):
+    """megatron-core's local-spec GPTModel (module docstring), bf16 through ``Float16Module``;
+    ``core_attention``: a class for the spec's core-attention slot instead of megatron's local
+    ``DotProductAttention`` (e.g. one that takes packed ``thd`` sequences)."""
     import torch.nn.functional as F
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -221,6 +223,8 @@ def _native_model(cfg, a):
         cross_entropy_loss_fusion=False, calculate_per_token_loss=True, tensor_model_parallel_size=1,
         use_cpu_initialization=not on_gpu, perform_initialization=False, **_RECOMPUTE[a.recompute])
     layer_spec = get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm")
+    if core_attention is not None:
+        layer_spec.submodules.self_attention.submodules.core_attention = core_attention
     model = GPTModel(config=tc, transformer_layer_spec=layer_spec,
                      vocab_size=cfg.vocab_size, max_sequence_length=cfg.max_position_embeddings, pre_process=True,
                      post_process=True, parallel_output=True,
@@ -247,7 +251,10 @@ def _native_state(cfg, hf) -> dict[str, torch.Tensor]:
 
 
 class _NativeActor:
-    def __init__(self, cfg, hf, a):
+    """``core_attention``: see :func:`_native_model`; ``optimizer=False``: DDP ``main_grad``
+    buffers only (``actor.training_wrappers``), :meth:`step` refuses."""
+
+    def __init__(self, cfg, hf, a, core_attention=None, optimizer: bool = True):
         from megatron.core import tensor_parallel
 
         from rlk.integrations.megatron import spec, weights
@@ -258,10 +265,11 @@ class _NativeActor:
         if self.on_gpu:  # local DotProductAttention forks megatron's model-parallel CUDA RNG (dropout)
             tensor_parallel.model_parallel_cuda_manual_seed(0)
         with cuda_names_on_cpu():
-            self.f16, tc = _native_model(cfg, a)
+            self.f16, tc = _native_model(cfg, a, core_attention)
         self.model = self.f16.module
         weights.load_into(self.model, _native_state(cfg, hf))  # fail closed: every parameter covered
-        _, _, self.ddp, self.optimizer = training_wrappers(self.f16, tc, lr=LR, betas=(0.9, 0.999), eps=1e-8)
+        _, _, self.ddp, self.optimizer = training_wrappers(self.f16, tc, lr=LR, betas=(0.9, 0.999), eps=1e-8,
+                                                           optimizer=optimizer)
 
     def forward_backward(self, pk, loss, seqs: int) -> torch.Tensor:
         from megatron.core.pipeline_parallel.schedules import forward_backward_no_pipelining
@@ -286,7 +294,8 @@ class _NativeActor:
         self.ddp.train()
         with cuda_names_on_cpu(), self._cpu_rng_fork():
             self.ddp.zero_grad_buffer()
-            self.optimizer.zero_grad()
+            if self.optimizer is not None:
+                self.optimizer.zero_grad()
             forward_backward_no_pipelining(forward_step_func=forward_step, data_iterator=iter([0]), model=[self.ddp],
                                            num_microbatches=1, seq_length=S, micro_batch_size=seqs,
                                            forward_only=False)
@@ -311,6 +320,8 @@ class _NativeActor:
     def step(self) -> None:
         from rlk.integrations.megatron.actor import cuda_names_on_cpu
 
+        if self.optimizer is None:
+            raise RuntimeError("native actor built with optimizer=False: no optimizer step")
         with cuda_names_on_cpu():
             ok, _, _ = self.optimizer.step()
         if not ok:

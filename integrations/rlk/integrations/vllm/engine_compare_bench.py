@@ -82,7 +82,7 @@ def compare(model_dir: str, arm_files: list[str], out: str, microbatch_tokens: i
     say(f"checkpoint distribution: {json.dumps(res['distribution'])}")
     if megatron:
         try:
-            from rlk.integrations.megatron import replay as mreplay
+            from rlk.integrations.megatron import replay_probe as mreplay
 
             res["megatron_core_version"] = mreplay.megatron_version()
             mg = mreplay.build_megatron(cfg, fused, "cuda")
@@ -105,7 +105,7 @@ def compare(model_dir: str, arm_files: list[str], out: str, microbatch_tokens: i
             r = {"rlk_trainer": compare_logp(elp, tl), "rlk_trainer_s": round(time.perf_counter() - t1, 2),
                  "sampled_logp": sampled_logp_stats(tens[f"{w}.logp"])}
             if mg is not None:
-                from rlk.integrations.megatron import replay as mreplay
+                from rlk.integrations.megatron import replay_probe as mreplay
 
                 ml, ms, _ = mreplay.megatron_score(mg, cfg, prompts, toks, microbatch_tokens, "cuda")
                 r["megatron"] = compare_logp(elp, ml)

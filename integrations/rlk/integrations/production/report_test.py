@@ -1,0 +1,109 @@
+"""The production benchmark's report on synthetic arm files (no engine runs): the per-pair
+ratio, its median and bootstrap interval over pairs, p95, phases and tokens/s, both targets,
+and an incomplete run reported as such. Each target is shown flipping on the input that should
+flip it."""
+
+import json
+
+import pytest
+
+from rlk.integrations.production import records, report_bench
+
+PP_PHASES = {"old_logp": 2.0, "ref_logp": 2.0, "actor_fwd_bwd": 6.0}
+RR_PHASES = {"ref_logp": 2.5, "actor_fwd_bwd": 7.0}
+
+
+def _arm(arm, pair, gen_s, phases, mismatches=0, order=("pp", "rr")):
+    rollout = {"workload": "W1", "generate_s": gen_s, "engine_start_s": 70.0, "vllm_version": "0.26.0",
+               "vllm_arm": records.VLLM_ARM[arm], "bundle_sha256": "b" * 64, "versions": {"torch": "2.11.0"}}
+    train = {"phases": {k: {"seconds": v, "peak_allocated_gib": 50.0 + v} for k, v in phases.items()},
+             "layers": 36, "sequences": 64, "response_tokens": 1000, "packed_tokens": 3000, "micro_batches": 1,
+             "micro_tokens": 16384, "recompute": "full", "model_load_s": 20.0, "trainer": f"{arm} trainer",
+             "old_logp_source": "x", "checkpoint_sha256": "c" * 64, "reference_policy": "same checkpoint",
+             "advantages": "seeded", "versions": {"megatron-core": "0.19.2", "torch": "2.11.0", "triton": "3.6.0"},
+             "optimizer": {"skipped": "no --optimizer-step"}}
+    if arm == "rr":
+        train["logp_mismatches"] = mismatches
+    return records.merge(arm, rollout, train, {"index": pair, "order": list(order)})
+
+
+def _write(d, pp_gen, rr_gen, mismatches=None):
+    """One pair per entry: P/P's and R/R's rollout seconds (trainer phases fixed)."""
+    for i, (a, b) in enumerate(zip(pp_gen, rr_gen)):
+        records.write_json(records.arm_path(str(d), i, "pp"), _arm("pp", i, a, PP_PHASES))
+        m = mismatches[i] if mismatches else 0
+        records.write_json(records.arm_path(str(d), i, "rr"), _arm("rr", i, b, RR_PHASES, m))
+
+
+def test_ratio_targets_phases_and_files(tmp_path):
+    # PP totals 10 + gen, RR 9.5 + gen: ratios (9.5 + r) / (10 + p).
+    _write(tmp_path, [10, 10, 10, 10, 10], [4.0, 4.5, 5.0, 3.5, 4.2])
+    out = tmp_path / "rep" / "e2e.json"
+    rep = report_bench.write([str(tmp_path)], str(out))
+    ratios = [(9.5 + r) / 20 for r in (4.0, 4.5, 5.0, 3.5, 4.2)]
+    assert [x["ratio"] for x in rep["per_pair"]] == [round(r, 4) for r in ratios]
+    assert rep["ratio"] == round(sorted(ratios)[2], 4)
+    lo, hi = rep["ratio_ci95"]
+    assert round(min(ratios), 4) <= lo <= rep["ratio"] <= hi <= round(max(ratios), 4)
+    assert rep["pairs"] == 5 and rep["complete"] and "note" not in rep
+    assert rep["targets"] == {"rr_pp_upper_ci_le_0.95": True, "rr_logp_mismatches_zero": True}
+    pp, rr = rep["arms"]["pp"], rep["arms"]["rr"]
+    assert list(pp["phases"]) == ["rollout_generate", "old_logp", "ref_logp", "actor_fwd_bwd"]
+    assert list(rr["phases"]) == ["rollout_generate", "ref_logp", "actor_fwd_bwd"]  # R/R reuses the old logp
+    assert pp["phases"]["actor_fwd_bwd"] == {"median_s": 6.0, "tokens": 3000, "tok_per_s": 500.0,
+                                             "seconds": [6.0] * 5}
+    assert rr["phases"]["rollout_generate"]["tok_per_s"] == round(1000 / 4.2, 1)
+    assert pp["total_median_s"] == 20.0 and rr["total_p95_s"] == pytest.approx(9.5 + 4.9, abs=1e-9)
+    assert rr["peak_allocated_gib"] == {"ref_logp": 52.5, "actor_fwd_bwd": 57.0}
+    assert rep["spec"]["layers"] == 36 and rep["spec"]["sequences"] == 64
+    assert rr["provenance"]["checkpoint_sha256"] == "c" * 64 and rr["provenance"]["vllm_arm"] == "rlk"
+    assert json.loads(out.read_text())["ratio"] == rep["ratio"]
+    md = (tmp_path / "rep" / "e2e.md").read_text()
+    assert "RR / PP = " in md and "| actor_fwd_bwd | 6.000 | 500.0 | 7.000 |" in md
+    assert (tmp_path / "rep" / "e2e.png").stat().st_size > 1000
+
+
+def test_upper_end_of_the_interval_decides_not_the_median(tmp_path):
+    # Median ratio 0.9 passes alone, but two pairs above 1 put the interval's upper end over 0.95.
+    _write(tmp_path, [10] * 5, [6.5, 7.5, 8.5, 11.0, 12.0])
+    rep = report_bench.summarize(*report_bench.load_pairs([str(tmp_path)]))
+    assert rep["ratio"] == 0.9 and rep["ratio_ci95"][1] > 0.95
+    assert rep["targets"]["rr_pp_upper_ci_le_0.95"] is False
+
+
+def test_slower_rr_fails_the_ratio_target(tmp_path):
+    _write(tmp_path, [10] * 5, [11.0] * 5)
+    rep = report_bench.summarize(*report_bench.load_pairs([str(tmp_path)]))
+    assert rep["ratio"] == 1.025 and rep["ratio_ci95"] == [1.025, 1.025]
+    assert rep["targets"] == {"rr_pp_upper_ci_le_0.95": False, "rr_logp_mismatches_zero": True}
+
+
+def test_one_rr_mismatch_flips_the_exactness_target(tmp_path):
+    _write(tmp_path, [10] * 5, [4.0] * 5, mismatches=[0, 0, 1, 0, 0])
+    rep = report_bench.summarize(*report_bench.load_pairs([str(tmp_path)]))
+    assert rep["logp_mismatches"] == [0, 0, 1, 0, 0]
+    assert rep["targets"] == {"rr_pp_upper_ci_le_0.95": True, "rr_logp_mismatches_zero": False}
+
+
+def test_fewer_pairs_and_several_folders_are_reported_as_incomplete(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    _write(a, [10, 10], [4.0, 4.0])
+    _write(b, [10], [4.0])
+    records.write_json(records.arm_path(str(b), 7, "pp"), _arm("pp", 7, 10, PP_PHASES))  # its rr never ran
+    rep = report_bench.summarize(*report_bench.load_pairs([str(a), str(b)]))
+    assert rep["pairs"] == 3 and rep["complete"] is False and "3 of the 5 pairs" in rep["note"]
+    assert [(x["dir"], x["pair"]) for x in rep["per_pair"]] == [(str(a), 0), (str(a), 1), (str(b), 0)]
+    assert rep["incomplete_pair_files"] == [records.arm_path(str(b), 7, "pp")]
+
+
+def test_refuses_no_pairs_and_mixed_workloads(tmp_path):
+    with pytest.raises(SystemExit, match="no complete pair"):
+        report_bench.summarize(*report_bench.load_pairs([str(tmp_path)]))
+    _write(tmp_path, [10, 10], [4.0, 4.0])
+    rec = json.loads(open(records.arm_path(str(tmp_path), 1, "rr")).read())
+    rec["spec"]["workload"] = "W2"
+    records.write_json(records.arm_path(str(tmp_path), 1, "rr"), rec)
+    with pytest.raises(SystemExit, match="differ in layers / sequences / workload"):
+        report_bench.summarize(*report_bench.load_pairs([str(tmp_path)]))

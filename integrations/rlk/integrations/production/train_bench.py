@@ -1,0 +1,343 @@
+"""The trainer half of one arm of :mod:`rlk.integrations.production.bench` (``bench train``):
+megatron-core on the rollout's tokens, phase by phase, in a process of its own.
+
+    python -m rlk.integrations.production.bench train --arm pp|rr --dir CKPT --rollout R/x_rollout.json \\
+        --out R/x_train.json [--micro-tokens 16384] [--recompute full] [--optimizer-step] [--warmup 1]
+
+Trainers (both TP=1, bf16 parameters, megatron's ``DistributedDataParallel`` with fp32
+``main_grad``, its no-pipelining schedule, sequences packed ``thd`` in micro-batches of whole
+sequences of at most ``--micro-tokens`` tokens, request order, ``replay_probe.microbatches``):
+
+* ``rr``: :class:`rlk.integrations.megatron.actor.MegatronActor` (rlk's strict spec, fused LM
+  head + loss). Old logp = the rollout's, **reused**: the actor forward's logp of every response
+  token is compared with the rollout's as raw fp32 bytes; one differing token and the run fails
+  closed (exit status 3, the count in the message and the record) before any optimizer step.
+* ``pp``: megatron's local spec (``actor_bench._native_model``) with
+  :class:`~rlk.integrations.production.attention.VarlenCoreAttention` in the core-attention
+  slot, megatron's RoPE, its per-token cross entropy over materialized logits (logp = -ce). Old
+  logp **recomputed** by a no-grad trainer forward (the stock engine's logp is not the
+  trainer's).
+
+Phases, each between ``torch.cuda.synchronize()`` calls on CUDA, with its peak allocated memory
+(``max_memory_allocated``, reset before it): ``old_logp`` (pp), ``ref_logp`` (no-grad forward;
+the reference policy is the same checkpoint here), ``actor_fwd_bwd`` (GRPO's clipped per-token
+loss, ``rlk.rl.grpo.token_loss_fn``, clip 0.2, normalized by the batch's response tokens;
+forward + backward into ``main_grad``), ``optimizer`` (only with ``--optimizer-step``, which
+builds megatron's Adam; it does not fit at full Qwen3-8B depth:
+``actor_bench.REASON_REDUCED_DEPTH``). Warm-up rule, the same for both arms: before the timed
+phases, ``--warmup`` untimed forward and forward + backward passes over the first micro-batch
+(Triton compiles, cuBLAS and allocator warm-up). Model load is timed but not counted.
+
+Advantages (:data:`ADVANTAGES`): one per sequence, ``torch.randn(n, generator=seed)``, on each
+of its response tokens.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import sys
+import time
+import types
+
+LR = 1e-5
+CLIP = 0.2
+ADVANTAGES = ("sequence i's advantage = torch.randn(n, generator=torch.Generator().manual_seed(seed))[i], "
+              "on every response token of sequence i")
+REFERENCE = "the reference policy is the same checkpoint as the actor in this benchmark"
+NATIVE_TRAINER = ("megatron-core {v} local spec, torch varlen flash attention, torch RMSNorm, cuBLAS; "
+                  "no TransformerEngine (not carried)")
+STRICT_TRAINER = "megatron-core {v} GPTModel on rlk's strict spec (MegatronActor), rlk Triton kernels"
+FAIL_CLOSED_RC = 3
+_T0 = time.perf_counter()
+
+
+def say(msg: str) -> None:
+    print(f"[train {time.perf_counter() - _T0:7.1f}s] {msg}", file=sys.stderr, flush=True)
+
+
+class FailClosed(RuntimeError):
+    """R/R's old-logp reuse refused: the rollout's logp are not the trainer's, bit for bit."""
+
+
+# ---- helpers -----------------------------------------------------------------------------------
+def _sync(device):
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed(fn, device, tokens: int) -> tuple[object, dict]:
+    """``fn()`` between synchronizations; ``(result, {"seconds", "tokens", "tok_per_s",
+    "peak_allocated_gib"?})``; garbage collection and the allocator's cache release run first,
+    untimed."""
+    import torch
+
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    _sync(device)
+    t0 = time.perf_counter()
+    out = fn()
+    _sync(device)
+    dt = time.perf_counter() - t0
+    rec = {"seconds": round(dt, 4), "tokens": tokens, "tok_per_s": round(tokens / dt, 1) if dt > 0 else None}
+    if device.type == "cuda":
+        rec["peak_allocated_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)
+    return out, rec
+
+
+def rows(pk, per_request, n: int):
+    """Packed ``[T]`` fp32 rows holding each request's response values at its logp rows
+    (``rlk.replay.trainer.response_logp``'s rule), 0 elsewhere (rows the loss masks out)."""
+    import torch
+
+    out = torch.zeros(pk.ids.shape[0], dtype=torch.float32)
+    cu = pk.host_cu
+    for j, i in enumerate(pk.order):
+        p, r = pk.prompt_lens[j], pk.response_lens[j]
+        out[cu[j] + p - 1: cu[j] + p - 1 + r] = per_request[i].to(torch.float32)
+    return out.to(pk.ids.device)
+
+
+def compare_bitwise(rollout: list, trainer: list) -> dict:
+    """Raw fp32 bytes of every response token (``torch.equal`` on ``.view(torch.int32)``): a
+    rollout value that is not an fp32 value counts as differing too."""
+    import torch
+
+    n = bad = 0
+    first, max_abs = None, 0.0
+    for i, (e, t) in enumerate(zip(rollout, trainer)):
+        e32, t32 = e.to(torch.float32), t.detach().to(torch.float32).cpu()
+        neq = (e32.view(torch.int32) != t32.view(torch.int32)) | (e32.to(torch.float64) != e.to(torch.float64))
+        n += e32.numel()
+        k = int(neq.sum())
+        bad += k
+        if k:
+            max_abs = max(max_abs, float((e.to(torch.float64) - t32.double()).abs().max()))
+            if first is None:
+                j = int(torch.nonzero(neq)[0])
+                first = {"request": i, "token": j, "rollout": float(e[j]), "trainer": float(t32[j])}
+    return {"compared_tokens": n, "mismatches": bad, "max_abs_diff": max_abs, "first_mismatch": first}
+
+
+# ---- the two trainers --------------------------------------------------------------------------
+class _Trainer:
+    """``forward(pk) -> logp [T]`` (no grad) and ``forward_backward([(pk, token_loss)]) ->
+    [logp [T]]`` over megatron's schedule, for one arm."""
+
+    def __init__(self, arm, cfg, hf, device, recompute, optimizer):
+        from megatron.core import package_info
+
+        self.arm, self.cfg, self.device = arm, cfg, device
+        if arm == "rr":
+            from rlk.integrations.megatron.actor import MegatronActor
+
+            self.actor = MegatronActor(cfg, hf, lr=LR, recompute=recompute, device=str(device), optimizer=optimizer)
+            self.model, self.ddp, self.optimizer = self.actor.model, self.actor.ddp, self.actor.optimizer
+            self.description = STRICT_TRAINER.format(v=package_info.__version__)
+        else:
+            from rlk.integrations.megatron.actor_bench import _NativeActor
+            from rlk.integrations.production.attention import VarlenCoreAttention
+
+            a = types.SimpleNamespace(device=str(device), recompute=recompute)
+            self.actor = _NativeActor(cfg, hf, a, core_attention=VarlenCoreAttention, optimizer=optimizer)
+            self.model, self.ddp, self.optimizer = self.actor.f16, self.actor.ddp, self.actor.optimizer
+            self.description = NATIVE_TRAINER.format(v=package_info.__version__)
+
+    @staticmethod
+    def _psp(pk):
+        import torch
+        from megatron.core.packed_seq_params import PackedSeqParams
+
+        cu = pk.cu_seqlens.to(torch.int32)
+        ms = max(b - a for a, b in zip(pk.host_cu, pk.host_cu[1:]))
+        return PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=ms, max_seqlen_kv=ms)
+
+    def _native_logp(self, model, pk):
+        T = pk.ids.shape[0]
+        ce = model(pk.ids.view(1, T), None, None, labels=pk.targets.view(1, T), packed_seq_params=self._psp(pk))
+        return -ce.reshape(T)  # megatron's per-token cross entropy, fp32 [1, T]
+
+    def forward(self, pk):
+        """No-grad logp ``[T]`` in eval mode (megatron's activation recompute applies to training
+        forwards only, as in its forward-only schedule)."""
+        import torch
+
+        from rlk.integrations.megatron.actor import cuda_names_on_cpu
+
+        self.model.eval()
+        if self.arm == "rr":
+            from rlk.integrations.megatron.replay_probe import _forward
+            from rlk.kernels.common import host_validated
+
+            with host_validated():
+                return _forward(self.model, pk)
+        with torch.no_grad(), cuda_names_on_cpu():
+            return self._native_logp(self.model, pk)
+
+    def forward_backward(self, batches):
+        import torch
+
+        if self.arm == "rr":
+            from rlk.kernels.common import host_validated
+
+            with host_validated():
+                return self.actor.forward_backward(batches)
+        from megatron.core.pipeline_parallel.schedules import forward_backward_no_pipelining
+
+        from rlk.integrations.megatron.actor import cuda_names_on_cpu
+
+        logps = []
+
+        def forward_step(data_iterator, model):
+            pk, token_loss = next(data_iterator)
+            T = pk.ids.shape[0]
+            logp = self._native_logp(model, pk)
+            logps.append(logp.detach())
+            return token_loss(logp, 0, T).sum(), lambda out: (out, torch.tensor(T, dtype=torch.int),
+                                                             {"loss": out.detach()})
+
+        self.ddp.train()
+        with cuda_names_on_cpu():
+            self.ddp.zero_grad_buffer()
+            if self.optimizer is not None:
+                self.optimizer.zero_grad()
+            forward_backward_no_pipelining(forward_step_func=forward_step, data_iterator=iter(batches),
+                                           model=[self.ddp], num_microbatches=len(batches), seq_length=0,
+                                           micro_batch_size=1, forward_only=False)
+        return logps
+
+    def step(self):
+        return self.actor.step()
+
+
+# ---- the run -----------------------------------------------------------------------------------
+def run_train(arm: str, model_dir: str, rollout_path: str, out: str, *, micro_tokens: int = 16384,
+              recompute: str | None = "full", optimizer_step: bool = False, warmup: int = 1, seed: int = 0,
+              device: str | None = None) -> dict:
+    """The trainer half (module docstring); writes ``out`` and returns the record. Raises
+    :class:`FailClosed` (after writing the record) when R/R's reuse check fails."""
+    from rlk import determinism
+
+    if not os.environ.get("TRITON_INTERPRET"):
+        determinism.configure_cpu_interpreter_without_gpu()  # before any kernel module is imported
+    import torch
+
+    from rlk.integrations.megatron.replay_probe import microbatches
+    from rlk.integrations.production import records
+    from rlk.models.qwen3 import Qwen3Config, load_safetensors
+    from rlk.models.qwen3 import checkpoint
+    from rlk.replay import trainer
+    from rlk.replay.rollout import check_tokens
+    from rlk.rl import grpo
+
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    cfg = Qwen3Config.from_json(os.path.join(model_dir, "config.json"))
+    ck = checkpoint.read_record(model_dir)
+    prompts, responses, roll_lp = records.load_rollout(rollout_path)
+    check_tokens(cfg.vocab_size, prompts, responses)
+    n = len(prompts)
+    lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
+    if max(lengths) > cfg.max_position_embeddings:
+        raise SystemExit(f"a sequence of {max(lengths)} tokens exceeds max_position_embeddings "
+                         f"{cfg.max_position_embeddings}")
+    groups = microbatches(lengths, micro_tokens)
+    packs = [trainer.pack(prompts, responses, g, device=dev) for g in groups]
+    T = sum(lengths)
+    n_resp = sum(len(r) for r in responses)
+    adv_seq = torch.randn(n, generator=torch.Generator().manual_seed(seed))
+    say(f"{arm}: {n} sequences, {T} packed tokens ({n_resp} response) in {len(packs)} micro-batches of <= "
+        f"{micro_tokens}; {cfg.num_hidden_layers} layers on {dev}")
+
+    t0 = time.perf_counter()
+    hf = load_safetensors(model_dir, cfg, device=str(dev))
+    tr = _Trainer(arm, cfg, hf, dev, recompute, optimizer_step)
+    del hf
+    _sync(dev)
+    load_s = time.perf_counter() - t0
+    say(f"{arm}: model loaded in {load_s:.1f} s: {tr.description}")
+
+    def batches(old_per_request):
+        out = []
+        for pk in packs:
+            adv = rows(pk, [adv_seq[i].expand(len(responses[i])) for i in range(n)], n)
+            out.append((pk, grpo.token_loss_fn(rows(pk, old_per_request, n), adv, pk.loss_mask, CLIP, n_resp)))
+        return out
+
+    def score_all():
+        lp: list = [None] * n
+        for pk in packs:
+            for i, t in enumerate(trainer.response_logp(pk, tr.forward(pk), n)):
+                if t is not None:
+                    lp[i] = t
+        return lp
+
+    for _ in range(warmup):  # untimed (module docstring)
+        tr.forward(packs[0])
+        tr.forward_backward(batches([r.to(torch.float32) for r in roll_lp])[:1])
+    phases: dict = {}
+    rec = {"arm": arm, "device": str(dev), "trainer": tr.description, "model_load_s": round(load_s, 2),
+           "sequences": n, "packed_tokens": T, "response_tokens": n_resp, "micro_batches": len(packs),
+           "micro_tokens": micro_tokens, "layers": cfg.num_hidden_layers, "config": cfg.name,
+           "recompute": recompute, "warmup_passes": warmup, "advantages": ADVANTAGES, "advantage_seed": seed,
+           "reference_policy": REFERENCE, "loss": f"rlk.rl.grpo clipped per-token loss, clip {CLIP}",
+           "checkpoint_sha256": ck.get("sha256"), "phases": phases}
+    if arm == "pp":
+        old, phases["old_logp"] = timed(score_all, dev, T)
+        rec["old_logp_source"] = "recomputed by a no-grad trainer forward"
+        rec["rollout_vs_trainer_logp"] = compare_bitwise(roll_lp, old)
+    else:
+        old = [r.to(torch.float32) for r in roll_lp]
+        rec["old_logp_source"] = "reused from the rollout (checked bitwise against the actor forward)"
+    _, phases["ref_logp"] = timed(score_all, dev, T)
+    bs = batches(old)
+    logps, phases["actor_fwd_bwd"] = timed(lambda: tr.forward_backward(bs), dev, T)
+    actor_lp: list = [None] * n
+    for pk, lp in zip(packs, logps):
+        for i, t in enumerate(trainer.response_logp(pk, lp, n)):
+            if t is not None:
+                actor_lp[i] = t
+    if arm == "rr":
+        cmp = compare_bitwise(roll_lp, actor_lp)
+        rec["rollout_vs_trainer_logp"] = cmp
+        rec["logp_mismatches"] = cmp["mismatches"]
+        if cmp["mismatches"]:
+            msg = (f"R/R fails closed: old-logp reuse refused, {cmp['mismatches']} of {cmp['compared_tokens']} "
+                   f"response tokens differ bitwise between the rollout logp and the actor forward's logp "
+                   f"(first: {json.dumps(cmp['first_mismatch'])}); no optimizer step ran")
+            rec["failed"] = msg
+            records.write_json(out, dict(rec, versions=_versions()))
+            raise FailClosed(msg)
+    if optimizer_step:
+        _, phases["optimizer"] = timed(tr.step, dev, T)
+    else:
+        rec["optimizer"] = {"skipped": "no --optimizer-step (megatron built without an optimizer: "
+                                       "DDP main_grad only)"}
+    rec["versions"] = _versions()
+    rec["provenance"] = _provenance(arm, tr.description, cfg)
+    records.write_json(out, rec)
+    say(f"{arm}: " + ", ".join(f"{k} {v['seconds']:.3f} s" for k, v in phases.items()))
+    return rec
+
+
+def _versions() -> dict:
+    from rlk.integrations.megatron.actor_bench import _versions as megatron_versions
+
+    return megatron_versions()
+
+
+def _provenance(arm: str, description: str, cfg) -> dict:
+    try:
+        from rlk.integrations.megatron import spec
+        from rlk.provenance import capability_record
+
+        ids = sorted(set(spec.CONTRACTS.values())) if arm == "rr" else None
+        return capability_record("strict" if arm == "rr" else "native", contract_ids=ids, load_contracts=False,
+                                 extra={"engine": description, "config": cfg.name,
+                                        "layers": cfg.num_hidden_layers})
+    except Exception as e:  # recorded, never invented
+        return {"error": f"{type(e).__name__}: {e}"}

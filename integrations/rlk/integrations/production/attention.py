@@ -25,6 +25,7 @@ run-to-run bitwise.
 
 from __future__ import annotations
 
+import functools
 import inspect
 
 import torch
@@ -44,6 +45,7 @@ def _varlen_attn():
     return varlen_attn
 
 
+@functools.lru_cache(maxsize=None)
 def flash_convention() -> dict:
     """How :func:`varlen_causal_attention` calls this torch's ``varlen_attn``: ``causal`` (the
     keyword used) and ``gqa`` (``"enable_gqa"`` or ``"repeat_interleave"``)."""
@@ -144,7 +146,10 @@ class VarlenCoreAttention(torch.nn.Module):
             raise UnsupportedConfigError("VarlenCoreAttention takes packed sequences only "
                                          "(PackedSeqParams(qkv_format='thd', ...))")
         cu, kv = packed_seq_params.cu_seqlens_q, packed_seq_params.cu_seqlens_kv
-        if packed_seq_params.cu_seqlens_q_padded is not None or (kv is not None and not torch.equal(kv, cu)):
+        # The same tensor object needs no comparison (torch.equal would read a bool back: one host
+        # sync per layer, a cost no production trainer pays).
+        if packed_seq_params.cu_seqlens_q_padded is not None or (kv is not None and kv is not cu
+                                                                 and not torch.equal(kv, cu)):
             raise UnsupportedConfigError("VarlenCoreAttention: padded / cross cu_seqlens are not covered")
         if packed_seq_params.max_seqlen_q is None:
             raise UnsupportedConfigError("VarlenCoreAttention: PackedSeqParams.max_seqlen_q is required")

@@ -25,8 +25,11 @@ loss, ``rlk.rl.grpo.token_loss_fn``, clip 0.2, normalized by the batch's respons
 forward + backward into ``main_grad``), ``optimizer`` (only with ``--optimizer-step``, which
 builds megatron's Adam; it does not fit at full Qwen3-8B depth:
 ``actor_bench.REASON_REDUCED_DEPTH``). Warm-up rule, the same for both arms: before the timed
-phases, ``--warmup`` untimed forward and forward + backward passes over the first micro-batch
-(Triton compiles, cuBLAS and allocator warm-up). Model load is timed but not counted.
+phases, ``--warmup`` untimed passes of the no-grad forward and of forward + backward over every
+micro-batch (an RL trainer's steady state: Triton compiles its kernels once per shape variant,
+e.g. a new row-count parity, and cuBLAS and the allocator warm up; with only the first
+micro-batch warmed, a cold Triton cache compiled inside the timed phases and slowed R/R's trainer
+phases by a third on the H200). Model load is timed but not counted.
 
 Advantages (:data:`ADVANTAGES`): one per sequence, ``torch.randn(n, generator=seed)``, on each
 of its response tokens.
@@ -276,9 +279,13 @@ def run_train(arm: str, model_dir: str, rollout_path: str, out: str, *, micro_to
                     lp[i] = t
         return lp
 
-    for _ in range(warmup):  # untimed (module docstring)
-        tr.forward(packs[0])
-        tr.forward_backward(batches([r.to(torch.float32) for r in roll_lp])[:1])
+    for k in range(warmup):  # untimed (module docstring): every micro-batch's shapes
+        t_w = time.perf_counter()
+        score_all()
+        tr.forward_backward(batches([r.to(torch.float32) for r in roll_lp]))
+        _sync(dev)
+        say(f"{arm}: warm-up pass {k + 1} of {warmup} (forward + forward/backward, {len(packs)} micro-batches, "
+            f"untimed) {time.perf_counter() - t_w:.1f} s")
     phases: dict = {}
     rec = {"arm": arm, "device": str(dev), "trainer": tr.description, "model_load_s": round(load_s, 2),
            "sequences": n, "packed_tokens": T, "response_tokens": n_resp, "micro_batches": len(packs),

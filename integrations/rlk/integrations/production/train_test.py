@@ -162,3 +162,30 @@ def test_flash_backend_matches_the_cpu_fallback_on_cuda():
     out = attention.varlen_causal_attention(q, k, v, cu, 230, 128 ** -0.5)
     ref = attention._sdpa_per_sequence(q, k, v, cu, 128 ** -0.5)
     torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
+
+
+def test_warm_up_passes_cover_every_micro_batch(setup, monkeypatch):
+    """The untimed warm-up runs each micro-batch through the forward and the forward/backward, so
+    no kernel variant of a later micro-batch compiles inside a timed phase."""
+    from rlk.integrations.production import train_bench
+
+    seen = {"forward": [], "fwd_bwd": []}
+    fwd, fb = train_bench._Trainer.forward, train_bench._Trainer.forward_backward
+
+    def forward(self, pk):
+        seen["forward"].append(pk.ids.shape[0])
+        return fwd(self, pk)
+
+    def forward_backward(self, batches):
+        seen["fwd_bwd"].append([pk.ids.shape[0] for pk, _ in batches])
+        return fb(self, batches)
+
+    monkeypatch.setattr(train_bench._Trainer, "forward", forward)
+    monkeypatch.setattr(train_bench._Trainer, "forward_backward", forward_backward)
+    rec = train_bench.run_train("pp", setup["ckpt"], setup["good"], str(setup["d"] / "warm.json"), micro_tokens=20,
+                                warmup=1, device="cpu")
+    sizes = seen["fwd_bwd"][-1]  # the timed forward/backward: every micro-batch
+    assert rec["micro_batches"] == len(sizes) == 2
+    assert seen["fwd_bwd"][0] == sizes, "the warm-up forward/backward skipped micro-batches"
+    assert seen["forward"][:2] == sizes, "the warm-up forward skipped micro-batches"
+    assert len(seen["forward"]) == 3 * len(sizes)  # warm-up, old logp, reference logp

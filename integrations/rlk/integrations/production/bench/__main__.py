@@ -10,7 +10,7 @@
 ARM OPTIONS: ``--workload W1`` (engine_bench's workloads), ``--micro-tokens 16384`` (packed
 tokens per trainer micro-batch; sequences are never split), ``--recompute full|selective|none``,
 ``--optimizer-step`` (megatron's Adam step as a phase; does not fit at full Qwen3-8B depth),
-``--warmup 1`` (untimed trainer passes over the first micro-batch).
+``--warmup 1`` (untimed trainer passes over every micro-batch).
 
 Arms (each phase in a process of its own, so that each engine owns the GPU):
 

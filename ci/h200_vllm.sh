@@ -9,7 +9,8 @@
 # prod_pairs prod_report (rlk.integrations.production.bench: paired P/P vs R/R, vLLM rollout +
 # megatron-core trainer, results under $R/production; complete pairs are skipped, so the pairs
 # can be spread over several calls: PROD_PAIRS (default 5), PROD_LIMIT (s, default 560; the
-# runner stops before a pair that would not fit), PROD_ARGS (e.g. "--workload W1 --micro-tokens 16384")).
+# runner stops before a pair that would not fit), PROD_ARGS (e.g. "--workload W1 --micro-tokens 16384"))
+# gate (the release gate, profile h200, all levels; its L5 is one production pair).
 # Everything but stage1 needs the extracted bundle (ci/vllm_bundle.sh). The checkpoint ($CKPT)
 # and results ($R) live under /tmp/rlk_vllm, which survives between calls while the machine stays
 # warm; $OUT/results.tgz (JSON, logs, token files) and $OUT/summary.txt come back after every
@@ -58,5 +59,10 @@ PROD_LIMIT=${PROD_LIMIT:-560}
 stage prod_pairs "$PROD_LIMIT" $PROD pairs --dir "$CKPT" --results "$R/production" --n "${PROD_PAIRS:-5}" \
   --budget-s "$((PROD_LIMIT - 30))" ${PROD_ARGS:-}
 stage prod_report 120 $PROD report --results "$R/production" --out "$R/production/e2e_production_h200.json"
+# The release gate, profile h200, all levels, in the bundle's environment (L5 is the production
+# pair: vLLM and megatron-core must be importable); the checkpoint of `prepare` is reused.
+# About 230 s for L0-L4 and 300 s for one L5 pair: it fills a call (GATE_LIMIT, default 590).
+stage gate "${GATE_LIMIT:-590}" env RLK_GATE_NO_BUILDIFIER=1 RLK_VLLM_DIR="$DEV" \
+  python3 -m rlk.gate.release_gate --profile h200 --out "$R/gate_h200" ${GATE_ARGS:-}
 tar czf "$OUT/results.tgz" --exclude="*_trace" -C "$R" .
 cat "$SUMMARY"

@@ -1,8 +1,12 @@
-"""Release-gate check of ladder L5 (profile ``h200``): the paired e2e benchmark as a phase gate.
+"""The executor-vs-executor paired e2e at the gate's former L5 size: a diagnostic, not a gate check.
 
-``L5:e2e.paired`` runs :func:`rlk.bench.e2e.run_e2e` at a size that fits one 10-minute device
-call (Qwen3-8B shapes, 2 layers, 8 sequences, 3 repetitions of 10 measured steps per arm: 30
-strict RL steps, decode as CUDA graphs in both arms) and passes only when
+The release gate's L5 (profile ``h200``) is the production comparison
+(``rlk.integrations.production.checks``: stock vLLM + megatron-core's native trainer against
+vLLM + rlk + megatron-core on rlk's spec). This module keeps rlk's own comparison, both arms on
+rlk's rollout executor and trainer (``P`` = rlk's native torch route), named as what it is:
+:func:`e2e_paired` runs :func:`rlk.bench.e2e.run_e2e` at :data:`L5_ARGS` (Qwen3-8B shapes, 2
+layers, 8 sequences, 3 repetitions of 10 measured steps per arm, decode as CUDA graphs) and
+:func:`evaluate` applies the same rules the gate applied:
 
 * every strict step's readback compared the old logp with the rollout logp and found no mismatch
   (``equality.compared_elements > 0`` and ``mismatch_count == 0``: all readbacks present);
@@ -10,8 +14,7 @@ strict RL steps, decode as CUDA graphs in both arms) and passes only when
 * at least one pair survived the health envelope; and
 * the upper bound of the R/R / P/P 95% interval is at or below the target (0.95).
 
-A missed target fails the gate with the ratio and interval in the detail; the report files of the
-run are written under the gate's output folder (``e2e/``).
+``L5_ARGS`` / :func:`l5_spec` also size the host-profile and LM-head probes.
 """
 
 from __future__ import annotations
@@ -19,9 +22,9 @@ from __future__ import annotations
 import argparse
 import os
 
-from rlk.gate.registry import CheckResult, register_check
+from rlk.gate.registry import CheckResult
 
-# The size of the L5 run: one 10-minute device call holds it (~110 s in docs/results/e2e_h200_2026-12-01_40d2b14.md).
+# The size of the former L5 run: one 10-minute device call holds it (~110 s in docs/results/e2e_h200_2026-12-01_40d2b14.md).
 L5_ARGS = dict(layers=2, sequences=8, prompt_range=(64, 256), response_range=(32, 64), max_batch=8,
                reps=3, steps=10, config="qwen3-8b", device=None, rollout_graphs="on", step_logp=True,
                profile=False)
@@ -63,7 +66,6 @@ def evaluate(rep: dict) -> CheckResult:
     return CheckResult(not problems, detail, metrics)
 
 
-@register_check("L5", "e2e.paired", profiles=("h200",))
 def e2e_paired(ctx) -> CheckResult:
     import json
 

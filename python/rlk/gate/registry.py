@@ -46,7 +46,7 @@ CHECK_MODULES = [
     "rlk.gate.l0_checks",
     "rlk.replay.checks",
     "rlk.collectives.checks",
-    "rlk.bench.checks",
+    "rlk.integrations.production.checks",
     "rlk.rl.checks",
 ]
 

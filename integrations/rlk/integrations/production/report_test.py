@@ -107,3 +107,44 @@ def test_refuses_no_pairs_and_mixed_workloads(tmp_path):
     records.write_json(records.arm_path(str(tmp_path), 1, "rr"), rec)
     with pytest.raises(SystemExit, match="differ in layers / sequences / workload"):
         report_bench.summarize(*report_bench.load_pairs([str(tmp_path)]))
+
+
+def test_gate_l5_is_the_production_check_for_h200_only():
+    from rlk.gate import registry
+    from rlk.integrations.production import checks  # noqa: F401 - registers
+
+    assert "rlk.integrations.production.checks" in registry.CHECK_MODULES
+    found = [c for c in registry._CHECKS.values() if (c.level, c.name) == ("L5", "e2e.production")]
+    assert len(found) == 1 and found[0].profiles == ("h200",)
+
+
+def _prod_report(ratios, mism=None, pairs=None, lone=()):
+    return {"pairs": len(ratios) if pairs is None else pairs, "ratio": sorted(ratios)[len(ratios) // 2],
+            "ratio_ci95": [min(ratios), max(ratios)], "logp_mismatches": [0] * len(ratios) if mism is None else mism,
+            "incomplete_pair_files": list(lone), "spec": {"layers": 36, "sequences": 64, "workload": "W1"}}
+
+
+def test_gate_l5_evaluation_fails_on_each_broken_input():
+    from rlk.integrations.production.checks import evaluate
+
+    assert evaluate(_prod_report([0.80, 0.85]), 2).passed
+    bad = {
+        "slow": (_prod_report([0.80, 0.97]), 2, "upper bound"),
+        "mismatch": (_prod_report([0.8], mism=[1]), 1, "mismatches"),
+        "no readback": (_prod_report([0.8], mism=[None]), 1, "mismatches"),
+        "too few pairs": (_prod_report([0.8]), 2, "1 of 2 pairs"),
+        "one arm only": (_prod_report([0.8], lone=["pair1_rr.json"]), 1, "one arm only"),
+    }
+    for what, (rep, n, msg) in bad.items():
+        res = evaluate(rep, n)
+        assert not res.passed and msg in res.detail, (what, res.detail)
+
+
+def test_gate_l5_without_the_engines_fails_and_says_how(monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
+    from rlk.integrations.production import checks
+
+    monkeypatch.setattr(checks, "_missing_engines", lambda: ["vllm"])
+    res = checks.e2e_production(SimpleNamespace(out_dir=str(tmp_path), progress=lambda *a: None))
+    assert not res.passed and "vllm_bundle.sh env" in res.detail

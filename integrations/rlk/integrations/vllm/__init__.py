@@ -2,5 +2,5 @@
 (``model.RlkStrictQwen3ForCausalLM``), request gate and engine-config checks (``gate``), run-time
 kernel counters (``counters``), KV layout views (``kv_layout``), the CPU check CLI (``check``).
 
-Importing this package imports nothing from vLLM; ``model`` and ``logits_gate`` do.
+Importing this package imports nothing from vLLM; ``model`` and ``request_gate`` do.
 """

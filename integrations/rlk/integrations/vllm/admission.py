@@ -1,9 +1,9 @@
 """Fail-closed checks of the vLLM adapter: request gate and engine-config validation.
 
 Pure Python over duck-typed vLLM objects (``SamplingParams``, ``VllmConfig``), so the rules are
-unit-tested without an engine. The request gate is also exposed to vLLM as a v1 logits
-processor (:mod:`rlk.integrations.vllm.logits_gate`) whose ``validate_params`` rejects a request
-when it is added.
+unit-tested without an engine. The request gate runs at vLLM's admission check
+(``SamplingParams.verify``, wrapped by :mod:`rlk.integrations.vllm.request_gate`), so a request
+is rejected when it is added.
 
 Contract covered: the selected-token logp reported by the engine is ``logp.v2``'s value at the
 engine's strict temperature (applied inside the fused LM head). Anything that changes the

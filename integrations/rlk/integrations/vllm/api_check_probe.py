@@ -48,16 +48,13 @@ SYMBOLS = [
     ("flash.impl", "v1/attention/backends/flash_attn.py", "class", "FlashAttentionImpl", []),
     ("flash.kv_shape", "v1/attention/backends/flash_attn.py", "contains", "",
      ["kv_cache.transpose(1, 2).split(self.head_size, dim=-1)"]),
-    ("logitsproc.interface", "v1/sample/logits_processor/interface.py", "func", "LogitsProcessor.validate_params",
-     ["sampling_params"]),
-    ("logitsproc.init", "v1/sample/logits_processor/interface.py", "func", "LogitsProcessor.__init__",
-     ["vllm_config", "device", "is_pin_memory"]),
-    ("logitsproc.methods", "v1/sample/logits_processor/interface.py", "contains", "",
-     ["def apply(", "def is_argmax_invariant(", "def update_state("]),
-    ("logitsproc.admission", "v1/engine/input_processor.py", "contains", "", ["validate_logits_processors_params"]),
+    ("admission.verify", "sampling_params.py", "func", "SamplingParams.verify", ["model_config"]),
+    ("admission.call", "v1/engine/input_processor.py", "contains", "", ["params.verify(", "self.model_config,"]),
+    ("config.architectures", "config/model.py", "contains", "", ["def architectures("]),
+    ("model_runner.v2_switch", "envs.py", "contains", "", ['"VLLM_USE_V2_MODEL_RUNNER"']),
     ("logprobs_mode.raw_logits", "config/model.py", "contains", "", ["raw_logits"]),
     ("engine_args", "engine/arg_utils.py", "class", "EngineArgs",
-     ["hf_overrides", "logprobs_mode", "enforce_eager", "enable_prefix_caching", "logits_processors", "dtype",
+     ["hf_overrides", "logprobs_mode", "enforce_eager", "enable_prefix_caching", "dtype",
       "max_num_batched_tokens", "max_num_seqs", "max_model_len"]),
     ("llm.generate", "entrypoints/llm.py", "func", "LLM.generate", ["prompts", "sampling_params"]),
     ("llm.apply_model", "entrypoints/llm.py", "func", "LLM.apply_model", ["func"]),
@@ -81,12 +78,7 @@ SYMBOLS = [
 
 # The one place where engine versions differ: where a version reaches the same seam through
 # other code, its entries replace those of SYMBOLS with the same id (version prefix -> entries).
-VARIANTS = {
-    # 0.26 validates logits-processor parameters at admission from SamplingParams.verify
-    # (sampling_params.py), not from the v1 input processor.
-    "0.26": [("logitsproc.admission", "sampling_params.py", "contains", "",
-              ["_validate_logits_processors", "validate_logits_processors_parameters"])],
-}
+VARIANTS: dict = {}
 
 
 def symbols_sha() -> str:

@@ -67,6 +67,11 @@ class RlkStrictQwen3ForCausalLM(nn.Module):
         problems = admission.check_engine_config(vllm_config)
         if problems:
             raise UnsupportedConfigError("rlk strict vLLM: engine config not covered: " + "; ".join(problems))
+        from rlk.integrations.vllm import request_gate
+
+        if not request_gate.installed():
+            raise UnsupportedConfigError("rlk strict vLLM: the request gate is not installed in this process (the "
+                                         "rlk plugin did not run: VLLM_PLUGINS must allow 'rlk')")
         if not torch.cuda.is_available() and not determinism.interpreter_active():
             raise UnsupportedConfigError("rlk strict vLLM: no CUDA and TRITON_INTERPRET is off in this worker "
                                          "(the plugin did not run before the kernels were imported)")

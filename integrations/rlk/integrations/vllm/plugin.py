@@ -9,7 +9,9 @@ model is built. It
    time (checked again at model construction: a wrong order fails closed);
 2. registers the strict Qwen3 architecture :data:`ARCH` (lazily, by module path, so the main
    process never imports kernels). Select it with
-   ``LLM(model=..., hf_overrides={"architectures": [ARCH]}, **strict_engine_kwargs())``.
+   ``LLM(model=..., hf_overrides={"architectures": [ARCH]}, **strict_engine_kwargs())``;
+3. installs the request gate (:mod:`rlk.integrations.vllm.request_gate`) on vLLM's admission
+   check, so a request the strict engine cannot serve exactly is rejected when it is submitted.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ import os
 
 ARCH = "RlkStrictQwen3ForCausalLM"
 MODEL_PATH = "rlk.integrations.vllm.model:RlkStrictQwen3ForCausalLM"
-GATE_PATH = "rlk.integrations.vllm.logits_gate:RlkRequestGate"
 # The worker extension of the RL weight sync (vLLM's ``worker_extension_cls``: a dotted
 # module.class name; its methods are called by name through ``LLM.collective_rpc``).
 WORKER_EXT = "rlk.integrations.vllm.worker_ext.RlkWorkerExtension"
@@ -47,7 +48,10 @@ def register() -> None:
         return
     from vllm import ModelRegistry
 
+    from rlk.integrations.vllm import request_gate
+
     ModelRegistry.register_model(ARCH, MODEL_PATH)
+    request_gate.install()
     _registered = True
 
 
@@ -56,11 +60,14 @@ def strict_engine_kwargs(**overrides) -> dict:
 
     On CUDA: full CUDA graphs for decode batches (``cudagraph_mode="FULL_DECODE_ONLY"``, no
     torch.compile); on CPU: eager. ``hf_overrides`` selects :data:`ARCH`; ``rlk_temperature`` (default 1.0) is the strict
-    sampling temperature applied inside rlk's fused LM head. The request gate is installed as
-    a logits processor (its ``validate_params`` rejects uncovered requests at admission).
-    ``worker_extension_cls`` adds the RL weight-sync methods to the workers
+    sampling temperature applied inside rlk's fused LM head. The request gate is installed in
+    this process too (:mod:`rlk.integrations.vllm.request_gate`: admission runs in the process
+    that submits). ``worker_extension_cls`` adds the RL weight-sync methods to the workers
     (:mod:`rlk.integrations.vllm.worker_ext`).
     """
+    from rlk.integrations.vllm import request_gate
+
+    request_gate.install()
     temperature = overrides.pop("rlk_temperature", 1.0)
     hf = {"architectures": [ARCH], "rlk_temperature": float(temperature)}
     hf.update(overrides.pop("hf_overrides", {}) or {})
@@ -69,7 +76,6 @@ def strict_engine_kwargs(**overrides) -> dict:
         dtype="bfloat16",
         logprobs_mode="raw_logits",
         enable_prefix_caching=False,
-        logits_processors=[GATE_PATH],
         worker_extension_cls=WORKER_EXT,
     )
     if _cuda_available():
@@ -87,6 +93,10 @@ def worker_env() -> dict[str, str]:
     from rlk import determinism
 
     env = dict(determinism.STRICT_ENV)
+    # The model runner the strict path was validated with on the GPU: vLLM's V1 runner. Model
+    # Runner V2 (vLLM 0.26's default for dense models) pads full-graph batches differently
+    # (padding slots -1, zero sequence lengths) and has not run rlk's model yet.
+    env["VLLM_USE_V2_MODEL_RUNNER"] = "0"
     if not _cuda_available():
         env["TRITON_INTERPRET"] = "1"
         env.setdefault("VLLM_TARGET_DEVICE", "cpu")

@@ -51,7 +51,7 @@ def register() -> None:
     from rlk.integrations.vllm import request_gate
 
     ModelRegistry.register_model(ARCH, MODEL_PATH)
-    request_gate.install()
+    request_gate.install(ARCH)
     _registered = True
 
 
@@ -67,7 +67,7 @@ def strict_engine_kwargs(**overrides) -> dict:
     """
     from rlk.integrations.vllm import request_gate
 
-    request_gate.install()
+    request_gate.install(ARCH)
     temperature = overrides.pop("rlk_temperature", 1.0)
     hf = {"architectures": [ARCH], "rlk_temperature": float(temperature)}
     hf.update(overrides.pop("hf_overrides", {}) or {})

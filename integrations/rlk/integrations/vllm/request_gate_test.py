@@ -15,8 +15,10 @@ def gate(monkeypatch):
     calls = []
     # vLLM's own checks replaced by a recorder: the wrapper must still call them first.
     monkeypatch.setattr(SamplingParams, "verify", lambda self, model_config, *a, **k: calls.append(model_config))
+    from rlk.integrations.vllm.plugin import ARCH
+
     assert not request_gate.installed()
-    request_gate.install()
+    request_gate.install(ARCH)
     return SamplingParams, calls
 
 
@@ -38,7 +40,7 @@ def test_install_is_idempotent(gate):
 
     SamplingParams, _ = gate
     wrapped = SamplingParams.verify
-    request_gate.install()
+    request_gate.install("AnyOtherArch")
     assert SamplingParams.verify is wrapped and request_gate.installed()
 
 

@@ -59,7 +59,7 @@ def plan(M: int, K: int, N: int, device: torch.device, schedule: str | None = No
     smallest of 16/32/64 covering M (the weights then stream exactly once for M <= 64).
     """
     if not config:
-        # A pure function of (M, K, N, device, schedule, table file): memoized (computing it costs
+        # A pure function of (M, K, N, device, schedule, table file, contract): memoized (computing it costs
         # ~17 us of Python per launch); callers get a copy and cannot alter the memo.
         key = (M, K, N, device, schedule, os.environ.get(gemm_schedule.TABLE_ENV), contract)
         p = _PLANS.get(key)

@@ -194,9 +194,11 @@ CONTRACT_V2 = contracts.register(contracts.Contract(
             f"zero-padded); chunks grouped into fixed segments of SEG_CHUNKS = {SEG_CHUNKS} chunks "
             f"({SEG_CHUNKS * CHUNK_K} K elements): segment s holds chunks [16s, 16s+16); when ceil(K/64) is "
             "not a multiple of 16 the last segment is padded with chunks past K, executed like real chunks: "
-            "their masked (pointer) or zero-filled (TMA) loads give exact +0.0 operands and acc = "
-            "dot(0, 0, acc) adds +0.0 to an accumulator that is never -0.0 (it starts at +0.0), so they "
-            "leave it unchanged; inside a segment acc = 0 then acc = dot(a, b, acc) per chunk ascending; "
+            "their masked (pointer) or zero-filled (TMA) loads give exact +0.0 operands and every schedule "
+            "runs acc = dot(0, 0, acc) for each of them (in IEEE fp32 that adds +0.0 to an accumulator that "
+            "is never -0.0, as it starts at +0.0; skipping them would be bit-neutral only where the MMA "
+            "passes the accumulator through a zero product unchanged, subnormals included, which is not "
+            "measured); inside a segment acc = 0 then acc = dot(a, b, acc) per chunk ascending; "
             "across segments total = 0.0 then total += acc_s for s ascending (fp32); one rounding at the store"),
         "fp_fusion": FP_FUSION,
         "chunk_k": CHUNK_K,

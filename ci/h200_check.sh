@@ -46,6 +46,12 @@ stage gemm_tune ${TUNE_LIMIT:-300} python3 -m rlk.kernels.gemm.gemm_tune --out "
 [ -f "$R/gemm_sm90_tuned.json" ] && export RLK_GEMM_TABLE="$R/gemm_sm90_tuned.json"
 stage gemm_bench ${GEMM_BENCH_LIMIT:-300} python3 -m rlk.kernels.gemm.gemm_bench --out "$R/gemm_h200.json" ${GEMM_BENCH_ARGS:-}
 stage gemm_bwd_bench ${GEMM_BWD_LIMIT:-240} python3 -m rlk.kernels.gemm.gemm_bench --backward --out "$R/gemm_bwd_h200.json"
+# Only when named (not in the default STAGES): the opt-in contract gemm.bf16.v2 against v1 and
+# cuBLAS on the same tensors (M 1-512, CUDA graphs), its GPU invariance tests, and v2's own
+# forward rows at every M (1-8192, the prefill cost of its fixed segments).
+stage gemm_v2_compare ${GEMM_V2_LIMIT:-540} python3 -m rlk.kernels.gemm.gemm_bench --compare-contracts --out "$R/gemm_v1_v2_h200.json" ${GEMM_V2_ARGS:-}
+stage gemm_v2_tests ${GEMM_V2_TESTS_LIMIT:-300} python3 -m pytest -m gpu -q -p no:cacheprovider kernels/rlk/kernels/gemm/gemm_v2_test.py --timeout=280
+stage gemm_v2_bench ${GEMM_V2_BENCH_LIMIT:-420} python3 -m rlk.kernels.gemm.gemm_bench --contract gemm.bf16.v2 --timing cudagraph --out "$R/gemm_v2_h200.json"
 stage rowops_bench ${ROWOPS_LIMIT:-300} python3 -m rlk.kernels.rowops.rowops_bench --out "$R/rowops_h200.json"
 stage attention_sweep ${SWEEP_LIMIT:-240} python3 -m rlk.kernels.attention.attention_invariance_sweep --out "$R/attention_invariance_sm90.json" ${SWEEP_ARGS:-}
 stage attention_bench ${ATTN_BENCH_LIMIT:-300} python3 -m rlk.kernels.attention.attention_bench --out "$R/attention_h200.json" ${ATTN_BENCH_ARGS:-}

@@ -1,9 +1,20 @@
-"""Benchmark of contract gemm.bf16.v1 against cuBLAS (``torch.matmul``) on the same tensors.
+"""Benchmark of the strict GEMM (contract gemm.bf16.v1, or v2 with ``--contract``) against cuBLAS
+(``torch.matmul``) on the same tensors.
 
 Run on the H200 (not in CI):
   python -m rlk.kernels.gemm.gemm_bench --out gemm_h200.json [--quick] [--timing cudagraph,eager]
-      [--other-sizes]
+      [--other-sizes] [--contract gemm.bf16.v2]
   python -m rlk.kernels.gemm.gemm_bench --backward --out gemm_bwd_h200.json
+  python -m rlk.kernels.gemm.gemm_bench --compare-contracts --out gemm_v1_v2_h200.json [--v2-variants]
+  python -m rlk.kernels.gemm.gemm_bench --compare-contracts --dry-run --out plans.json   (CPU: plans only)
+
+``--compare-contracts``: v1, v2 and cuBLAS timed in one process on the same tensors (CUDA graph
+replays) at the Qwen3-8B shapes for M in COMPARE_M (1-512); per row each contract's split and
+schedule, ``v2_rows_invariant`` (the M rows equal the same rows of the largest-M v2 call, both
+schedules where M <= 256) and ``v1_v2_same_bytes`` (False where their segments differ).
+``--v2-variants`` also times the bit-neutral decode tiles V2_DECODE_VARIANTS under v2 at M <= 128
+(the tables were tuned for v1's splits) and reports the fastest. ``--dry-run`` writes the plans
+only (no timing; on CPU, so they are the interpreter's plans: BLOCK_K 64, the rest as on sm_90).
 
 The forward rows cover every M of the tuner's ``M_LIST`` (1-8192) at the Qwen3-8B shapes (TP1 and
 TP4), in each timing mode asked for; ``--other-sizes`` adds the other dense Qwen3 sizes' projections
@@ -36,12 +47,18 @@ from rlk.testing.shapes import QWEN3_8B_GEMMS, QWEN3_OTHER_GEMMS
 M_LIST = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 1024, 2048, 4096, 8192)
 QUICK_SHAPES = ("qkv", "down", "tp4_qkv", "tp4_lm_head")
 QUICK_M = (1, 32, 2048)
+CONTRACT_IDS = ("gemm.bf16.v1", "gemm.bf16.v2")  # written out: validating the argument needs no import
+COMPARE_M = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+# Decode tiles timed under v2 with --v2-variants (all bit-neutral: free fields of the decode schedule).
+V2_DECODE_VARIANTS = {f"bn{bn}_bk{bk}_w{nw}": {"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": nw, "num_stages": 4}
+                      for bn in (32, 64, 128) for bk in (64, 128) for nw in (4,)}
+V2_VARIANT_MAX_M = 128
 
 
-def _provenance() -> dict:
+def _provenance(contract_ids=("gemm.bf16.v1",)) -> dict:
     from rlk.provenance import capability_record  # noqa: PLC0415
 
-    return capability_record(route="strict", contract_ids=["gemm.bf16.v1"])
+    return capability_record(route="strict", contract_ids=list(contract_ids))
 
 
 def _time(fn, eager: bool, rep: int = 100) -> float:
@@ -66,12 +83,33 @@ def main(argv=None) -> int:
     ap.add_argument("--rep-ms", type=int, default=10, help="timing window per measurement (triton do_bench rep)")
     ap.add_argument("--shapes", default="", help="comma-separated shape names (default: all)")
     ap.add_argument("--backward", action="store_true", help="the backward GEMMs (dx, dw) instead")
+    ap.add_argument("--contract", default=CONTRACT_IDS[0],
+                    help=f"contract of the strict arm of the forward rows: {', '.join(CONTRACT_IDS)}")
+    ap.add_argument("--compare-contracts", action="store_true",
+                    help="v1 vs v2 vs cuBLAS at the Qwen3-8B shapes, M in COMPARE_M (CUDA graph timing)")
+    ap.add_argument("--v2-variants", action="store_true",
+                    help="with --compare-contracts: also time V2_DECODE_VARIANTS under v2 at M <= 128")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="with --compare-contracts: write the launch plans only (no timing; CPU is fine)")
     args = ap.parse_args(argv)
+    if args.contract not in CONTRACT_IDS:
+        print(f"unknown contract {args.contract!r} (known: {', '.join(CONTRACT_IDS)})", file=sys.stderr)
+        return 2
+    if (args.v2_variants or args.dry_run) and not args.compare_contracts:
+        print("--v2-variants and --dry-run go with --compare-contracts", file=sys.stderr)
+        return 2
+    if args.compare_contracts and (args.backward or args.contract != CONTRACT_IDS[0]):
+        print("--compare-contracts times both contracts' forward rows: no --backward or --contract", file=sys.stderr)
+        return 2
+    if args.compare_contracts and args.dry_run:
+        return compare_contracts(args, device=torch.device("cpu"))
     if not torch.cuda.is_available():
         print("gemm_bench needs a CUDA GPU", file=sys.stderr)
         return 2
     if args.backward:
         return backward(args)
+    if args.compare_contracts:
+        return compare_contracts(args, device=torch.device("cuda"))
     from rlk.kernels.gemm import contract, launch, schedule
 
     catalog = {**QWEN3_8B_GEMMS, **QWEN3_OTHER_GEMMS}
@@ -95,9 +133,9 @@ def main(argv=None) -> int:
         source = "entry" if f"{K}x{N}" in schedule.load_table("sm_90")["shapes"] else "rule"
         for M in m_list:
             x = xa[:M]
-            p = launch.plan(M, K, N, x.device)
+            p = launch.plan(M, K, N, x.device, contract=args.contract)
             eager = timing == "eager"
-            strict_ms = _time(lambda: launch.gemm(x, w), eager, args.rep_ms)
+            strict_ms = _time(lambda: launch.gemm(x, w, contract=args.contract), eager, args.rep_ms)
             native_ms = _time(lambda: torch.matmul(x, w.T), eager, args.rep_ms)
             nbytes = 2 * (M * K + N * K + M * N)
             flops = 2.0 * M * N * K
@@ -108,7 +146,7 @@ def main(argv=None) -> int:
                    "strict_tflops": round(flops / (strict_ms * 1e-3) / 1e12, 1),
                    "schedule": p["schedule"], "split_k": p["split_k"],
                    "config": {k: p[k] for k in schedule.SCHEDULE_KEYS[p["schedule"]] if k in p},
-                   "plan_source": source, "timing": timing}
+                   "plan_source": source, "timing": timing, "contract": args.contract}
             rows.append(row)
             print(f"{name:<14}{K:>6}{N:>7}{M:>6}{row['strict_us']:>11.2f}{row['native_us']:>11.2f}"
                   f"{row['ratio']:>7.3f}{row['strict_tbps']:>7.2f}{row['strict_tflops']:>9.1f}  {timing:<9} "
@@ -117,14 +155,99 @@ def main(argv=None) -> int:
     table = schedule.table_path("sm_90")
     with open(table, "rb") as f:
         table_sha = hashlib.sha256(f.read()).hexdigest()
-    doc = {"provenance": _provenance(), "table": table, "table_sha256": table_sha, "m_list": list(m_list),
-           "contract": contract.CONTRACT.to_json(), "summary": summarize(rows), "rows": rows}
+    doc = {"provenance": _provenance([args.contract]), "table": table, "table_sha256": table_sha,
+           "m_list": list(m_list), "contract": contract.contract(args.contract).to_json(),
+           "summary": summarize(rows), "rows": rows}
     with open(args.out, "w") as f:
         json.dump(doc, f, indent=1, default=str)
     print(f"wrote {len(rows)} rows to {args.out}")
     for line in summary_lines(doc["summary"]):
         print(line)
     return 0
+
+
+def compare_contracts(args, device: torch.device) -> int:
+    """v1, v2 and cuBLAS on the same tensors (see the module docstring); on CPU (``--dry-run``)
+    the plans only. Returns 1 when a v2 invariance check fails."""
+    from rlk.kernels.gemm import contract, launch, schedule
+
+    v1, v2 = CONTRACT_IDS
+    names = args.shapes.split(",") if args.shapes else list(QWEN3_8B_GEMMS)
+    bad = [n for n in names if n not in QWEN3_8B_GEMMS]
+    if bad:
+        print(f"unknown shapes {bad} (have {sorted(QWEN3_8B_GEMMS)})", file=sys.stderr)
+        return 2
+    dry = args.dry_run
+    rows = []
+    print(f"{'shape':<13}{'K':>6}{'N':>7}{'M':>5}{'v1 us':>9}{'v2 us':>9}{'cuBLAS':>9}{'v1/cB':>7}{'v2/cB':>7}"
+          f"{'v2/v1':>7}  v1 plan     v2 plan     inv  same")
+    for name in names:
+        K, N = QWEN3_8B_GEMMS[name]
+        if dry:
+            x_all = w = None
+        else:
+            K, N, g, w = _shape_weight(name, seed=0)
+            x_all = torch.randn(max(COMPARE_M), K, device=device, dtype=torch.bfloat16, generator=g)
+            full_v2 = launch.gemm(x_all, w, contract=v2)
+        for M in COMPARE_M:
+            p1, p2 = (launch.plan(M, K, N, device, contract=c) for c in (v1, v2))
+            row = {"shape": name, "K": K, "N": N, "M": M,
+                   **{f"{tag}_plan": {"schedule": p["schedule"], "split_k": p["split_k"],
+                                      **{k: p[k] for k in schedule.SCHEDULE_KEYS[p["schedule"]] if k in p}}
+                      for tag, p in (("v1", p1), ("v2", p2))}}
+            plans = f"{p1['schedule'][:3]}/S{p1['split_k']:<3}     {p2['schedule'][:3]}/S{p2['split_k']:<3}"
+            if dry:
+                rows.append(row)
+                print(f"{name:<13}{K:>6}{N:>7}{M:>5}{'-':>9}{'-':>9}{'-':>9}{'':>21}  {plans}", flush=True)
+                continue
+            x = x_all[:M]
+            y2 = launch.gemm(x, w, contract=v2)
+            inv = bool(torch.equal(y2, full_v2[:M]))
+            if M <= 256:
+                for sched in schedule.SCHEDULES:
+                    inv &= bool(torch.equal(launch.gemm(x, w, contract=v2, schedule=sched), full_v2[:M]))
+            same = bool(torch.equal(launch.gemm(x, w, contract=v1), y2))
+            t1 = _time(lambda: launch.gemm(x, w, contract=v1), False, args.rep_ms)
+            t2 = _time(lambda: launch.gemm(x, w, contract=v2), False, args.rep_ms)
+            tn = _time(lambda: torch.matmul(x, w.T), False, args.rep_ms)
+            row.update({"v1_us": round(t1 * 1e3, 2), "v2_us": round(t2 * 1e3, 2), "native_us": round(tn * 1e3, 2),
+                        "ratio_v1": round(t1 / tn, 4), "ratio_v2": round(t2 / tn, 4), "v2_over_v1": round(t2 / t1, 4),
+                        "v2_rows_invariant": inv, "v1_v2_same_bytes": same, "timing": "cudagraph"})
+            if args.v2_variants and M <= V2_VARIANT_MAX_M:
+                var = {}
+                for vname, cfg in V2_DECODE_VARIANTS.items():
+                    yv = launch.gemm(x, w, contract=v2, schedule="decode", config=cfg)
+                    row["v2_rows_invariant"] &= bool(torch.equal(yv, y2))
+                    var[vname] = round(_time(lambda c=cfg: launch.gemm(x, w, contract=v2, schedule="decode", config=c),
+                                             False, args.rep_ms) * 1e3, 2)
+                best = min(var, key=var.get)
+                row.update({"v2_variants_us": var, "v2_best_variant": best,
+                            "ratio_v2_best": round(var[best] * 1e-3 / tn, 4)})
+            rows.append(row)
+            print(f"{name:<13}{K:>6}{N:>7}{M:>5}{row['v1_us']:>9.2f}{row['v2_us']:>9.2f}{row['native_us']:>9.2f}"
+                  f"{row['ratio_v1']:>7.3f}{row['ratio_v2']:>7.3f}{row['v2_over_v1']:>7.3f}  {plans}"
+                  f"{str(row['v2_rows_invariant']):>6} {same}"
+                  + (f"  best {row['v2_best_variant']} {row['ratio_v2_best']:.3f}" if "v2_best_variant" in row else ""),
+                  flush=True)
+        del x_all, w
+    table = schedule.table_path("sm_90")
+    with open(table, "rb") as f:
+        table_sha = hashlib.sha256(f.read()).hexdigest()
+    doc = {"provenance": _provenance(CONTRACT_IDS), "table": table, "table_sha256": table_sha,
+           "m_list": list(COMPARE_M), "dry_run": dry,
+           "contracts": {c: contract.contract(c).to_json() for c in CONTRACT_IDS}, "rows": rows}
+    with open(args.out, "w") as f:
+        json.dump(doc, f, indent=1, default=str)
+    print(f"wrote {len(rows)} rows to {args.out}")
+    if dry:
+        return 0
+    for tag in ("v1", "v2"):
+        over = sum(r[f"ratio_{tag}"] > 1.0 for r in rows)
+        print(f"{tag}: {over}/{len(rows)} rows slower than cuBLAS; worst {max(r[f'ratio_{tag}'] for r in rows):.3f}")
+    broken = [f"{r['shape']} M={r['M']}" for r in rows if not r["v2_rows_invariant"]]
+    if broken:
+        print(f"v2 rows NOT invariant at: {', '.join(broken)}")
+    return 1 if broken else 0
 
 
 def summarize(rows: list) -> dict:

@@ -1,4 +1,4 @@
-"""Triton kernels of contract ``gemm.bf16.v1``: ``y[M, N] = x[M, K] @ w[N, K].T`` (decode part).
+"""Triton kernels of contracts ``gemm.bf16.v1`` and ``v2``: ``y[M, N] = x[M, K] @ w[N, K].T`` (decode part).
 
 Only ``@triton.jit`` code lives here and in ``kernel_tiled.py``; checks, configuration and grids
 are in ``launch.py``.
@@ -6,8 +6,10 @@ are in ``launch.py``.
 The arithmetic every kernel performs for one output element ``y[m, n]`` (the contract):
 
 * K is cut into ``n_chunks = ceil(K / 64)`` chunks of 64 (the last one zero-padded) and the
-  chunks into ``SPLIT_K`` segments of ``seg_chunks = n_chunks / SPLIT_K`` consecutive chunks.
-  ``SPLIT_K`` depends on (K, N) only (``contract.split_k``), never on M.
+  chunks into ``SPLIT_K`` segments of ``seg_chunks = SEG_STEPS * BLOCK_K / 64`` consecutive
+  chunks (``contract.segments``): v1 cuts ``n_chunks`` into equal segments (``SPLIT_K`` by (K, N));
+  v2 uses 16-chunk segments (``SPLIT_K`` by K), the last one running on past K, where the masked
+  loads give exact zeros. Never a function of M.
 * Inside a segment: ``acc = 0``; for each chunk ascending ``acc = tl.dot(a, b, acc)`` with fp32
   accumulation (operands in ``DOT_DTYPE``: bf16 on GPU, fp64 chunk sums under the interpreter).
 * Across segments: ``total = 0.0``; ``total = total + acc_s`` for s = 0, 1, ..., SPLIT_K - 1

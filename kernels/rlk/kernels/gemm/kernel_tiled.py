@@ -1,4 +1,4 @@
-"""Prefill/training kernel of contract ``gemm.bf16.v1`` (arithmetic: see ``kernel.py``).
+"""Prefill/training kernel of contracts ``gemm.bf16.v1`` and ``v2`` (arithmetic: see ``kernel.py``).
 
 One kernel, schedule variants as constexprs (all perform the same operations in the same order
 per element; the GPU evidence is the tuner's byte-identity check and the ``gpu`` tests):

@@ -1,4 +1,5 @@
-"""Host side of contract ``gemm.bf16.v1``: checks, configuration lookup, grids, launches."""
+"""Host side of contracts ``gemm.bf16.v1`` (default) and ``gemm.bf16.v2``: checks, configuration
+lookup, grids, launches."""
 
 from __future__ import annotations
 
@@ -12,16 +13,19 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from rlk.kernels import plans
 from rlk.kernels.common import arch_of, cdiv, dot_dtype_for, interpret_flag, launch_options, sm_count
-from rlk.kernels.gemm import contract, kernel, kernel_tiled
+# The module is gemm_contract here: ``contract`` is the contract-ID argument of gemm() and plan().
+from rlk.kernels.gemm import contract as gemm_contract
+from rlk.kernels.gemm import kernel, kernel_tiled
 from rlk.kernels.gemm import schedule as gemm_schedule
 from rlk.kernels.launcher import launch
 
-def _check(x: torch.Tensor, w: torch.Tensor, out_dtype) -> None:
+def _check(x: torch.Tensor, w: torch.Tensor, out_dtype, contract: str = gemm_contract.CONTRACT_ID) -> None:
+    gemm_contract.check_contract_id(contract)
     for name, t in (("x", x), ("w", w)):
         if not isinstance(t, torch.Tensor):
             raise UnsupportedConfigError(f"gemm: {name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dtype != torch.bfloat16:
-            raise UnsupportedConfigError(f"gemm.bf16.v1: {name} dtype {t.dtype} not supported (bf16 only)")
+            raise UnsupportedConfigError(f"{contract}: {name} dtype {t.dtype} not supported (bf16 only)")
         if t.dim() != 2:
             raise UnsupportedConfigError(f"gemm: {name} must be 2-D, got shape {tuple(t.shape)}")
     if x.device != w.device:
@@ -46,23 +50,24 @@ def _dot_dtype(device: torch.device):
 
 
 def plan(M: int, K: int, N: int, device: torch.device, schedule: str | None = None,
-         config: dict | None = None) -> dict:
-    """The launch plan: split count (contract) and the schedule with its free fields.
+         config: dict | None = None, contract: str = gemm_contract.CONTRACT_ID) -> dict:
+    """The launch plan: split count and segment length (``contract``'s rule, never the table's)
+    and the schedule with its free fields (the table's, whatever the contract: they are bit-neutral).
 
     Without ``schedule`` the (K, N) entry's M buckets (or the table's default rule) pick the
     schedule and maybe its free fields; all are bit-neutral, so choosing them from M is allowed. Decode BLOCK_M defaults to the
     smallest of 16/32/64 covering M (the weights then stream exactly once for M <= 64).
     """
     if not config:
-        # A pure function of (M, K, N, device, schedule, table file): memoized (computing it costs
+        # A pure function of (M, K, N, device, schedule, table file, contract): memoized (computing it costs
         # ~17 us of Python per launch); callers get a copy and cannot alter the memo.
-        key = (M, K, N, device, schedule, os.environ.get(gemm_schedule.TABLE_ENV))
+        key = (M, K, N, device, schedule, os.environ.get(gemm_schedule.TABLE_ENV), contract)
         p = _PLANS.get(key)
         if p is None:
-            p = _plan(M, K, N, arch_of(device), schedule, device.type == "cpu")
+            p = _plan(M, K, N, arch_of(device), schedule, device.type == "cpu", contract_id=contract)
             _PLANS.put(key, p)
         return dict(p)
-    return _plan(M, K, N, arch_of(device), schedule, device.type == "cpu", config)
+    return _plan(M, K, N, arch_of(device), schedule, device.type == "cpu", config, contract_id=contract)
 
 
 # Emptied when full (a training run's varying token counts make new keys every step). It holds
@@ -75,34 +80,34 @@ def clear_plan_cache() -> None:
     _PLANS.clear()
 
 
-def _plan(M: int, K: int, N: int, arch: str, schedule: str | None, cpu: bool, config: dict | None = None) -> dict:
+def _plan(M: int, K: int, N: int, arch: str, schedule: str | None, cpu: bool, config: dict | None = None,
+          contract_id: str = gemm_contract.CONTRACT_ID) -> dict:
     """:func:`plan`'s body."""
+    # Checked first: a bad ID fails with its own message before any table lookup.
+    split, seg_chunks = gemm_contract.segments(K, N, contract_id)
     fields = None
     if schedule is None:
         schedule, fields = gemm_schedule.pick_schedule(M, K, N, arch)
     cfg = gemm_schedule.bucket_config(K, N, M, schedule, fields, arch)
-    n_chunks = cdiv(K, contract.CHUNK_K)
-    split = contract.split_k(K, N)
-    seg_chunks = n_chunks // split
     if config:
         unknown = set(config) - set(gemm_schedule.SCHEDULE_KEYS[schedule])
         if unknown:
             raise UnsupportedConfigError(f"gemm: {sorted(unknown)} are not schedule fields of {schedule!r}")
         cfg.update(config)
-        if (seg_chunks * contract.CHUNK_K) % cfg["BLOCK_K"]:
+        if (seg_chunks * gemm_contract.CHUNK_K) % cfg["BLOCK_K"]:
             raise UnsupportedConfigError(f"gemm: BLOCK_K={cfg['BLOCK_K']} does not divide the segment "
                                          f"({seg_chunks} chunks of 64)")
-    if cfg["BLOCK_K"] % contract.CHUNK_K:
+    if cfg["BLOCK_K"] % gemm_contract.CHUNK_K:
         raise UnsupportedConfigError(f"gemm: BLOCK_K={cfg['BLOCK_K']} is not a multiple of 64")
-    if (seg_chunks * contract.CHUNK_K) % cfg["BLOCK_K"] or cpu:
+    if (seg_chunks * gemm_contract.CHUNK_K) % cfg["BLOCK_K"] or cpu:
         # A function of (K, N) only. Under the interpreter one dot is one exact fp64 chunk sum, so
         # a 128-wide dot would model another arithmetic than the GPU's chained 64-chunks.
-        cfg["BLOCK_K"] = contract.CHUNK_K
+        cfg["BLOCK_K"] = gemm_contract.CHUNK_K
     if schedule == "prefill":
         for key in ("FLAT", "PERSISTENT", "TMA"):
             cfg[key] = int(cfg.get(key, 0))
-    return {"arch": arch, "schedule": schedule, "split_k": split, "seg_chunks": seg_chunks,
-            "seg_steps": seg_chunks * contract.CHUNK_K // cfg["BLOCK_K"], **cfg}
+    return {"arch": arch, "contract": contract_id, "schedule": schedule, "split_k": split, "seg_chunks": seg_chunks,
+            "seg_steps": seg_chunks * gemm_contract.CHUNK_K // cfg["BLOCK_K"], **cfg}
 
 
 def num_progs(device: torch.device) -> int:
@@ -141,8 +146,9 @@ def _descriptor(t, layout, rows_block, k_block):
 
 
 def gemm(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfloat16,
-         schedule: str | None = None, config: dict | None = None, _handles: list | None = None) -> torch.Tensor:
-    """``y = x @ w.T`` under contract ``gemm.bf16.v1``.
+         schedule: str | None = None, config: dict | None = None, contract: str = gemm_contract.CONTRACT_ID,
+         _handles: list | None = None) -> torch.Tensor:
+    """``y = x @ w.T`` under contract ``contract`` (``gemm.bf16.v1`` unless asked otherwise).
 
     Args:
       x: ``[M, K]`` bf16, any strides (CUDA, or CPU under the Triton interpreter).
@@ -150,21 +156,24 @@ def gemm(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfl
       out_dtype: bf16 (one RNE rounding at the store) or fp32 (no rounding; e.g. for dw).
       schedule: ``"decode"`` or ``"prefill"`` to force one (tests, sweeps); None picks by M.
       config: overrides of the schedule's free launch fields (tests, sweeps, the tuner).
+      contract: ``"gemm.bf16.v1"`` (split count by (K, N)) or ``"gemm.bf16.v2"`` (fixed segments of
+        1024 K elements, count by K only); the two give different bits where their segments differ.
 
     Returns:
       ``y [M, N]`` contiguous, ``out_dtype``.
 
-    Determinism: contract gemm.bf16.v1: row i of y is byte-identical for any M, row position,
-    padding rows, schedule and run (the split count depends on K and N only); no atomics.
+    Determinism: contract ``contract``: row i of y is byte-identical for any M, row position,
+    padding rows, schedule and run (the split count depends on K and N only, under v2 on K
+    only); no atomics.
     """
-    _check(x, w, out_dtype)
+    _check(x, w, out_dtype, contract)
     M, K = x.shape
     N = w.shape[0]
     if M == 0 or N == 0:
         return torch.empty((M, N), dtype=out_dtype, device=x.device)
     if K == 0:  # the fold of no segment: total = 0.0
         return torch.zeros((M, N), dtype=out_dtype, device=x.device)
-    p = plan(M, K, N, x.device, schedule, config)
+    p = plan(M, K, N, x.device, schedule, config, contract)
     y = torch.empty((M, N), dtype=out_dtype, device=x.device)
     flags = dict(DOT_DTYPE=_dot_dtype(x.device), OUT_FP32=out_dtype == torch.float32,
                  INTERPRET=interpret_flag())
@@ -215,7 +224,7 @@ def gemm(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfl
     return y
 
 
-def warm_up(w: torch.Tensor, max_m: int) -> list[int]:
+def warm_up(w: torch.Tensor, max_m: int, contract: str = gemm_contract.CONTRACT_ID) -> list[int]:
     """Compile (and run once) every kernel variant the table can pick for ``x @ w.T`` with
     1 <= M <= ``max_m``: one launch on zero rows per distinct launch plan, at the smallest M that
     selects it. Engines call it at load so that no Triton compilation lands inside timed or
@@ -223,7 +232,7 @@ def warm_up(w: torch.Tensor, max_m: int) -> list[int]:
 
     Bytes are unaffected: the plans are bit-neutral and the outputs are discarded.
     """
-    _check(w[:1], w, torch.bfloat16)
+    _check(w[:1], w, torch.bfloat16, contract)
     if int(max_m) < 1:
         raise UnsupportedConfigError(f"gemm.warm_up: max_m must be >= 1, got {max_m}")
     N, K = w.shape
@@ -240,10 +249,10 @@ def warm_up(w: torch.Tensor, max_m: int) -> list[int]:
     seen, launched = set(), []
     x = torch.zeros((max(points), K), dtype=torch.bfloat16, device=w.device)
     for m in sorted(set(points)):
-        key = tuple(sorted(plan(m, K, N, w.device).items()))
+        key = tuple(sorted(plan(m, K, N, w.device, contract=contract).items()))
         if key not in seen:
             seen.add(key)
-            gemm(x[:m], w)
+            gemm(x[:m], w, contract=contract)
             launched.append(m)
     return launched
 

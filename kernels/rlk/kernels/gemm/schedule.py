@@ -3,9 +3,11 @@
 Free (measured bit-neutral, see the contract's evidence): decode vs prefill kernel, BLOCK_M,
 BLOCK_N, BLOCK_K (a multiple of 64), GROUP_M, num_warps, num_stages, the MMA instruction form,
 FLAT / PERSISTENT / TMA variants of the prefill kernel. Tables are keyed by (K, N); M buckets may
-select the schedule and its free fields (bit-neutral), never the split (``contract.split_rule``,
-which a table may only restate). ``$RLK_GEMM_TABLE`` replaces the sm_90 table file (e.g. the
-output of ``gemm_tune``).
+select the schedule and its free fields (bit-neutral), never the split. An entry's ``split_k``
+restates ``gemm.bf16.v1``'s ``contract.split_rule`` (checked at load); it is documentation only:
+``launch.plan`` takes every split from the contract in use, so a ``gemm.bf16.v2`` plan reuses the
+tiles and ignores that field. ``$RLK_GEMM_TABLE`` replaces the sm_90 table file (e.g. the output
+of ``gemm_tune``).
 
 Bucket format (per (K, N) entry, or the table's ``default_buckets`` rule for every (K, N) without
 an entry): ``[max_m or null, schedule, fields]`` ascending by ``max_m``, where ``fields`` is null
@@ -60,7 +62,8 @@ def _load_table_file(path: str) -> dict:
         k, n = (int(v) for v in key.split("x"))
         s = entry.get("split_k")
         if s is not None and s != split_rule(k, n):
-            # The split count is contract bits: a table documents it, never changes it.
+            # The split count is contract bits: a table documents v1's, never changes it (v2
+            # plans never read it).
             raise UnsupportedConfigError(f"{name}: {key} split_k={s} differs from the contract rule "
                                          f"split_rule({k}, {n}) = {split_rule(k, n)}")
         for sched in SCHEDULES:

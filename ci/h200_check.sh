@@ -69,7 +69,8 @@ stage megatron_actor ${MACTOR_LIMIT:-540} python3 -m rlk.integrations.megatron.a
 stage e2e ${E2E_LIMIT:-540} python3 -m rlk.bench e2e --out "$R/e2e" ${E2E_ARGS:-}
 # buildifier (formatting) is checked by CI on the cpu profile; the device machine has no npm.
 # The gate's L5 (production pairs) needs the vLLM bundle: the full h200 gate is ci/h200_vllm.sh's
-# `gate` stage; here GATE_ARGS="--levels L0,L1,L2,L4" runs the rest (a partial run never passes).
+# `gate` stage; here GATE_ARGS="--levels L0,L1,L2,L4" runs the rest (a partial run never passes;
+# `release_gate --merge` joins it with an L5 run made on the same stack).
 stage gate ${GATE_LIMIT:-560} env RLK_GATE_NO_BUILDIFIER=1 python3 -m rlk.gate.release_gate --profile h200 --out "$R/gate_h200" ${GATE_ARGS:-}
 
 tar czf "$OUT/results.tgz" --exclude="*.safetensors" -C "$R" .

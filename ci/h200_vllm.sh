@@ -61,7 +61,9 @@ stage prod_pairs "$PROD_LIMIT" $PROD pairs --dir "$CKPT" --results "$R/productio
 stage prod_report 120 $PROD report --results "$R/production" --out "$R/production/e2e_production_h200.json"
 # The release gate, profile h200, all levels, in the bundle's environment (L5 is the production
 # pair: vLLM and megatron-core must be importable); the checkpoint of `prepare` is reused.
-# About 230 s for L0-L4 and 300 s for one L5 pair: it fills a call (GATE_LIMIT, default 590).
+# About 230 s for L0-L4 and 300 s for one L5 pair: it fills a call (GATE_LIMIT, default 590). Or
+# in two calls: GATE_ARGS="--levels L0,L1,L2,L4 --out ..." then "--levels L5", joined by
+# `python -m rlk.gate.release_gate --profile h200 --merge DIR1,DIR2 --out DIR` (same stack only).
 stage gate "${GATE_LIMIT:-590}" env RLK_GATE_NO_BUILDIFIER=1 RLK_VLLM_DIR="$DEV" \
   python3 -m rlk.gate.release_gate --profile h200 --out "$R/gate_h200" ${GATE_ARGS:-}
 tar czf "$OUT/results.tgz" --exclude="*_trace" -C "$R" .

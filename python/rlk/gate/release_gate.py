@@ -2,6 +2,11 @@
 
     ./ci/bazel run //ci:release_gate                       # cpu profile (the main job)
     python -m rlk.gate.release_gate --profile h200 --out out/gate_h200
+    python -m rlk.gate.release_gate --profile h200 --merge out/g1,out/g2 --out out/gate_h200
+
+``--merge`` joins partial runs (``--levels``) made on the same stack, e.g. when the levels of one
+profile do not fit one 10-minute device call together: their provenance records must agree (all
+but time stamps), no check may appear twice, and the joined rows must cover every required level.
 
 Every level the profile requires must have at least one registered check that ran and passed;
 a required level with no check is reported MISSING and fails the gate. The gate never reports
@@ -24,6 +29,7 @@ FLAGS = flags.FLAGS
 flags.DEFINE_enum("profile", "cpu", ["cpu", "h200", "mi300x-8"], "Hardware profile to qualify.")
 flags.DEFINE_string("out", None, "Report folder (default: <workspace>/out/release_gate_<profile>).")
 flags.DEFINE_list("levels", None, "Run only these levels (a partial run never passes the gate).")
+flags.DEFINE_list("merge", None, "Join the reports of these partial runs (folders) instead of running checks.")
 
 
 def _default_out(profile: str) -> str:
@@ -100,6 +106,65 @@ def run_gate(profile: str, out_dir: str, levels=None, progress=print) -> dict:
     return report
 
 
+def merge_reports(dirs: list[str], out_dir: str) -> dict:
+    """One report from partial runs of the same profile on the same stack (module docstring).
+
+    Raises ``UnsupportedConfigError`` when the runs' profiles or provenance records differ or a
+    check ran in two of them. The joined report passes only when every required level has a
+    check and every row passed; its provenance is the first run's, ``merged_from`` names the runs.
+    """
+    from rlk import provenance
+    from rlk.errors import UnsupportedConfigError
+    from rlk.gate import registry
+
+    if len(dirs) < 2:
+        raise UnsupportedConfigError(f"--merge needs two or more report folders, got {dirs}")
+    reps = []
+    for d in dirs:
+        with open(os.path.join(d, "release_gate.json")) as f:
+            reps.append(json.load(f))
+    profiles = sorted({r["profile"] for r in reps})
+    if len(profiles) != 1:
+        raise UnsupportedConfigError(f"--merge: the runs qualify different profiles {profiles}")
+    profile = profiles[0]
+    for d, r in zip(dirs[1:], reps[1:]):
+        diff = provenance.differences(reps[0]["provenance"], r["provenance"])
+        if diff:
+            raise UnsupportedConfigError(f"--merge: {d} ran on another stack than {dirs[0]}: {diff}")
+    rows, seen = [], {}
+    for d, r in zip(dirs, reps):
+        for row in r["rows"]:
+            if row["result"] == "MISSING":
+                continue  # a partial run's missing levels are judged again below, over all runs
+            key = (row["level"], row["check"])
+            if key in seen:
+                raise UnsupportedConfigError(f"--merge: {key[0]} {key[1]} ran in both {seen[key]} and {d}")
+            seen[key] = d
+            rows.append(dict(row, run=d))
+    for lvl in registry.REQUIRED_LEVELS[profile]:
+        if not any(r["level"] == lvl and not r["check"].startswith("import ") for r in rows):
+            rows.append({"level": lvl, "check": "(no check ran)", "result": "MISSING", "seconds": 0.0,
+                         "detail": f"level {lvl} is required by profile {profile}; none of the joined runs ran it",
+                         "metrics": {}})
+    rows.sort(key=lambda r: (r["level"], r["check"]))
+    report = {
+        "profile": profile,
+        "passed": all(r["result"] == "PASS" for r in rows),
+        "partial": False,
+        "merged_from": list(dirs),
+        "counts": {k: sum(r["result"] == k for r in rows) for k in ("PASS", "FAIL", "MISSING")},
+        "rows": rows,
+        "levels_not_run": dict(registry.NOT_RUN.get(profile, {})),
+        "provenance": reps[0]["provenance"],
+    }
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "release_gate.json"), "w") as f:
+        json.dump(report, f, indent=2, default=str)
+    with open(os.path.join(out_dir, "release_gate.md"), "w") as f:
+        f.write(render_markdown(report))
+    return report
+
+
 def render_markdown(report: dict) -> str:
     prov = report["provenance"]
     lines = [
@@ -109,6 +174,10 @@ def render_markdown(report: dict) -> str:
         f"triton {prov['toolchain']['triton']}; image {prov['image'].get('tag') or '(none)'}; "
         f"fingerprint `{prov['fingerprint'][:16]}`.",
         "",
+    ]
+    if report.get("merged_from"):
+        lines += [f"Joined from the partial runs {', '.join(report['merged_from'])} (same provenance).", ""]
+    lines += [
         "| level | check | result | time (s) | detail |",
         "| --- | --- | --- | --- | --- |",
     ]
@@ -145,7 +214,12 @@ def _print_table(report: dict) -> None:
 def main(argv) -> int:
     del argv
     out = FLAGS.out or _default_out(FLAGS.profile)
-    report = run_gate(FLAGS.profile, out, levels=FLAGS.levels)
+    if FLAGS.merge:
+        if FLAGS.levels:
+            raise app.UsageError("--merge joins finished runs: do not combine it with --levels")
+        report = merge_reports(FLAGS.merge, out)
+    else:
+        report = run_gate(FLAGS.profile, out, levels=FLAGS.levels)
     _print_table(report)
     c = report["counts"]
     not_run = ", ".join(sorted(report.get("levels_not_run") or {}))

@@ -91,3 +91,45 @@ def test_every_level_is_required_or_named_as_not_run():
         required, not_run = set(registry.REQUIRED_LEVELS[profile]), set(registry.NOT_RUN[profile])
         assert not required & not_run and required | not_run == set(registry.LEVELS), profile
         assert all(registry.NOT_RUN[profile].values())
+
+
+def _partial(fake_checks, tmp_path, name, levels):
+    out = tmp_path / name
+    rep = release_gate.run_gate("cpu", str(out), progress=lambda s: None, levels=levels)
+    assert rep["partial"] and not rep["passed"]
+    return str(out)
+
+
+def test_merged_partial_runs_pass_only_when_together_they_cover_every_level(fake_checks, tmp_path):
+    fake_checks.register_check("L0", "a")(lambda ctx: registry.CheckResult(True, "ok"))
+    fake_checks.register_check("L1", "b")(lambda ctx: registry.CheckResult(True, "ok"))
+    d0, d1 = _partial(fake_checks, tmp_path, "r0", ["L0"]), _partial(fake_checks, tmp_path, "r1", ["L1"])
+    rep = release_gate.merge_reports([d0, d1], str(tmp_path / "joined"))
+    assert rep["passed"] and not rep["partial"] and rep["counts"] == {"PASS": 2, "FAIL": 0, "MISSING": 0}
+    assert "Joined from the partial runs" in open(tmp_path / "joined" / "release_gate.md").read()
+    # The same check in two runs is refused (which result would count?).
+    d0b = _partial(fake_checks, tmp_path, "r0b", ["L0"])
+    with pytest.raises(Exception, match="ran in both"):
+        release_gate.merge_reports([d0, d0b], str(tmp_path / "twice"))
+    fake_checks.register_check("L1", "c")(lambda ctx: registry.CheckResult(False, "mismatch"))
+    d1f = _partial(fake_checks, tmp_path, "r1f", ["L1"])
+    bad = release_gate.merge_reports([d0, d1f], str(tmp_path / "failing"))
+    assert not bad["passed"] and bad["counts"]["FAIL"] == 1
+
+
+def test_merge_refuses_runs_on_another_stack_and_reports_uncovered_levels(fake_checks, tmp_path, monkeypatch):
+    fake_checks.register_check("L0", "a")(lambda ctx: registry.CheckResult(True, "ok"))
+    fake_checks.register_check("L1", "b")(lambda ctx: registry.CheckResult(True, "ok"))
+    d0, d1 = _partial(fake_checks, tmp_path, "r0", ["L0"]), _partial(fake_checks, tmp_path, "r1", ["L1"])
+    p = os.path.join(d1, "release_gate.json")
+    rep = json.load(open(p))
+    rep["provenance"]["toolchain"]["triton"] = "9.9.9"
+    json.dump(rep, open(p, "w"))
+    with pytest.raises(Exception, match="another stack"):
+        release_gate.merge_reports([d0, d1], str(tmp_path / "joined"))
+    # Two runs of L0 (other checks) cover no L1: the joined report has L1 MISSING and fails.
+    monkeypatch.setattr(registry, "_CHECKS", {})
+    fake_checks.register_check("L0", "a2")(lambda ctx: registry.CheckResult(True, "ok"))
+    d0b = _partial(fake_checks, tmp_path, "r0b", ["L0"])
+    joined = release_gate.merge_reports([d0, d0b], str(tmp_path / "j2"))
+    assert not joined["passed"] and [r["result"] for r in joined["rows"] if r["level"] == "L1"] == ["MISSING"]

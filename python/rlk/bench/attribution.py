@@ -41,7 +41,9 @@ def categorize(name: str) -> str:
     return "other"
 
 
-def _kernel_times(prof) -> tuple[dict[str, float], int, float]:
+def kernel_times(prof) -> tuple[dict[str, float], int, float]:
+    """(device microseconds per category, kernel launches, total device microseconds) of a
+    finished ``torch.profiler.profile``: its CUDA kernel events sorted by :func:`categorize`."""
     per_cat: dict[str, float] = {}
     launches, total = 0, 0.0
     for evt in prof.events():
@@ -86,7 +88,7 @@ def profile_arm(spec: dict, route: str) -> dict:
                 fn()
             torch.cuda.synchronize()
             wall_us = (time.perf_counter() - t0) * 1e6
-        per_cat, launches, total = _kernel_times(prof)
+        per_cat, launches, total = kernel_times(prof)
         named = sum(v for k, v in per_cat.items() if k != "other")
         out[ph] = {
             "device_us": total, "wall_us": wall_us, "idle_us": max(0.0, wall_us - total),

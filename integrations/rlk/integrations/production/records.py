@@ -99,6 +99,11 @@ def merge(arm: str, rollout: dict, train: dict, pair: dict | None = None) -> dic
                     "micro_batches": train["micro_batches"], "micro_tokens": train["micro_tokens"],
                     "recompute": train["recompute"]},
            "rollout": rollout, "train": train}
+    att = dict(train.get("attribution") or {})
+    if rollout.get("attribution"):
+        att["rollout_generate"] = rollout["attribution"]
+    if att:
+        rec["attribution"] = att  # profiled repeats of the phases (``--profile``), never in the totals
     return rec
 
 

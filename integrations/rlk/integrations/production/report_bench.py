@@ -85,6 +85,49 @@ def _arm_summary(recs: list[dict]) -> dict:
                            "compilation_mode": roll.get("compilation_mode")}}
 
 
+def _phase_attribution(rec: dict) -> dict:
+    """One profiled phase in one shape: the rollout's (vLLM's trace: ``device_s`` by category,
+    ``gpu_busy_s``, ``host_idle_s``) or the trainer's (``device_s_by_category``, ``device_s``)."""
+    if "device_s_by_category" in rec:
+        return {"device_s": rec["device_s"], "host_idle_s": rec["host_idle_s"], "by_category": rec["device_s_by_category"]}
+    return {"device_s": rec.get("gpu_busy_s", 0.0), "host_idle_s": rec.get("host_idle_s", 0.0),
+            "by_category": dict(rec.get("device_s") or {})}
+
+
+def attribution(pairs: list[dict]) -> dict | None:
+    """Where the time of each arm goes, from the pairs run with ``--profile`` (medians over those
+    pairs): per phase device seconds per kernel category and host idle, and per category the
+    R/R - P/P difference summed over the counted phases (P/P's old logp included). None when no
+    pair was profiled."""
+    from rlk.bench import stats
+
+    prof = [p for p in pairs if p["pp"].get("attribution") and p["rr"].get("attribution")]
+    if not prof:
+        return None
+    out: dict = {"pairs_profiled": len(prof), "arms": {}}
+    totals: dict = {}
+    for arm in ("pp", "rr"):
+        phases = {}
+        for ph in prof[0][arm]["attribution"]:
+            recs = [_phase_attribution(p[arm]["attribution"][ph]) for p in prof if ph in p[arm]["attribution"]]
+            cats = sorted({c for r in recs for c in r["by_category"]})
+            phases[ph] = {"device_s": round(stats.median([r["device_s"] for r in recs]), 4),
+                          "host_idle_s": round(stats.median([r["host_idle_s"] for r in recs]), 4),
+                          "by_category": {c: round(stats.median([r["by_category"].get(c, 0.0) for r in recs]), 4)
+                                          for c in cats}}
+        out["arms"][arm] = phases
+        t = totals.setdefault(arm, {})
+        for ph in phases.values():
+            for c, v in ph["by_category"].items():
+                t[c] = t.get(c, 0.0) + v
+            t["host idle"] = t.get("host idle", 0.0) + ph["host_idle_s"]
+    keys = sorted(set(totals["pp"]) | set(totals["rr"]), key=lambda k: -(totals["rr"].get(k, 0) - totals["pp"].get(k, 0)))
+    out["summed_over_phases_s"] = {k: {"pp": round(totals["pp"].get(k, 0.0), 4), "rr": round(totals["rr"].get(k, 0.0), 4),
+                                       "rr_minus_pp": round(totals["rr"].get(k, 0.0) - totals["pp"].get(k, 0.0), 4)}
+                                   for k in keys}
+    return out
+
+
 def summarize(pairs: list[dict], lone: list[str] | None = None) -> dict:
     """The report's record (module docstring) from complete pairs."""
     from rlk.bench import stats
@@ -119,6 +162,9 @@ def summarize(pairs: list[dict], lone: list[str] | None = None) -> dict:
            "advantages": pairs[0]["rr"]["train"].get("advantages"),
            "optimizer": pairs[0]["rr"]["train"].get("optimizer", "timed as a phase"),
            "incomplete_pair_files": lone or [], "generated": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+    att = attribution(pairs)
+    if att:
+        rep["attribution"] = att
     if not rep["complete"]:
         rep["note"] = f"{len(pairs)} of the {MIN_PAIRS} pairs the method asks for: the interval is not yet meaningful"
     return rep
@@ -154,6 +200,13 @@ def markdown(rep: dict, command: str) -> str:
     for x in rep["per_pair"]:
         lines.append(f"| {x['pair']} | {','.join(x['order'] or [])} | {x['pp_total_s']:.3f} | {x['rr_total_s']:.3f} | "
                      f"{x['ratio']} |")
+    att = rep.get("attribution")
+    if att:
+        lines += ["", f"Attribution (profiled repeats of every phase, {att['pairs_profiled']} pair(s), not counted in "
+                      "the totals): device seconds per kernel category summed over the phases, and host idle.", "",
+                  "| category | P/P s | R/R s | R/R - P/P |", "| --- | --- | --- | --- |"]
+        for k, v in att["summed_over_phases_s"].items():
+            lines.append(f"| {k} | {v['pp']:.4f} | {v['rr']:.4f} | {v['rr_minus_pp']:+.4f} |")
     return "\n".join(lines) + "\n"
 
 

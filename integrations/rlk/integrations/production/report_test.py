@@ -148,3 +148,35 @@ def test_gate_l5_without_the_engines_fails_and_says_how(monkeypatch, tmp_path):
     monkeypatch.setattr(checks, "_missing_engines", lambda: ["vllm"])
     res = checks.e2e_production(SimpleNamespace(out_dir=str(tmp_path), progress=lambda *a: None))
     assert not res.passed and "vllm_bundle.sh env" in res.detail
+
+
+def test_attribution_from_profiled_pairs(tmp_path):
+    """Pairs run with --profile carry per-phase kernel categories; the report sums them over the
+    phases per arm and gives R/R - P/P per category (rollout from vLLM's trace, trainer from
+    torch.profiler: two record shapes)."""
+    def trainer_att(gemm, attn, idle):
+        return {"device_s": gemm + attn, "host_idle_s": idle, "wall_s": gemm + attn + idle, "launches": 10,
+                "device_s_by_category": {"gemm": gemm, "attention": attn}}
+
+    for i in range(2):
+        pp, rr = _arm("pp", i, 10, PP_PHASES), _arm("rr", i, 10, RR_PHASES)
+        pp["attribution"] = {"rollout_generate": {"gpu_busy_s": 5.0, "host_idle_s": 0.5, "device_s": {"gemm": 5.0}},
+                             "old_logp": trainer_att(1.0, 0.5, 0.1), "ref_logp": trainer_att(1.0, 0.5, 0.1),
+                             "actor_fwd_bwd": trainer_att(3.0, 2.0, 0.2)}
+        rr["attribution"] = {"rollout_generate": {"gpu_busy_s": 6.0, "host_idle_s": 0.4, "device_s": {"gemm": 6.0}},
+                             "ref_logp": trainer_att(1.2, 0.4, 0.1), "actor_fwd_bwd": trainer_att(2.5, 1.5, 0.2)}
+        records.write_json(records.arm_path(str(tmp_path), i, "pp"), pp)
+        records.write_json(records.arm_path(str(tmp_path), i, "rr"), rr)
+    rep = report_bench.write([str(tmp_path)], str(tmp_path / "rep.json"))
+    att = rep["attribution"]
+    assert att["pairs_profiled"] == 2
+    s = att["summed_over_phases_s"]
+    assert s["gemm"] == {"pp": 10.0, "rr": 9.7, "rr_minus_pp": pytest.approx(-0.3, abs=1e-9)}
+    assert s["attention"]["rr_minus_pp"] == pytest.approx(1.9 - 3.0, abs=1e-9)
+    assert s["host idle"]["pp"] == pytest.approx(0.9) and s["host idle"]["rr"] == pytest.approx(0.7)
+    assert "| gemm | 10.0000 | 9.7000 | -0.3000 |" in (tmp_path / "rep.md").read_text()
+    # Without profiled pairs there is no attribution (and no invented one).
+    d = tmp_path / "plain"
+    d.mkdir()
+    _write(d, [10], [9])
+    assert "attribution" not in report_bench.write([str(d)], str(d / "r.json"))

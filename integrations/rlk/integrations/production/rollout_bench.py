@@ -38,7 +38,10 @@ def check_args(arm: str, model_dir: str, workload: str) -> None:
         raise SystemExit(f"--dir {model_dir!r} holds no config.json (write it with engine_bench prepare)")
 
 
-def run_rollout(arm: str, model_dir: str, out: str, workload: str = "W1") -> dict:
+def run_rollout(arm: str, model_dir: str, out: str, workload: str = "W1", profile: bool = False) -> dict:
+    """The rollout half (module docstring); with ``profile``, one more generate of the workload
+    after the timed one runs under vLLM's torch profiler and the record gets ``attribution``
+    (:func:`rlk.integrations.vllm.engine_profile_bench.attribution_from_dir`), never counted."""
     check_args(arm, model_dir, workload)
     from rlk import determinism
     from rlk.integrations.production import records
@@ -59,6 +62,11 @@ def run_rollout(arm: str, model_dir: str, out: str, workload: str = "W1") -> dic
 
     cfg = Qwen3Config.from_json(os.path.join(model_dir, "config.json"))
     kw = eb.engine_kwargs(varm, model_dir)
+    trace_dir = records.stem(out) + "_trace"
+    if profile:
+        from rlk.integrations.vllm import engine_profile_bench
+
+        kw.update(engine_profile_bench.profiler_kwargs(trace_dir))
     say(f"[{arm}: vLLM {varm}] engine start")
     t0 = time.perf_counter()
     llm = LLM(**kw)
@@ -80,6 +88,15 @@ def run_rollout(arm: str, model_dir: str, out: str, workload: str = "W1") -> dic
     n_tok = sum(lens)
     say(f"[{arm}] {workload}: {len(prompts)} seqs, {n_tok} tokens in {gen_s:.2f} s ({n_tok / gen_s:.0f} tok/s; "
         f"untimed warm-up {warm_s:.2f} s)")
+    attribution = None
+    if profile:
+        llm.start_profile()
+        t0 = time.perf_counter()
+        llm.generate(reqs, sps, use_tqdm=False)
+        wall = time.perf_counter() - t0
+        llm.stop_profile()
+        attribution = dict(engine_profile_bench.attribution_from_dir(trace_dir), wall_s=round(wall, 4))
+        kw.pop("profiler_config", None)
     vc = llm.llm_engine.vllm_config
     rec = {"arm": arm, "vllm_arm": varm, "workload": workload, "sequences": len(prompts), "response_tokens": n_tok,
            "prompt_tokens": sum(map(len, prompts)), "engine_start_s": round(start_s, 2),
@@ -90,6 +107,8 @@ def run_rollout(arm: str, model_dir: str, out: str, workload: str = "W1") -> dic
            "bundle_sha256": os.environ.get("RLK_VLLM_BUNDLE_SHA256"),
            "env": {k: v for k, v in eb.arm_env(varm, counters_dir).items() if k.startswith(("VLLM", "RLK"))},
            "versions": _versions()}
+    if attribution is not None:
+        rec["attribution"] = attribution
     if varm == "rlk":
         from rlk.integrations.vllm import counters
 

@@ -31,6 +31,10 @@ e.g. a new row-count parity, and cuBLAS and the allocator warm up; with only the
 micro-batch warmed, a cold Triton cache compiled inside the timed phases and slowed R/R's trainer
 phases by a third on the H200). Model load is timed but not counted.
 
+``--profile``: after the timed phases, each runs once more under ``torch.profiler``; the record's
+``attribution`` holds device seconds per kernel category, launches and host idle per phase
+(:func:`profiled`). Those repeats are never counted.
+
 Advantages (:data:`ADVANTAGES`): one per sequence, ``torch.randn(n, generator=seed)``, on each
 of its response tokens.
 """
@@ -91,6 +95,29 @@ def timed(fn, device, tokens: int) -> tuple[object, dict]:
     if device.type == "cuda":
         rec["peak_allocated_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)
     return out, rec
+
+
+def profiled(fn, device) -> dict:
+    """One more run of ``fn`` under ``torch.profiler``: its wall time, device time per kernel
+    category (:func:`rlk.bench.attribution.kernel_times`), launches and host idle (wall minus
+    device time; one stream). On the CPU there are no device kernels: device time 0."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from rlk.bench.attribution import kernel_times
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    gc.collect()
+    _sync(device)
+    with profile(activities=acts) as prof:
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        wall = time.perf_counter() - t0
+    per_cat, launches, total_us = kernel_times(prof)
+    return {"wall_s": round(wall, 4), "device_s": round(total_us / 1e6, 4),
+            "host_idle_s": round(max(0.0, wall - total_us / 1e6), 4), "launches": launches,
+            "device_s_by_category": {k: round(v / 1e6, 4) for k, v in sorted(per_cat.items(), key=lambda kv: -kv[1])}}
 
 
 def rows(pk, per_request, n: int):
@@ -221,7 +248,7 @@ class _Trainer:
 # ---- the run -----------------------------------------------------------------------------------
 def run_train(arm: str, model_dir: str, rollout_path: str, out: str, *, micro_tokens: int = 16384,
               recompute: str | None = "full", optimizer_step: bool = False, warmup: int = 1, seed: int = 0,
-              device: str | None = None) -> dict:
+              device: str | None = None, profile: bool = False) -> dict:
     """The trainer half (module docstring); writes ``out`` and returns the record. Raises
     :class:`FailClosed` (after writing the record) when R/R's reuse check fails."""
     from rlk import determinism
@@ -319,6 +346,13 @@ def run_train(arm: str, model_dir: str, rollout_path: str, out: str, *, micro_to
             rec["failed"] = msg
             records.write_json(out, dict(rec, versions=_versions()))
             raise FailClosed(msg)
+    if profile:  # after the timed phases: the profiler never touches the counted times
+        runs = {"ref_logp": score_all, "actor_fwd_bwd": lambda: tr.forward_backward(bs)}
+        if arm == "pp":
+            runs = {"old_logp": score_all, **runs}
+        rec["attribution"] = {ph: profiled(fn, dev) for ph, fn in runs.items()}
+        say(f"{arm}: attribution: " + ", ".join(f"{ph} {v['device_s']:.3f} s on the device of {v['wall_s']:.3f} s"
+                                              for ph, v in rec["attribution"].items()))
     if optimizer_step:
         _, phases["optimizer"] = timed(tr.step, dev, T)
     else:

@@ -183,9 +183,13 @@ def test_warm_up_passes_cover_every_micro_batch(setup, monkeypatch):
     monkeypatch.setattr(train_bench._Trainer, "forward", forward)
     monkeypatch.setattr(train_bench._Trainer, "forward_backward", forward_backward)
     rec = train_bench.run_train("pp", setup["ckpt"], setup["good"], str(setup["d"] / "warm.json"), micro_tokens=20,
-                                warmup=1, device="cpu")
+                                warmup=1, device="cpu", profile=True)
     sizes = seen["fwd_bwd"][-1]  # the timed forward/backward: every micro-batch
     assert rec["micro_batches"] == len(sizes) == 2
     assert seen["fwd_bwd"][0] == sizes, "the warm-up forward/backward skipped micro-batches"
     assert seen["forward"][:2] == sizes, "the warm-up forward skipped micro-batches"
-    assert len(seen["forward"]) == 3 * len(sizes)  # warm-up, old logp, reference logp
+    # warm-up, old logp, reference logp, then the profiled repeats of old and reference logp
+    assert len(seen["forward"]) == 5 * len(sizes)
+    assert list(rec["attribution"]) == ["old_logp", "ref_logp", "actor_fwd_bwd"]
+    assert all(v["wall_s"] > 0 and v["device_s"] == 0 for v in rec["attribution"].values())  # CPU: no kernels
+    assert rec["phases"].keys() == {"old_logp", "ref_logp", "actor_fwd_bwd"}  # the repeats are not counted

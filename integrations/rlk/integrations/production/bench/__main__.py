@@ -10,7 +10,9 @@
 ARM OPTIONS: ``--workload W1`` (engine_bench's workloads), ``--micro-tokens 16384`` (packed
 tokens per trainer micro-batch; sequences are never split), ``--recompute full|selective|none``,
 ``--optimizer-step`` (megatron's Adam step as a phase; does not fit at full Qwen3-8B depth),
-``--warmup 1`` (untimed trainer passes over every micro-batch).
+``--warmup 1`` (untimed trainer passes over every micro-batch), ``--profile`` (after the timed
+runs, every phase once more under the profiler: device time per kernel category and host idle,
+the report's attribution; never counted).
 
 Arms (each phase in a process of its own, so that each engine owns the GPU):
 
@@ -66,6 +68,8 @@ def _arm_options(a) -> list[str]:
            "--warmup", str(a.warmup)]
     if a.optimizer_step:
         out.append("--optimizer-step")
+    if a.profile:
+        out.append("--profile")
     if a.device:
         out += ["--device", a.device]
     return out
@@ -82,7 +86,7 @@ def run_arm(a, run=subprocess.run) -> int:
     if a.rollout_json is None:
         say(f"[{a.arm}] rollout -> {r_json}")
         p = run([sys.executable, "-m", MODULE, "rollout", "--arm", a.arm, "--dir", a.dir, "--out", r_json,
-                 "--workload", a.workload], env=_env())
+                 "--workload", a.workload] + (["--profile"] if a.profile else []), env=_env())
         if p.returncode != 0:
             print(f"arm {a.arm}: the rollout process failed (rc {p.returncode}); its output is above",
                   file=sys.stderr)
@@ -92,6 +96,8 @@ def run_arm(a, run=subprocess.run) -> int:
            "--micro-tokens", str(a.micro_tokens), "--recompute", a.recompute, "--warmup", str(a.warmup)]
     if a.optimizer_step:
         cmd.append("--optimizer-step")
+    if a.profile:
+        cmd.append("--profile")
     if a.device:
         cmd += ["--device", a.device]
     p = run(cmd, env=_env())
@@ -155,6 +161,8 @@ def _add_arm_options(p) -> None:
     p.add_argument("--recompute", default="full", choices=["full", "selective", "none"])
     p.add_argument("--optimizer-step", action="store_true")
     p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--profile", action="store_true",
+                   help="attribution: each phase once more under the profiler after the timed runs (not counted)")
     p.add_argument("--device", default=None, help=argparse.SUPPRESS)  # the trainer's (tests: cpu)
 
 
@@ -166,6 +174,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--dir", required=True)
     r.add_argument("--out", required=True)
     r.add_argument("--workload", default="W1")
+    r.add_argument("--profile", action="store_true")
     t = sub.add_parser("train")
     t.add_argument("--arm", required=True, choices=["pp", "rr"])
     t.add_argument("--dir", required=True)
@@ -177,6 +186,7 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--warmup", type=int, default=1)
     t.add_argument("--seed", type=int, default=0, help="the advantages' seed")
     t.add_argument("--device", default=None)
+    t.add_argument("--profile", action="store_true")
     m = sub.add_parser("arm")
     m.add_argument("--arm", required=True, choices=["pp", "rr"])
     m.add_argument("--dir", required=True)
@@ -227,7 +237,7 @@ def main(argv=None) -> int:
     if a.cmd == "rollout":
         from rlk.integrations.production.rollout_bench import run_rollout
 
-        run_rollout(a.arm, a.dir, a.out, a.workload)
+        run_rollout(a.arm, a.dir, a.out, a.workload, profile=a.profile)
         return 0
     if a.cmd == "train":
         from rlk.integrations.production import train_bench
@@ -235,7 +245,8 @@ def main(argv=None) -> int:
         try:
             train_bench.run_train(a.arm, a.dir, a.rollout, a.out, micro_tokens=a.micro_tokens,
                                   recompute=None if a.recompute == "none" else a.recompute,
-                                  optimizer_step=a.optimizer_step, warmup=a.warmup, seed=a.seed, device=a.device)
+                                  optimizer_step=a.optimizer_step, warmup=a.warmup, seed=a.seed, device=a.device,
+                                  profile=a.profile)
         except train_bench.FailClosed as e:
             print(str(e), file=sys.stderr)
             return train_bench.FAIL_CLOSED_RC

@@ -63,9 +63,9 @@ def _env() -> dict:
     return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
 
 
-def _arm_options(a) -> list[str]:
-    out = ["--workload", a.workload, "--micro-tokens", str(a.micro_tokens), "--recompute", a.recompute,
-           "--warmup", str(a.warmup)]
+def _trainer_options(a) -> list[str]:
+    """The options ``arm`` hands to ``train`` (``pairs`` hands them, with the workload, to ``arm``)."""
+    out = ["--micro-tokens", str(a.micro_tokens), "--recompute", a.recompute, "--warmup", str(a.warmup)]
     if a.optimizer_step:
         out.append("--optimizer-step")
     if a.profile:
@@ -73,6 +73,10 @@ def _arm_options(a) -> list[str]:
     if a.device:
         out += ["--device", a.device]
     return out
+
+
+def _arm_options(a) -> list[str]:
+    return ["--workload", a.workload] + _trainer_options(a)
 
 
 # ---- arm ----------------------------------------------------------------------------------------
@@ -92,15 +96,8 @@ def run_arm(a, run=subprocess.run) -> int:
                   file=sys.stderr)
             return p.returncode or 1
     say(f"[{a.arm}] train -> {t_json}")
-    cmd = [sys.executable, "-m", MODULE, "train", "--arm", a.arm, "--dir", a.dir, "--rollout", r_json, "--out", t_json,
-           "--micro-tokens", str(a.micro_tokens), "--recompute", a.recompute, "--warmup", str(a.warmup)]
-    if a.optimizer_step:
-        cmd.append("--optimizer-step")
-    if a.profile:
-        cmd.append("--profile")
-    if a.device:
-        cmd += ["--device", a.device]
-    p = run(cmd, env=_env())
+    cmd = [sys.executable, "-m", MODULE, "train", "--arm", a.arm, "--dir", a.dir, "--rollout", r_json, "--out", t_json]
+    p = run(cmd + _trainer_options(a), env=_env())
     if p.returncode == FAIL_CLOSED_RC:
         print(f"arm {a.arm}: FAILED CLOSED (the trainer refused to reuse the rollout logp); record {t_json}",
               file=sys.stderr)

@@ -29,6 +29,16 @@ def ratio_of_medians(strict: Sequence[float], native: Sequence[float]) -> float:
     return median(strict) / median(native)
 
 
+def _percentile_interval(stat, n: int, n_boot: int, seed: int, alpha: float) -> tuple[float, float]:
+    """(low, high) of the percentile-bootstrap (1-alpha) interval of ``stat(indices)`` over
+    ``n_boot`` seeded resamples of ``n`` indices with replacement."""
+    rng = random.Random(seed)
+    boots = sorted(stat([rng.randrange(n) for _ in range(n)]) for _ in range(n_boot))
+    lo = boots[int(math.floor(alpha / 2 * n_boot))]
+    hi = boots[min(n_boot - 1, int(math.ceil((1 - alpha / 2) * n_boot)) - 1)]
+    return lo, hi
+
+
 def paired_bootstrap_ratio(
     strict: Sequence[float],
     native: Sequence[float],
@@ -43,15 +53,8 @@ def paired_bootstrap_ratio(
     """
     if len(strict) != len(native) or not strict:
         raise ValueError("paired samples must be non-empty and of equal length")
-    rng = random.Random(seed)
-    n = len(strict)
-    boots = []
-    for _ in range(n_boot):
-        idx = [rng.randrange(n) for _ in range(n)]
-        boots.append(median([strict[i] for i in idx]) / median([native[i] for i in idx]))
-    boots.sort()
-    lo = boots[int(math.floor(alpha / 2 * n_boot))]
-    hi = boots[min(n_boot - 1, int(math.ceil((1 - alpha / 2) * n_boot)) - 1)]
+    lo, hi = _percentile_interval(lambda idx: median([strict[i] for i in idx]) / median([native[i] for i in idx]),
+                                  len(strict), n_boot, seed, alpha)
     return ratio_of_medians(strict, native), lo, hi
 
 
@@ -62,9 +65,5 @@ def bootstrap_median(xs: Sequence[float], n_boot: int = 10000, seed: int = 0,
     Returns (median, low, high); seeded, so the same input gives the same interval."""
     if not xs:
         raise ValueError("bootstrap of an empty sequence")
-    rng = random.Random(seed)
-    n = len(xs)
-    boots = sorted(median([xs[rng.randrange(n)] for _ in range(n)]) for _ in range(n_boot))
-    lo = boots[int(math.floor(alpha / 2 * n_boot))]
-    hi = boots[min(n_boot - 1, int(math.ceil((1 - alpha / 2) * n_boot)) - 1)]
+    lo, hi = _percentile_interval(lambda idx: median([xs[i] for i in idx]), len(xs), n_boot, seed, alpha)
     return median(xs), lo, hi

@@ -54,6 +54,21 @@ def response_logp(pk: Packed, logp: torch.Tensor, n: int) -> list[torch.Tensor]:
     return out
 
 
+def response_rows(pk: Packed, per_request: list[torch.Tensor]) -> torch.Tensor:
+    """The inverse of :func:`response_logp`: packed ``[T]`` fp32 host rows holding each request's
+    response values (``per_request[i]``: ``[r_i]``) at its logp rows, 0 elsewhere."""
+    from rlk.errors import UnsupportedConfigError
+
+    out = torch.zeros(pk.ids.shape[0], dtype=torch.float32)
+    cu = pk.host_cu if pk.host_cu is not None else pk.cu_seqlens.tolist()
+    for j, i in enumerate(pk.order):
+        a, r = cu[j] + pk.prompt_lens[j] - 1, pk.response_lens[j]
+        if tuple(per_request[i].shape) != (r,):
+            raise UnsupportedConfigError(f"sequence {i}: {tuple(per_request[i].shape)} values for {r} response tokens")
+        out[a:a + r] = per_request[i].detach().float().cpu()
+    return out
+
+
 def score(model, prompts, responses, *, actor=False, order=None, microbatch_tokens=None, probes=None):
     """Trainer logp of every response; see :func:`_score`. Token ids are range-checked on the host
     and ``cu_seqlens`` is built there, so launches run under ``host_validated`` (no device reads)."""

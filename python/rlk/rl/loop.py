@@ -182,16 +182,8 @@ def actor_batch(vocab_size: int, prompts: list[list[int]], responses: list[list[
     response tokens."""
     rollout.check_tokens(vocab_size, prompts, responses)
     pk = trainer.pack(prompts, responses, device="cpu")
-    T = pk.ids.shape[0]
-    old_rows = torch.zeros(T, dtype=torch.float32)
-    adv_rows = torch.zeros(T, dtype=torch.float32)
-    for j, i in enumerate(pk.order):
-        a = pk.host_cu[j] + pk.prompt_lens[j] - 1
-        r = pk.response_lens[j]
-        if old_logp[i].shape != (r,):
-            raise UnsupportedConfigError(f"sequence {i}: {tuple(old_logp[i].shape)} old logp for {r} response tokens")
-        old_rows[a:a + r] = old_logp[i].detach().float().cpu()
-        adv_rows[a:a + r] = float(adv[i])
+    old_rows = trainer.response_rows(pk, old_logp)
+    adv_rows = trainer.response_rows(pk, [torch.full((len(r),), float(adv[i])) for i, r in enumerate(responses)])
     n_tokens = sum(pk.response_lens)
     fn = grpo.token_loss_fn(old_rows.to(device), adv_rows.to(device), pk.loss_mask.to(device), clip_eps, n_tokens)
     return pk, fn

@@ -43,38 +43,24 @@ def run_rollout(arm: str, model_dir: str, out: str, workload: str = "W1", profil
     after the timed one runs under vLLM's torch profiler and the record gets ``attribution``
     (:func:`rlk.integrations.vllm.engine_profile_bench.attribution_from_dir`), never counted."""
     check_args(arm, model_dir, workload)
-    from rlk import determinism
     from rlk.integrations.production import records
     from rlk.integrations.vllm import engine_bench as eb
 
     varm = records.VLLM_ARM[arm]
     counters_dir = records.stem(out) + "_counters"
-    if varm != "rlk":
-        for k in determinism.STRICT_ENV:  # the baseline runs without rlk's environment
-            os.environ.pop(k, None)
-    determinism.export(eb.arm_env(varm, counters_dir))  # before vLLM is imported / EngineCore spawned
+    eb.enter_arm_env(varm, counters_dir)  # before vLLM is imported / EngineCore spawned
     import importlib.metadata
 
     import torch
-    from vllm import LLM, SamplingParams
 
     from rlk.models.qwen3 import Qwen3Config
 
     cfg = Qwen3Config.from_json(os.path.join(model_dir, "config.json"))
     kw = eb.engine_kwargs(varm, model_dir)
     trace_dir = records.stem(out) + "_trace"
-    if profile:
-        from rlk.integrations.vllm import engine_profile_bench
-
-        kw.update(engine_profile_bench.profiler_kwargs(trace_dir))
-    say(f"[{arm}: vLLM {varm}] engine start")
-    t0 = time.perf_counter()
-    llm = LLM(**kw)
-    start_s = time.perf_counter() - t0
-    say(f"[{arm}] engine ready in {start_s:.1f} s")
+    llm, start_s = eb.start_engine(kw, f"{arm}: vLLM {varm}", trace_dir if profile else None)
     prompts, lens = eb.workload(workload, cfg.vocab_size)
-    sps = [SamplingParams(temperature=1.0, max_tokens=r, min_tokens=r, ignore_eos=True, logprobs=0,
-                          detokenize=False) for r in lens]
+    sps = eb.sampling_params(lens)
     reqs = [{"prompt_token_ids": p} for p in prompts]
     t0 = time.perf_counter()
     llm.generate(reqs, sps, use_tqdm=False)
@@ -88,15 +74,8 @@ def run_rollout(arm: str, model_dir: str, out: str, workload: str = "W1", profil
     n_tok = sum(lens)
     say(f"[{arm}] {workload}: {len(prompts)} seqs, {n_tok} tokens in {gen_s:.2f} s ({n_tok / gen_s:.0f} tok/s; "
         f"untimed warm-up {warm_s:.2f} s)")
-    attribution = None
-    if profile:
-        llm.start_profile()
-        t0 = time.perf_counter()
-        llm.generate(reqs, sps, use_tqdm=False)
-        wall = time.perf_counter() - t0
-        llm.stop_profile()
-        attribution = dict(engine_profile_bench.attribution_from_dir(trace_dir), wall_s=round(wall, 4))
-        kw.pop("profiler_config", None)
+    attribution = eb.profiled_generate(llm, prompts, sps, trace_dir) if profile else None
+    kw.pop("profiler_config", None)
     vc = llm.llm_engine.vllm_config
     rec = {"arm": arm, "vllm_arm": varm, "workload": workload, "sequences": len(prompts), "response_tokens": n_tok,
            "prompt_tokens": sum(map(len, prompts)), "engine_start_s": round(start_s, 2),

@@ -120,19 +120,6 @@ def profiled(fn, device) -> dict:
             "device_s_by_category": {k: round(v / 1e6, 4) for k, v in sorted(per_cat.items(), key=lambda kv: -kv[1])}}
 
 
-def rows(pk, per_request, n: int):
-    """Packed ``[T]`` fp32 rows holding each request's response values at its logp rows
-    (``rlk.replay.trainer.response_logp``'s rule), 0 elsewhere (rows the loss masks out)."""
-    import torch
-
-    out = torch.zeros(pk.ids.shape[0], dtype=torch.float32)
-    cu = pk.host_cu
-    for j, i in enumerate(pk.order):
-        p, r = pk.prompt_lens[j], pk.response_lens[j]
-        out[cu[j] + p - 1: cu[j] + p - 1 + r] = per_request[i].to(torch.float32)
-    return out.to(pk.ids.device)
-
-
 def compare_bitwise(rollout: list, trainer: list) -> dict:
     """Raw fp32 bytes of every response token (``torch.equal`` on ``.view(torch.int32)``): a
     rollout value that is not an fp32 value counts as differing too."""
@@ -291,12 +278,12 @@ def run_train(arm: str, model_dir: str, rollout_path: str, out: str, *, micro_to
     load_s = time.perf_counter() - t0
     say(f"{arm}: model loaded in {load_s:.1f} s: {tr.description}")
 
+    adv_per_request = [adv_seq[i].expand(len(responses[i])) for i in range(n)]
+
     def batches(old_per_request):
-        out = []
-        for pk in packs:
-            adv = rows(pk, [adv_seq[i].expand(len(responses[i])) for i in range(n)], n)
-            out.append((pk, grpo.token_loss_fn(rows(pk, old_per_request, n), adv, pk.loss_mask, CLIP, n_resp)))
-        return out
+        return [(pk, grpo.token_loss_fn(trainer.response_rows(pk, old_per_request).to(dev),
+                                        trainer.response_rows(pk, adv_per_request).to(dev), pk.loss_mask, CLIP,
+                                        n_resp)) for pk in packs]
 
     def score_all():
         lp: list = [None] * n

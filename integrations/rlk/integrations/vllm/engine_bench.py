@@ -151,6 +151,56 @@ def engine_kwargs(arm: str, model_dir: str, eager: bool = False) -> dict:
     return common
 
 
+def enter_arm_env(arm: str, counters_dir: str) -> None:
+    """This process's environment for ``arm``, before vLLM is imported or EngineCore spawned: a
+    baseline drops rlk's strict variables, every arm exports :func:`arm_env`."""
+    from rlk import determinism
+
+    if arm != "rlk":
+        for k in determinism.STRICT_ENV:
+            os.environ.pop(k, None)
+    determinism.export(arm_env(arm, counters_dir))
+
+
+def sampling_params(lens: list[int]) -> list:
+    """The module's per-request ``SamplingParams``: exactly ``r`` tokens each, sampled-token
+    logprobs on, temperature 1."""
+    from vllm import SamplingParams
+
+    return [SamplingParams(temperature=1.0, max_tokens=r, min_tokens=r, ignore_eos=True, logprobs=0,
+                           detokenize=False) for r in lens]
+
+
+def start_engine(kw: dict, label: str, trace_dir: str | None = None):
+    """``(LLM(**kw), engine start seconds)``; with ``trace_dir`` the engine's torch profiler is
+    armed (inactive until :func:`profiled_generate`). ``kw`` gains the profiler arguments."""
+    from vllm import LLM
+
+    if trace_dir:
+        from rlk.integrations.vllm import engine_profile_bench
+
+        kw.update(engine_profile_bench.profiler_kwargs(trace_dir))
+    say(f"[{label}] engine start: {json.dumps({k: v for k, v in kw.items() if k != 'model'}, default=str)}")
+    t0 = time.perf_counter()
+    llm = LLM(**kw)
+    start_s = time.perf_counter() - t0
+    say(f"[{label}] engine ready in {start_s:.1f} s")
+    return llm, start_s
+
+
+def profiled_generate(llm, prompts: list[list[int]], sps: list, trace_dir: str) -> dict:
+    """One generate under the engine's profiler: the attribution of its trace
+    (:func:`rlk.integrations.vllm.engine_profile_bench.attribution_from_dir`) and its wall time."""
+    from rlk.integrations.vllm import engine_profile_bench
+
+    llm.start_profile()
+    t0 = time.perf_counter()
+    llm.generate([{"prompt_token_ids": p} for p in prompts], sps, use_tqdm=False)
+    wall = time.perf_counter() - t0
+    llm.stop_profile()
+    return dict(engine_profile_bench.attribution_from_dir(trace_dir), wall_s=round(wall, 4))
+
+
 def _outputs(outs, lens):
     """(flat token ids, flat logprobs as float64) of one generate call, lengths checked."""
     import torch
@@ -187,33 +237,20 @@ def run_arm(arm: str, model_dir: str, out: str, workloads: list[str], w0_reps: i
         raise SystemExit(f"--profile-workload {profile_workload!r}: one of {sorted(WORKLOADS)}")
     if profile_tokens is not None and profile_tokens < 1:
         raise SystemExit("--profile-tokens must be >= 1")
-    from rlk import determinism
-
     counters_dir = os.path.splitext(out)[0] + "_counters"
-    if arm != "rlk":
-        for k in determinism.STRICT_ENV:  # a baseline runs without rlk's environment
-            os.environ.pop(k, None)
-    determinism.export(arm_env(arm, counters_dir))  # before vLLM is imported / EngineCore spawned
+    enter_arm_env(arm, counters_dir)
     import importlib.metadata
 
     import torch
     from safetensors.torch import save_file
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
 
     from rlk.models.qwen3 import Qwen3Config
 
     cfg = Qwen3Config.from_json(os.path.join(model_dir, "config.json"))
     kw = engine_kwargs(arm, model_dir, eager)
     trace_dir = os.path.splitext(out)[0] + "_trace"
-    if profile:
-        from rlk.integrations.vllm import engine_profile_bench
-
-        kw.update(engine_profile_bench.profiler_kwargs(trace_dir))
-    say(f"[{arm}] engine start: {json.dumps({k: v for k, v in kw.items() if k != 'model'}, default=str)}")
-    t0 = time.perf_counter()
-    llm = LLM(**kw)
-    start_s = time.perf_counter() - t0
-    say(f"[{arm}] engine ready in {start_s:.1f} s")
+    llm, start_s = start_engine(kw, arm, trace_dir if profile else None)
     vc = llm.llm_engine.vllm_config
     rec = {"arm": arm + ("_eager" if eager else ""), "engine_start_s": round(start_s, 2), "engine_kwargs": {k: v for k, v in kw.items()},
            "vllm_version": importlib.metadata.version("vllm"),
@@ -230,8 +267,7 @@ def run_arm(arm: str, model_dir: str, out: str, workloads: list[str], w0_reps: i
     tensors = {}
     for w in workloads:
         prompts, lens = workload(w, cfg.vocab_size)
-        sps = [SamplingParams(temperature=1.0, max_tokens=r, min_tokens=r, ignore_eos=True, logprobs=0,
-                              detokenize=False) for r in lens]
+        sps = sampling_params(lens)
         reps = w0_reps if w == "W0" else 1
         warm_s = []
         for _ in range(warmup_runs):
@@ -259,16 +295,9 @@ def run_arm(arm: str, model_dir: str, out: str, workloads: list[str], w0_reps: i
         prompts, lens = workload(profile_workload, cfg.vocab_size)
         if profile_tokens is not None:
             lens = [profile_tokens] * len(prompts)
-        sps = [SamplingParams(temperature=1.0, max_tokens=r, min_tokens=r, ignore_eos=True, logprobs=0,
-                              detokenize=False) for r in lens]
-        llm.start_profile()
-        t0 = time.perf_counter()
-        llm.generate([{"prompt_token_ids": p} for p in prompts], sps, use_tqdm=False)
-        wall = time.perf_counter() - t0
-        llm.stop_profile()
         what = (f"{profile_workload} prompts, " + (f"{profile_tokens} tokens each" if profile_tokens is not None
                                                    else "its own response lengths") + ", profiled")
-        rec["attribution"] = dict(engine_profile_bench.attribution_from_dir(trace_dir), wall_s=round(wall, 4),
+        rec["attribution"] = dict(profiled_generate(llm, prompts, sampling_params(lens), trace_dir),
                                   workload=profile_workload, response_tokens=sum(lens), what=what)
         say(f"[{arm}] attribution: {json.dumps(rec['attribution'])}")
     if arm == "rlk":

@@ -68,16 +68,19 @@ def probe() -> dict[str, Any]:
     return st
 
 
-def reject_pairs(pairs: Sequence[Mapping[str, Mapping[str, Any]]]) -> list[str | None]:
-    """For each pair ``{"native": health, "strict": health}``: None if kept, else the reason."""
-    bws = [p[a].get("copy_tbps") for p in pairs for a in ("native", "strict") if p[a].get("copy_tbps")]
-    clocks = [p[a].get("sm_clock_mhz") for p in pairs for a in ("native", "strict") if p[a].get("sm_clock_mhz")]
+def reject_pairs(pairs: Sequence[Mapping[str, Mapping[str, Any]]],
+                 arms: Sequence[str] = ("native", "strict")) -> list[str | None]:
+    """For each pair ``{arm: health}`` (``arms``, e.g. ``("pp", "rr")`` in the production
+    benchmark): None if kept, else the reason. A probe that read nothing (no GPU, no NVML) keeps
+    its pair: the envelope judges only what was measured."""
+    bws = [p[a].get("copy_tbps") for p in pairs for a in arms if p[a].get("copy_tbps")]
+    clocks = [p[a].get("sm_clock_mhz") for p in pairs for a in arms if p[a].get("sm_clock_mhz")]
     med_bw = sorted(bws)[len(bws) // 2] if bws else None
     top_clock = max(clocks) if clocks else None
     out: list[str | None] = []
     for p in pairs:
         reason = None
-        for arm in ("native", "strict"):
+        for arm in arms:
             h = p[arm]
             bw = h.get("copy_tbps")
             if med_bw and bw and abs(bw - med_bw) > BANDWIDTH_TOLERANCE * med_bw:

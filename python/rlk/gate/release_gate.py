@@ -94,6 +94,7 @@ def run_gate(profile: str, out_dir: str, levels=None, progress=print) -> dict:
         "profile": profile,
         "passed": passed,
         "partial": bool(levels),
+        "levels_run": sorted(levels) if levels else None,
         "counts": {k: sum(r["result"] == k for r in rows) for k in ("PASS", "FAIL", "MISSING")},
         "rows": rows,
         "levels_not_run": dict(registry.NOT_RUN.get(profile, {})),
@@ -175,6 +176,10 @@ def render_markdown(report: dict) -> str:
         f"fingerprint `{prov['fingerprint'][:16]}`.",
         "",
     ]
+    if report.get("partial"):
+        lines += [f"Partial run (levels {', '.join(report.get('levels_run') or ['?'])} only): a partial run never "
+                  "passes the gate, whatever its rows say. Join the partial runs of one stack with "
+                  "`python -m rlk.gate.release_gate --profile P --merge DIR1,DIR2 --out DIR`.", ""]
     if report.get("merged_from"):
         lines += [f"Joined from the partial runs {', '.join(report['merged_from'])} (same provenance).", ""]
     lines += [
@@ -224,7 +229,8 @@ def main(argv) -> int:
     c = report["counts"]
     not_run = ", ".join(sorted(report.get("levels_not_run") or {}))
     print(f"gate {'PASSED' if report['passed'] else 'FAILED'}: {c['PASS']} passed, {c['FAIL']} failed, "
-          f"{c['MISSING']} missing{f'; levels not run by this profile: {not_run}' if not_run else ''}; "
+          f"{c['MISSING']} missing{f'; levels not run by this profile: {not_run}' if not_run else ''}"
+          f"{'; a partial run (--levels) never passes' if report.get('partial') else ''}; "
           f"reports in {out}")
     return 0 if report["passed"] else 1
 

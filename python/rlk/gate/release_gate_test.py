@@ -61,7 +61,10 @@ def test_import_failure_of_a_check_module_fails(fake_checks, tmp_path, monkeypat
 def test_partial_run_never_passes(fake_checks, tmp_path):
     fake_checks.register_check("L0", "a")(lambda ctx: registry.CheckResult(True))
     rep = _run(tmp_path, levels=["L0"])
-    assert rep["partial"] and not rep["passed"]
+    assert rep["partial"] and not rep["passed"] and rep["levels_run"] == ["L0"]
+    md = release_gate.render_markdown(rep)
+    assert "FAILED" in md and "Partial run (levels L0 only)" in md  # why a run of passing rows failed
+    assert "Partial run" not in release_gate.render_markdown(dict(rep, partial=False))
 
 
 def test_checks_are_filtered_by_profile(fake_checks):

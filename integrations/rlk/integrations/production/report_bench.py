@@ -7,7 +7,10 @@ Method: a pair is the two arm files ``pair<i>_pp.json`` / ``pair<i>_rr.json`` of
 folder. Its ratio is RR total / PP total (total = rollout generate + the trainer phases that ran;
 engine start and model load excluded). ``ratio`` is the median of the per-pair ratios and
 ``ratio_ci95`` its percentile bootstrap over pairs (``rlk.bench.stats.bootstrap_median``: the
-process pair is the unit, not the step). Targets: ``rr_pp_upper_ci_le_0.95`` (the interval's
+process pair is the unit, not the step). A pair whose trainer-side health probe falls outside
+``rlk.bench.health``'s envelope (copy bandwidth, SM clock) is listed under ``rejected_pairs``
+and left out; every pair of one arm must carry the same provenance (versions, bundle, checkpoint,
+capability fingerprint), or the report refuses. Targets: ``rr_pp_upper_ci_le_0.95`` (the interval's
 upper end at most 0.95) and ``rr_logp_mismatches_zero`` (every R/R arm compared its rollout logp
 with the actor forward and found no differing token). Fewer than :data:`MIN_PAIRS` pairs are
 reported (``complete: false``), not refused.
@@ -67,22 +70,42 @@ def _arm_summary(recs: list[dict]) -> dict:
         for ph, v in r["train"]["phases"].items():
             if "peak_allocated_gib" in v:
                 memory[ph] = max(memory.get(ph, 0.0), v["peak_allocated_gib"])
-    roll, tr = recs[0]["rollout"], recs[0]["train"]
+    tr = recs[0]["train"]
+    arm = recs[0].get("arm", "?")
     return {"total_median_s": round(stats.median(totals), 4), "total_p95_s": round(stats.percentile(totals, 95), 4),
             "totals_s": totals, "phases": phases, "peak_allocated_gib": memory,
             "engine_start_s": [r["rollout"]["engine_start_s"] for r in recs],
             "model_load_s": [r["train"]["model_load_s"] for r in recs],
             "trainer": tr["trainer"], "old_logp_source": tr["old_logp_source"],
             "rollout_vs_trainer_logp": [r["train"].get("rollout_vs_trainer_logp") for r in recs],
-            "provenance": {"vllm": roll.get("vllm_version"), "vllm_arm": roll.get("vllm_arm"),
-                           "megatron-core": tr["versions"].get("megatron-core"),
-                           "torch": tr["versions"].get("torch"), "triton": tr["versions"].get("triton"),
-                           "rollout_torch": roll.get("versions", {}).get("torch"),
-                           "gpu": tr["versions"].get("gpu"), "cuda": tr["versions"].get("cuda"),
-                           "bundle_sha256": roll.get("bundle_sha256"),
-                           "checkpoint_sha256": tr.get("checkpoint_sha256"),
-                           "cudagraph_mode": roll.get("cudagraph_mode"),
-                           "compilation_mode": roll.get("compilation_mode")}}
+            "health": {k: [_round(_health(r).get(k)) for r in recs] for k in ("copy_tbps", "sm_clock_mhz", "temperature_c")},
+            "provenance": _same([_provenance(r) for r in recs], f"{arm} provenance (every pair must run one stack)")}
+
+
+def _round(v):
+    return round(v, 3) if isinstance(v, float) else v
+
+
+def _health(rec: dict) -> dict:
+    """The trainer process's health probe (``rlk.bench.health.probe``); {} in records without one."""
+    return (rec.get("train") or {}).get("health") or {}
+
+
+def _provenance(rec: dict) -> dict:
+    """What must be equal across the pairs of one arm: versions, bundle, checkpoint, the engine's
+    compile modes and the trainer's capability fingerprint (kernel sources, tuning tables,
+    contracts, toolchain, device)."""
+    roll, tr = rec["rollout"], rec["train"]
+    return {"vllm": roll.get("vllm_version"), "vllm_arm": roll.get("vllm_arm"),
+            "megatron-core": tr["versions"].get("megatron-core"),
+            "torch": tr["versions"].get("torch"), "triton": tr["versions"].get("triton"),
+            "rollout_torch": roll.get("versions", {}).get("torch"),
+            "gpu": tr["versions"].get("gpu"), "cuda": tr["versions"].get("cuda"),
+            "bundle_sha256": roll.get("bundle_sha256"),
+            "checkpoint_sha256": tr.get("checkpoint_sha256"),
+            "cudagraph_mode": roll.get("cudagraph_mode"),
+            "compilation_mode": roll.get("compilation_mode"),
+            "fingerprint": (tr.get("provenance") or {}).get("fingerprint")}
 
 
 def _phase_attribution(rec: dict) -> dict:
@@ -139,6 +162,13 @@ def summarize(pairs: list[dict], lone: list[str] | None = None) -> dict:
                  "layers / sequences / workload / micro-batching")
     _same([sorted(p[a]["phases"]) for p in pairs for a in ("pp",)], "P/P phases")
     _same([sorted(p[a]["phases"]) for p in pairs for a in ("rr",)], "R/R phases")
+    from rlk.bench import health
+
+    reasons = health.reject_pairs([{a: _health(p[a]) for a in ("pp", "rr")} for p in pairs], arms=("pp", "rr"))
+    rejected = [{"dir": p["dir"], "pair": p["index"], "reason": why} for p, why in zip(pairs, reasons) if why]
+    pairs = [p for p, why in zip(pairs, reasons) if not why]
+    if not pairs:
+        raise SystemExit(f"report: every pair was rejected by the health envelope: {rejected}")
     per_pair = []
     for p in pairs:
         pp, rr = p["pp"]["total_s"], p["rr"]["total_s"]
@@ -161,12 +191,16 @@ def summarize(pairs: list[dict], lone: list[str] | None = None) -> dict:
            "reference_policy": pairs[0]["rr"]["train"].get("reference_policy"),
            "advantages": pairs[0]["rr"]["train"].get("advantages"),
            "optimizer": pairs[0]["rr"]["train"].get("optimizer", "timed as a phase"),
+           "rejected_pairs": rejected, "health_envelope": {"bandwidth_tolerance": health.BANDWIDTH_TOLERANCE,
+                                                           "clock_floor": health.CLOCK_FLOOR},
            "incomplete_pair_files": lone or [], "generated": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
     att = attribution(pairs)
     if att:
         rep["attribution"] = att
     if not rep["complete"]:
-        rep["note"] = f"{len(pairs)} of the {MIN_PAIRS} pairs the method asks for: the interval is not yet meaningful"
+        rep["note"] = (f"{len(pairs)} of the {MIN_PAIRS} pairs the method asks for"
+                       + (f" ({len(rejected)} more rejected by the health envelope)" if rejected else "")
+                       + ": the interval is not yet meaningful")
     return rep
 
 
@@ -195,7 +229,14 @@ def markdown(rep: dict, command: str) -> str:
               f"- Reference: {rep['reference_policy']}. Advantages: {rep['advantages']}.",
               f"- Optimizer: {json.dumps(rep['optimizer'])}.",
               "- Provenance P/P: " + json.dumps(pp["provenance"]),
-              "- Provenance R/R: " + json.dumps(rr["provenance"]), "",
+              "- Provenance R/R: " + json.dumps(rr["provenance"]),
+              "- Health (trainer process, before the model loads; copy TB/s, SM MHz): "
+              + "; ".join(f"{name} " + (json.dumps({k: arm["health"][k] for k in ("copy_tbps", "sm_clock_mhz")})
+                                        if any(v is not None for v in arm["health"]["copy_tbps"] + arm["health"]["sm_clock_mhz"])
+                                        else "not probed")
+                          for name, arm in (("P/P", pp), ("R/R", rr)))
+              + f"; pairs rejected by the envelope: {json.dumps(rep['rejected_pairs']) if rep['rejected_pairs'] else 'none'}.",
+              "",
               "| pair | order | P/P s | R/R s | RR/PP |", "| --- | --- | --- | --- | --- |"]
     for x in rep["per_pair"]:
         lines.append(f"| {x['pair']} | {','.join(x['order'] or [])} | {x['pp_total_s']:.3f} | {x['rr_total_s']:.3f} | "

@@ -109,6 +109,46 @@ def test_refuses_no_pairs_and_mixed_workloads(tmp_path):
         report_bench.summarize(*report_bench.load_pairs([str(tmp_path)]))
 
 
+def _set_train(d, i, arm, **fields):
+    path = records.arm_path(str(d), i, arm)
+    rec = json.loads(open(path).read())
+    rec["train"].update(fields)
+    records.write_json(path, rec)
+
+
+def test_a_throttled_pair_is_rejected_and_left_out_of_the_ratio(tmp_path):
+    _write(tmp_path, [10] * 5, [3.0, 4.0, 5.0, 6.0, 20.0])  # pair 4: RR slower than PP
+    for i in range(5):
+        for arm in ("pp", "rr"):
+            _set_train(tmp_path, i, arm, health={"copy_tbps": 3.9, "sm_clock_mhz": 1980})
+    kept_all = report_bench.summarize(*report_bench.load_pairs([str(tmp_path)]))
+    assert kept_all["pairs"] == 5 and kept_all["rejected_pairs"] == [] and kept_all["arms"]["rr"]["health"][
+        "sm_clock_mhz"] == [1980] * 5
+    _set_train(tmp_path, 4, "rr", health={"copy_tbps": 3.9, "sm_clock_mhz": 1200})  # clocked down
+    rep = report_bench.summarize(*report_bench.load_pairs([str(tmp_path)]))
+    assert rep["pairs"] == 4 and [x["pair"] for x in rep["per_pair"]] == [0, 1, 2, 3]
+    assert rep["rejected_pairs"][0]["pair"] == 4 and "SM clock 1200" in rep["rejected_pairs"][0]["reason"]
+    assert kept_all["ratio"] == 0.725 and rep["ratio"] == 0.7 and rep["ratio_ci95"][1] < kept_all["ratio_ci95"][1]
+    assert "rejected by the health envelope" in rep["note"]
+    md = report_bench.markdown(rep, "cmd")
+    assert '"sm_clock_mhz": [1980, 1980, 1980, 1980]' in md and "SM clock 1200" in md
+    for i in range(4):
+        _set_train(tmp_path, i, "pp", health={"copy_tbps": 2.0, "sm_clock_mhz": 1980})  # P/P bandwidth off
+    with pytest.raises(SystemExit, match="every pair was rejected"):
+        report_bench.summarize(*report_bench.load_pairs([str(tmp_path)]))
+
+
+def test_pairs_of_one_arm_must_share_one_stack(tmp_path):
+    _write(tmp_path, [10] * 3, [4.0] * 3)
+    for i in range(3):
+        _set_train(tmp_path, i, "rr", provenance={"fingerprint": "f" * 64})
+    rep = report_bench.summarize(*report_bench.load_pairs([str(tmp_path)]))
+    assert rep["arms"]["rr"]["provenance"]["fingerprint"] == "f" * 64
+    _set_train(tmp_path, 2, "rr", provenance={"fingerprint": "e" * 64})  # another kernel source or table
+    with pytest.raises(SystemExit, match="rr provenance"):
+        report_bench.summarize(*report_bench.load_pairs([str(tmp_path)]))
+
+
 def test_gate_l5_is_the_production_check_for_h200_only():
     from rlk.gate import registry
     from rlk.integrations.production import checks  # noqa: F401 - registers

@@ -29,7 +29,9 @@ phases, ``--warmup`` untimed passes of the no-grad forward and of forward + back
 micro-batch (an RL trainer's steady state: Triton compiles its kernels once per shape variant,
 e.g. a new row-count parity, and cuBLAS and the allocator warm up; with only the first
 micro-batch warmed, a cold Triton cache compiled inside the timed phases and slowed R/R's trainer
-phases by a third on the H200). Model load is timed but not counted.
+phases by a third on the H200). Model load is timed but not counted. Before the model loads,
+``rlk.bench.health.probe`` records the GPU's copy bandwidth and clocks (``health``): the report
+drops a pair outside the envelope of :mod:`rlk.bench.health`.
 
 ``--profile``: after the timed phases, each runs once more under ``torch.profiler``; the record's
 ``attribution`` holds device seconds per kernel category, launches and host idle per phase
@@ -270,6 +272,11 @@ def run_train(arm: str, model_dir: str, rollout_path: str, out: str, *, micro_to
     say(f"{arm}: {n} sequences, {T} packed tokens ({n_resp} response) in {len(packs)} micro-batches of <= "
         f"{micro_tokens}; {cfg.num_hidden_layers} layers on {dev}")
 
+    from rlk.bench import health
+
+    probe = health.probe()  # before the model: the copy test needs 2 GiB free
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
     t0 = time.perf_counter()
     hf = load_safetensors(model_dir, cfg, device=str(dev))
     tr = _Trainer(arm, cfg, hf, dev, recompute, optimizer_step)
@@ -306,7 +313,7 @@ def run_train(arm: str, model_dir: str, rollout_path: str, out: str, *, micro_to
            "micro_tokens": micro_tokens, "layers": cfg.num_hidden_layers, "config": cfg.name,
            "recompute": recompute, "warmup_passes": warmup, "advantages": ADVANTAGES, "advantage_seed": seed,
            "reference_policy": REFERENCE, "loss": f"rlk.rl.grpo clipped per-token loss, clip {CLIP}",
-           "checkpoint_sha256": ck.get("sha256"), "phases": phases}
+           "checkpoint_sha256": ck.get("sha256"), "health": probe, "phases": phases}
     if arm == "pp":
         old, phases["old_logp"] = timed(score_all, dev, T)
         rec["old_logp_source"] = "recomputed by a no-grad trainer forward"
@@ -364,7 +371,7 @@ def _provenance(arm: str, description: str, cfg) -> dict:
         from rlk.provenance import capability_record
 
         ids = sorted(set(spec.CONTRACTS.values())) if arm == "rr" else None
-        return capability_record("strict" if arm == "rr" else "native", contract_ids=ids, load_contracts=False,
+        return capability_record("strict" if arm == "rr" else "native", contract_ids=ids,
                                  extra={"engine": description, "config": cfg.name,
                                         "layers": cfg.num_hidden_layers})
     except Exception as e:  # recorded, never invented

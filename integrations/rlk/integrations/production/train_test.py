@@ -75,6 +75,9 @@ def test_rr_reuses_rollout_logp_when_bitwise_equal(setup):
                            "micro_batches": 2, "micro_tokens": 20, "recompute": "full"}
     assert "skipped" in rec["train"]["optimizer"] and rec["train"]["warmup_passes"] == 1
     assert rec["train"]["old_logp_source"].startswith("reused")
+    prov = rec["train"]["provenance"]  # every contract the strict spec names is registered and hashed
+    assert "errors" not in prov and prov["contracts"] and all(prov["contracts"].values())
+    assert "copy_tbps" in rec["train"]["health"]  # probed (None without a GPU)
 
 
 def test_rr_fails_closed_on_one_ulp(setup):

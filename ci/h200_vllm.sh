@@ -9,7 +9,7 @@
 # prod_pairs prod_report (rlk.integrations.production.bench: paired P/P vs R/R, vLLM rollout +
 # megatron-core trainer, results under $R/production; complete pairs are skipped, so the pairs
 # can be spread over several calls: PROD_PAIRS (default 5), PROD_LIMIT (s, default 560; the
-# runner stops before a pair that would not fit), PROD_ARGS (e.g. "--workload W1 --micro-tokens 16384";
+# runner stops before a pair that would not fit), PROD_RESULTS (default $R/production), PROD_ARGS (e.g. "--workload W1 --micro-tokens 16384";
 # "--profile" adds the attribution: every phase repeated once under the profiler, not counted))
 # gate (the release gate, profile h200, all levels; its L5 is one production pair).
 # Everything but stage1 needs the extracted bundle (ci/vllm_bundle.sh). The checkpoint ($CKPT)
@@ -57,15 +57,20 @@ stage report 60 $BENCH report --results "$R" --out "$R/vllm_h200.json"
 stage baselines 300 python3 -m rlk.integrations.vllm.kernel_baselines_bench --out "$R/kernel_baselines_h200.json"
 PROD="python3 -m rlk.integrations.production.bench"
 PROD_LIMIT=${PROD_LIMIT:-560}
-stage prod_pairs "$PROD_LIMIT" $PROD pairs --dir "$CKPT" --results "$R/production" --n "${PROD_PAIRS:-5}" \
+PROD_R=${PROD_RESULTS:-$R/production}
+stage prod_pairs "$PROD_LIMIT" $PROD pairs --dir "$CKPT" --results "$PROD_R" --n "${PROD_PAIRS:-5}" \
   --budget-s "$((PROD_LIMIT - 30))" ${PROD_ARGS:-}
-stage prod_report 120 $PROD report --results "$R/production" --out "$R/production/e2e_production_h200.json"
+stage prod_report 120 $PROD report --results "$PROD_R" --out "$PROD_R/e2e_production_h200.json"
 # The release gate, profile h200, all levels, in the bundle's environment (L5 is the production
 # pair: vLLM and megatron-core must be importable); the checkpoint of `prepare` is reused.
+# The gate's L5 skips the complete pairs already in $R/gate_h200/production: with
+# PROD_RESULTS=$R/gate_h200/production the five pairs of `prod_pairs` (spread over calls, the
+# same machine and tree) become L5's, and `STAGES=gate GATE_ENV=RLK_GATE_L5_PAIRS=5` then runs
+# L0-L4 and reports L5 over those pairs in one call.
 # About 230 s for L0-L4 and 300 s for one L5 pair: it fills a call (GATE_LIMIT, default 590). Or
 # in two calls: GATE_ARGS="--levels L0,L1,L2,L4 --out ..." then "--levels L5", joined by
 # `python -m rlk.gate.release_gate --profile h200 --merge DIR1,DIR2 --out DIR` (same stack only).
-stage gate "${GATE_LIMIT:-590}" env RLK_GATE_NO_BUILDIFIER=1 RLK_VLLM_DIR="$DEV" \
+stage gate "${GATE_LIMIT:-590}" env RLK_GATE_NO_BUILDIFIER=1 RLK_VLLM_DIR="$DEV" ${GATE_ENV:-} \
   python3 -m rlk.gate.release_gate --profile h200 --out "$R/gate_h200" ${GATE_ARGS:-}
 tar czf "$OUT/results.tgz" --exclude="*_trace" -C "$R" .
 cat "$SUMMARY"

@@ -14,7 +14,10 @@ stock-vLLM + native-megatron arm and a vLLM+rlk + megatron-on-rlk arm. It passes
 It needs vLLM and megatron-core (the H200 bundle: run the gate under
 ``eval "$(bash ci/vllm_bundle.sh env)"``); without them it fails and says so. The checkpoint is
 written once by :func:`rlk.integrations.vllm.engine_bench.prepare` (reused when present, under
-``$RLK_VLLM_DIR/ckpt`` or the gate's output folder). rlk's executor-vs-executor e2e
+``$RLK_VLLM_DIR/ckpt`` or the gate's output folder). The pairs live in ``<gate out>/production``
+and complete pairs there are skipped, like every ``pairs`` run: pairs run into that folder
+beforehand by ``bench pairs`` (the same tree and machine, several calls) are the ones L5 judges
+(``ci/h200_vllm.sh``: ``PROD_RESULTS``, ``GATE_ENV``). rlk's executor-vs-executor e2e
 (``python -m rlk.bench``) stays a diagnostic outside the gate.
 """
 

@@ -27,6 +27,8 @@ def ckpt(tmp_path):
 @pytest.mark.parametrize("argv, message", [
     (["pairs", "--results", "R", "--n", "0"], "--n must be >= 1"),
     (["pairs", "--results", "R", "--budget-s", "-1"], "--budget-s >= 0"),
+    (["pairs", "--results", "R", "--profile-pairs", "1"], "--profile-pairs 1: needs --profile"),
+    (["pairs", "--results", "R", "--profile", "--profile-pairs", "0"], "--profile-pairs 0: needs"),
     (["arm", "--arm", "pp", "--out", "x.json", "--workload", "W9"], "--workload 'W9'"),
     (["arm", "--arm", "rr", "--out", "x.json", "--micro-tokens", "0"], "--micro-tokens must be >= 1"),
     (["arm", "--arm", "rr", "--out", "x.json", "--warmup", "-1"], "--warmup must be >= 0"),
@@ -59,7 +61,7 @@ def _fake_arm_runner(calls, fail=None):
     """Stands in for ``bench arm`` subprocesses: records the call, writes the arm file."""
     def run(cmd, env=None):
         a = B.parser().parse_args(cmd[3:])
-        calls.append((a.pair, a.arm, a.order))
+        calls.append((a.pair, a.arm, a.order, a.profile))
         if fail == (a.pair, a.arm):
             return types.SimpleNamespace(returncode=3)
         records.write_json(a.out, {"arm": a.arm, "pair": {"index": a.pair, "order": a.order.split(",")}})
@@ -139,3 +141,15 @@ def test_module_runs_as_documented():
     p = subprocess.run([sys.executable, "-m", "rlk.integrations.production.bench", "--help"], capture_output=True,
                        text=True, timeout=60, env=env)
     assert p.returncode == 0 and "pairs" in p.stdout and "report" in p.stdout
+
+
+@pytest.mark.parametrize("extra, profiled", [([], []), (["--profile"], [0, 1, 2]),
+                                             (["--profile", "--profile-pairs", "1"], [0]),
+                                             (["--profile", "--profile-pairs", "2"], [0, 1])])
+def test_profile_pairs_picks_the_profiled_pairs(tmp_path, ckpt, extra, profiled):
+    calls = []
+    a = B.parser().parse_args(["pairs", "--dir", ckpt, "--results", str(tmp_path / "R"), "--n", "3"] + extra)
+    B.validate(a)
+    assert B.run_pairs(a, run=_fake_arm_runner(calls)) == 0
+    assert sorted({c[0] for c in calls if c[3]}) == profiled  # both arms of a profiled pair, no other
+    assert all(c[3] == (c[0] in profiled) for c in calls)

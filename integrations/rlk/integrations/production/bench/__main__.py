@@ -12,7 +12,8 @@ tokens per trainer micro-batch; sequences are never split), ``--recompute full|s
 ``--optimizer-step`` (megatron's Adam step as a phase; does not fit at full Qwen3-8B depth),
 ``--warmup 1`` (untimed trainer passes over every micro-batch), ``--profile`` (after the timed
 runs, every phase once more under the profiler: device time per kernel category and host idle,
-the report's attribution; never counted).
+the report's attribution; never counted; ``pairs --profile --profile-pairs 1`` profiles pair 0
+only).
 
 Arms (each phase in a process of its own, so that each engine owns the GPU):
 
@@ -63,20 +64,27 @@ def _env() -> dict:
     return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
 
 
-def _trainer_options(a) -> list[str]:
-    """The options ``arm`` hands to ``train`` (``pairs`` hands them, with the workload, to ``arm``)."""
+def _trainer_options(a, profile: bool | None = None) -> list[str]:
+    """The options ``arm`` hands to ``train`` (``pairs`` hands them, with the workload, to ``arm``);
+    ``profile`` overrides ``a.profile`` (``pairs --profile-pairs``)."""
     out = ["--micro-tokens", str(a.micro_tokens), "--recompute", a.recompute, "--warmup", str(a.warmup)]
     if a.optimizer_step:
         out.append("--optimizer-step")
-    if a.profile:
+    if a.profile if profile is None else profile:
         out.append("--profile")
     if a.device:
         out += ["--device", a.device]
     return out
 
 
-def _arm_options(a) -> list[str]:
-    return ["--workload", a.workload] + _trainer_options(a)
+def _arm_options(a, profile: bool | None = None) -> list[str]:
+    return ["--workload", a.workload] + _trainer_options(a, profile)
+
+
+def profiled_pair(a, i: int) -> bool:
+    """Whether pair ``i`` runs with ``--profile``: every pair, or with ``--profile-pairs K`` the pairs
+    numbered below K (the profiled repeats come after the timed runs and add minutes per pair)."""
+    return bool(a.profile) and (a.profile_pairs is None or i < a.profile_pairs)
 
 
 # ---- arm ----------------------------------------------------------------------------------------
@@ -140,7 +148,7 @@ def run_pairs(a, run=subprocess.run) -> int:
             say(f"pair {i} arm {pos + 1}/2: {arm} (order {','.join(order)}, seed {a.seed})")
             t_arm = time.perf_counter()
             cmd = [sys.executable, "-m", MODULE, "arm", "--arm", arm, "--dir", a.dir, "--out", paths[arm],
-                   "--pair", str(i), "--order", ",".join(order)] + _arm_options(a)
+                   "--pair", str(i), "--order", ",".join(order)] + _arm_options(a, profiled_pair(a, i))
             p = run(cmd, env=_env())
             say(f"pair {i} arm {arm}: rc {p.returncode} in {time.perf_counter() - t_arm:.0f} s")
             if p.returncode != 0:
@@ -200,6 +208,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--start", type=int, default=0)
     p.add_argument("--budget-s", type=float, default=0.0, help="stop before a pair that would pass this")
+    p.add_argument("--profile-pairs", type=int, default=None,
+                   help="with --profile: profile only the pairs numbered below this (default: every pair)")
     _add_arm_options(p)
     rp = sub.add_parser("report")
     rp.add_argument("--results", required=True, nargs="+")
@@ -219,6 +229,8 @@ def validate(a) -> None:
         raise SystemExit(f"--warmup must be >= 0 (got {a.warmup})")
     if a.cmd == "pairs" and (a.n < 1 or a.start < 0 or a.budget_s < 0):
         raise SystemExit(f"--n must be >= 1, --start and --budget-s >= 0 (got {a.n}, {a.start}, {a.budget_s})")
+    if a.cmd == "pairs" and a.profile_pairs is not None and (a.profile_pairs < 1 or not a.profile):
+        raise SystemExit(f"--profile-pairs {a.profile_pairs}: needs --profile and a value >= 1")
     if a.cmd in ("arm", "pairs", "rollout", "train") and not os.path.isfile(os.path.join(a.dir, "config.json")):
         raise SystemExit(f"--dir {a.dir!r} holds no config.json (a checkpoint from "
                          "`python -m rlk.integrations.vllm.engine_bench prepare`)")

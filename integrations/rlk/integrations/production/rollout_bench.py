@@ -8,7 +8,7 @@ pp runs vLLM arm ``stock`` and rr arm ``rlk`` of :mod:`rlk.integrations.vllm.eng
 its engine arguments (``engine_kwargs``), environment (``arm_env``, exported through
 ``rlk.determinism.export`` before vLLM is imported, rlk's strict variables removed for stock),
 workloads (``workload``) and output checks (``_outputs``). ``SamplingParams(temperature=1,
-min_tokens=max_tokens=r, ignore_eos=True, logprobs=0, detokenize=False)`` per request. One
+max_tokens=r, ignore_eos=True, logprobs=0, detokenize=False)`` per request (engine_bench's). One
 untimed generate of the workload (warm-up), then the timed one (``torch.cuda.synchronize``
 around it); engine start is recorded but not counted. Prompts, generated tokens and the returned
 logprobs (float64 of vLLM's values; rr's are fp32 values, ``logprobs_mode="raw_logits"``) go to

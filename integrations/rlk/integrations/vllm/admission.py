@@ -66,11 +66,13 @@ def check_sampling_params(sp, strict_temperature: float = 1.0) -> None:
     if getattr(sp, "structured_outputs", None) is not None or getattr(sp, "guided_decoding", None) is not None:
         problems.append("structured/guided decoding is set (masks the distribution)")
     mt = getattr(sp, "min_tokens", 0) or 0
-    if mt and (not getattr(sp, "ignore_eos", False) or getattr(sp, "stop_token_ids", None)):
-        # min_tokens masks the stop tokens (EOS unless ignore_eos, and stop_token_ids) before
-        # sampling: the sampled distribution is then no longer the one the logp describes.
-        problems.append(f"min_tokens={mt} with stop tokens to mask (allowed only with ignore_eos=True and no "
-                        "stop_token_ids, where it masks nothing)")
+    if mt:
+        # Until min_tokens, vLLM sets the logits of every stop token to -inf before sampling, the
+        # EOS id included even with ignore_eos=True (SamplingParams.update_from_generation_config
+        # adds it to all_stop_token_ids "to support min_tokens", after this check runs): the
+        # sampled distribution is then not the one the returned logp describes.
+        problems.append(f"min_tokens={mt} (must be 0: vLLM masks the stop tokens, EOS included even with "
+                        "ignore_eos=True, until min_tokens; for fixed lengths pass ignore_eos=True and max_tokens)")
     if getattr(sp, "logits_processors", None):
         problems.append("per-request logits_processors are set")
     if problems:

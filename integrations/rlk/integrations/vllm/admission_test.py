@@ -83,11 +83,22 @@ def test_strict_temperature_must_be_positive_finite(t):
         admission.check_strict_temperature(t)
 
 
-def test_gate_min_tokens_only_where_it_masks_nothing():
-    admission.check_sampling_params(_sp(min_tokens=8, ignore_eos=True, stop_token_ids=None))
-    for kw in (dict(min_tokens=8, ignore_eos=False), dict(min_tokens=8, ignore_eos=True, stop_token_ids=[7])):
+def test_gate_refuses_min_tokens_even_with_ignore_eos():
+    admission.check_sampling_params(_sp(min_tokens=0, ignore_eos=True, stop_token_ids=None))
+    for kw in (dict(min_tokens=8, ignore_eos=False), dict(min_tokens=8, ignore_eos=True, stop_token_ids=[7]),
+               dict(min_tokens=1, ignore_eos=True, stop_token_ids=None)):
         with pytest.raises(UnsupportedConfigError, match="min_tokens"):
             admission.check_sampling_params(_sp(**kw))
+
+
+def test_vllm_masks_eos_under_min_tokens_even_with_ignore_eos():
+    """Why the gate refuses every min_tokens: the vLLM in use puts the EOS id into the stop set
+    that min_tokens masks, ignore_eos or not (if a vLLM stops doing so, this fails and the rule
+    may be relaxed)."""
+    vllm = pytest.importorskip("vllm")  # runs in the vLLM venv (run_vllm_tests.py)
+    sp = vllm.SamplingParams(max_tokens=8, min_tokens=8, ignore_eos=True, logprobs=0)
+    sp.update_from_generation_config({}, eos_token_id=2)
+    assert 2 in sp.all_stop_token_ids and not sp.stop_token_ids
 
 
 def _cc(mode, cg):

@@ -16,8 +16,8 @@ one short warm-up generate, then the workloads in order. Warm-up rule, the same 
 each workload first runs ``warmup_runs`` times untimed (first-use compilations: Triton kernels
 of batch shapes the engine's own warm-up did not meet, torch.compile shapes, allocator growth),
 then its timed runs, each from submission to the last output (``LLM.generate``),
-``SamplingParams(temperature=1, max_tokens=min_tokens=r, ignore_eos=True, logprobs=0,
-detokenize=False)``. Returned token ids and logprobs of the first timed run go to
+``SamplingParams(temperature=1, max_tokens=r, ignore_eos=True, logprobs=0, detokenize=False)``
+(no ``min_tokens``: it masks EOS, ignore_eos or not, and rlk's request gate refuses it). Returned token ids and logprobs of the first timed run go to
 ``<out>.safetensors``.
 
 Arms (engine arguments in :func:`engine_kwargs`):
@@ -163,12 +163,13 @@ def enter_arm_env(arm: str, counters_dir: str) -> None:
 
 
 def sampling_params(lens: list[int]) -> list:
-    """The module's per-request ``SamplingParams``: exactly ``r`` tokens each, sampled-token
-    logprobs on, temperature 1."""
+    """The module's per-request ``SamplingParams``: exactly ``r`` tokens each (``ignore_eos`` and
+    ``max_tokens``; no ``min_tokens``, which masks EOS and which rlk's request gate refuses),
+    sampled-token logprobs on, temperature 1."""
     from vllm import SamplingParams
 
-    return [SamplingParams(temperature=1.0, max_tokens=r, min_tokens=r, ignore_eos=True, logprobs=0,
-                           detokenize=False) for r in lens]
+    return [SamplingParams(temperature=1.0, max_tokens=r, ignore_eos=True, logprobs=0, detokenize=False)
+            for r in lens]
 
 
 def start_engine(kw: dict, label: str, trace_dir: str | None = None):
@@ -210,7 +211,7 @@ def _outputs(outs, lens):
         c = o.outputs[0]
         ids = list(c.token_ids)
         if len(ids) != r:
-            raise RuntimeError(f"request {i}: {len(ids)} tokens generated, {r} asked (ignore_eos, min_tokens)")
+            raise RuntimeError(f"request {i}: {len(ids)} tokens generated, {r} asked (ignore_eos, max_tokens)")
         if c.logprobs is None or len(c.logprobs) != r:
             raise RuntimeError(f"request {i}: logprobs missing ({None if c.logprobs is None else len(c.logprobs)})")
         toks += ids

@@ -160,8 +160,8 @@ class VllmRolloutEngine:
                                   f"{self.engine_generation(self.weight_generation)} (trainer generation "
                                   f"{self.weight_generation})")
         t0 = time.perf_counter()
-        sps = [SamplingParams(temperature=1.0, max_tokens=lc.response_len, min_tokens=lc.response_len,
-                              ignore_eos=True, logprobs=0, seed=request_seed(lc.seed, step, i))
+        sps = [SamplingParams(temperature=1.0, max_tokens=lc.response_len, ignore_eos=True, logprobs=0,
+                              seed=request_seed(lc.seed, step, i))
                for i in range(len(prompts))]
         outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], sps, use_tqdm=False)
         responses, logp = [], []

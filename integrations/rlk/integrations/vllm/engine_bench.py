@@ -221,7 +221,7 @@ def _outputs(outs, lens):
 
 def run_arm(arm: str, model_dir: str, out: str, workloads: list[str], w0_reps: int = 3, eager: bool = False,
             profile: bool = False, warmup_runs: int = 1, profile_workload: str | None = None,
-            profile_tokens: int | None = None) -> dict:
+            profile_tokens: int | None = None, model_runner: str | None = None) -> dict:
     """One engine, every workload in order; writes ``out`` (JSON) and ``<out>.safetensors``.
 
     ``warmup_runs``: untimed runs of each workload before its timed ones (the module's rule).
@@ -229,9 +229,20 @@ def run_arm(arm: str, model_dir: str, out: str, workloads: list[str], w0_reps: i
     ``profile``: after the timed workloads, one generate runs under vLLM's torch profiler (armed
     at engine start, inactive until then) and the record gets ``attribution``
     (:mod:`rlk.integrations.vllm.engine_profile_bench`): workload ``profile_workload`` with its own
-    response lengths, or ``profile_tokens`` each (defaults: :data:`PROFILE`)."""
+    response lengths, or ``profile_tokens`` each (defaults: :data:`PROFILE`).
+
+    ``model_runner`` (rlk arm only, a diagnostic): ``v2`` serves the strict model on vLLM's Model
+    Runner V2 (``plugin.worker_env``). Every record says which runner ran (``use_v2_model_runner``,
+    read from the engine's config); an rlk arm on V2 is recorded as ``rlk_mrv2``."""
     if arm not in ARMS:
         raise SystemExit(f"--arm {arm!r}: one of {ARMS}")
+    if model_runner is not None:
+        from rlk.integrations.vllm.plugin import MODEL_RUNNER_ENV, MODEL_RUNNERS
+
+        if arm != "rlk" or model_runner not in MODEL_RUNNERS:
+            raise SystemExit(f"--model-runner {model_runner!r}: {sorted(MODEL_RUNNERS)}, rlk arm only (the "
+                             "baselines run vLLM's own choice)")
+        os.environ[MODEL_RUNNER_ENV] = model_runner
     profile_workload = profile_workload or PROFILE["workload"]
     profile_tokens = profile_tokens if profile_tokens is not None else PROFILE["tokens"]
     if profile_workload not in WORKLOADS:
@@ -253,8 +264,10 @@ def run_arm(arm: str, model_dir: str, out: str, workloads: list[str], w0_reps: i
     trace_dir = os.path.splitext(out)[0] + "_trace"
     llm, start_s = start_engine(kw, arm, trace_dir if profile else None)
     vc = llm.llm_engine.vllm_config
-    rec = {"arm": arm + ("_eager" if eager else ""), "engine_start_s": round(start_s, 2), "engine_kwargs": {k: v for k, v in kw.items()},
-           "vllm_version": importlib.metadata.version("vllm"),
+    v2 = bool(getattr(vc, "use_v2_model_runner", False))
+    rec = {"arm": arm + ("_eager" if eager else "") + ("_mrv2" if arm == "rlk" and v2 else ""),
+           "engine_start_s": round(start_s, 2), "engine_kwargs": {k: v for k, v in kw.items()},
+           "vllm_version": importlib.metadata.version("vllm"), "use_v2_model_runner": v2,
            "cudagraph_mode": str(vc.compilation_config.cudagraph_mode),
            "compilation_mode": str(vc.compilation_config.mode),
            "env": {k: v for k, v in arm_env(arm, counters_dir).items() if k.startswith(("VLLM", "RLK"))},
@@ -345,6 +358,8 @@ def main(argv=None) -> int:
     a_.add_argument("--w0-reps", type=int, default=3)
     a_.add_argument("--warmup-runs", type=int, default=1, help="untimed runs of each workload before its timed ones")
     a_.add_argument("--eager", action="store_true", help="rlk arm without CUDA graphs (diagnostic)")
+    a_.add_argument("--model-runner", default=None, choices=["v1", "v2"],
+                    help="rlk arm: vLLM's model runner for the strict model (default v1; v2 is a diagnostic)")
     a_.add_argument("--profile", action="store_true", help="attribution: one profiled generate after the timed ones")
     a_.add_argument("--profile-workload", default=None, help=f"the profiled workload (default {PROFILE['workload']})")
     a_.add_argument("--profile-tokens", type=int, default=None,
@@ -365,7 +380,7 @@ def main(argv=None) -> int:
         if a.warmup_runs < 0 or a.w0_reps < 1:
             raise SystemExit("--warmup-runs must be >= 0 and --w0-reps >= 1")
         run_arm(a.arm, a.dir, a.out, [w for w in a.workloads.split(",") if w], a.w0_reps, a.eager, a.profile,
-                a.warmup_runs, a.profile_workload, a.profile_tokens)
+                a.warmup_runs, a.profile_workload, a.profile_tokens, a.model_runner)
     elif a.cmd == "compare":
         from rlk.integrations.vllm import engine_compare_bench
 

@@ -30,6 +30,23 @@ def test_only_the_rlk_arm_loads_rlk_and_its_environment(tmp_path):
     assert not any(k.startswith("RLK") or k == "CUBLAS_WORKSPACE_CONFIG" for k in stock)
 
 
+def test_model_runner_of_the_strict_engine(monkeypatch):
+    from rlk.errors import UnsupportedConfigError
+    from rlk.integrations.vllm import plugin
+
+    monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
+    monkeypatch.delenv(plugin.MODEL_RUNNER_ENV, raising=False)
+    assert plugin.worker_env()["VLLM_USE_V2_MODEL_RUNNER"] == "0"  # V1: what the GPU runs validated
+    monkeypatch.setenv(plugin.MODEL_RUNNER_ENV, "v2")
+    assert plugin.worker_env()["VLLM_USE_V2_MODEL_RUNNER"] == "1"  # forced: vLLM refuses, never falls back
+    monkeypatch.setenv(plugin.MODEL_RUNNER_ENV, "v3")
+    with pytest.raises(UnsupportedConfigError, match="RLK_VLLM_MODEL_RUNNER='v3'"):
+        plugin.worker_env()
+    for arm, runner in (("stock", "v2"), ("rlk", "v9")):  # refused before any engine import
+        with pytest.raises(SystemExit, match="--model-runner"):
+            engine_bench.run_arm(arm, "/nonexistent", "/tmp/x.json", ["W0"], model_runner=runner)
+
+
 def test_compare_logp_counts_bits_and_refuses_non_fp32_values():
     t = [torch.tensor([-0.5, -3.25, -7.0], dtype=torch.float32), torch.tensor([-1.0], dtype=torch.float32)]
     e = [x.double() for x in t]

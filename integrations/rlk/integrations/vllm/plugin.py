@@ -88,15 +88,29 @@ def strict_engine_kwargs(**overrides) -> dict:
     return kw
 
 
+MODEL_RUNNER_ENV = "RLK_VLLM_MODEL_RUNNER"
+MODEL_RUNNERS = {"v1": "0", "v2": "1"}  # rlk's name -> VLLM_USE_V2_MODEL_RUNNER
+
+
 def worker_env() -> dict[str, str]:
-    """Environment a CPU engine needs before vLLM starts (interpreter on, strict variables)."""
+    """Environment an engine serving the strict model needs before vLLM starts (strict variables,
+    the model runner; on CPU the Triton interpreter). Only the entries that differ from
+    ``os.environ`` are returned.
+
+    Model runner: ``$RLK_VLLM_MODEL_RUNNER`` (``v1``, the default, or ``v2``). The strict path was
+    validated on the GPU with vLLM's V1 runner; Model Runner V2 (vLLM 0.26's default for dense
+    models, which stock runs) pads full-graph batches differently (padding slots -1, zero
+    sequence lengths) and is the diagnostic ``v2`` until a bitwise run on the GPU says otherwise.
+    ``v2`` sets ``VLLM_USE_V2_MODEL_RUNNER=1``, with which vLLM refuses a configuration that V2
+    cannot run instead of falling back to V1."""
     from rlk import determinism
+    from rlk.errors import UnsupportedConfigError
 
     env = dict(determinism.STRICT_ENV)
-    # The model runner the strict path was validated with on the GPU: vLLM's V1 runner. Model
-    # Runner V2 (vLLM 0.26's default for dense models) pads full-graph batches differently
-    # (padding slots -1, zero sequence lengths) and has not run rlk's model yet.
-    env["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+    runner = os.environ.get(MODEL_RUNNER_ENV, "v1")
+    if runner not in MODEL_RUNNERS:
+        raise UnsupportedConfigError(f"{MODEL_RUNNER_ENV}={runner!r}: one of {sorted(MODEL_RUNNERS)}")
+    env["VLLM_USE_V2_MODEL_RUNNER"] = MODEL_RUNNERS[runner]
     if not _cuda_available():
         env["TRITON_INTERPRET"] = "1"
         env.setdefault("VLLM_TARGET_DEVICE", "cpu")

@@ -12,7 +12,7 @@
 # can be spread over several calls: PROD_PAIRS (default 5), PROD_LIMIT (s, default 560; the
 # runner stops before a pair that would not fit), PROD_RESULTS (default $R/production), PROD_ARGS (e.g. "--workload W1 --micro-tokens 16384";
 # "--profile" adds the attribution: every phase repeated once under the profiler, not counted;
-# "--profile --profile-pairs 1" profiles pair 0 only))
+# "--profile --profile-pairs 1" profiles pair 1 only))
 # rl_loop_vllm (the GRPO loop, vLLM + plugin as rollout engine: RL_STEPS, RL_ENGINE_MEMORY),
 # gate (the release gate, profile h200, all levels; its L5 is one production pair).
 # Everything but stage1 needs the extracted bundle (ci/vllm_bundle.sh). The checkpoint ($CKPT)

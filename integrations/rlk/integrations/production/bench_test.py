@@ -28,7 +28,8 @@ def ckpt(tmp_path):
     (["pairs", "--results", "R", "--n", "0"], "--n must be >= 1"),
     (["pairs", "--results", "R", "--budget-s", "-1"], "--budget-s >= 0"),
     (["pairs", "--results", "R", "--profile-pairs", "1"], "--profile-pairs 1: needs --profile"),
-    (["pairs", "--results", "R", "--profile", "--profile-pairs", "0"], "--profile-pairs 0: needs"),
+    (["pairs", "--results", "R", "--profile", "--profile-pairs", "-1"], "--profile-pairs '-1': pair numbers"),
+    (["pairs", "--results", "R", "--profile", "--profile-pairs", "a"], "--profile-pairs 'a': pair numbers"),
     (["arm", "--arm", "pp", "--out", "x.json", "--workload", "W9"], "--workload 'W9'"),
     (["arm", "--arm", "rr", "--out", "x.json", "--micro-tokens", "0"], "--micro-tokens must be >= 1"),
     (["arm", "--arm", "rr", "--out", "x.json", "--warmup", "-1"], "--warmup must be >= 0"),
@@ -144,8 +145,9 @@ def test_module_runs_as_documented():
 
 
 @pytest.mark.parametrize("extra, profiled", [([], []), (["--profile"], [0, 1, 2]),
-                                             (["--profile", "--profile-pairs", "1"], [0]),
-                                             (["--profile", "--profile-pairs", "2"], [0, 1])])
+                                             (["--profile", "--profile-pairs", "1"], [1]),
+                                             (["--profile", "--profile-pairs", "0,2"], [0, 2]),
+                                             (["--profile", "--profile-pairs", "7"], [])])
 def test_profile_pairs_picks_the_profiled_pairs(tmp_path, ckpt, extra, profiled):
     calls = []
     a = B.parser().parse_args(["pairs", "--dir", ckpt, "--results", str(tmp_path / "R"), "--n", "3"] + extra)

@@ -12,7 +12,7 @@ tokens per trainer micro-batch; sequences are never split), ``--recompute full|s
 ``--optimizer-step`` (megatron's Adam step as a phase; does not fit at full Qwen3-8B depth),
 ``--warmup 1`` (untimed trainer passes over every micro-batch), ``--profile`` (after the timed
 runs, every phase once more under the profiler: device time per kernel category and host idle,
-the report's attribution; never counted; ``pairs --profile --profile-pairs 1`` profiles pair 0
+the report's attribution; never counted; ``pairs --profile --profile-pairs 1`` profiles pair 1
 only).
 
 Arms (each phase in a process of its own, so that each engine owns the GPU):
@@ -81,10 +81,24 @@ def _arm_options(a, profile: bool | None = None) -> list[str]:
     return ["--workload", a.workload] + _trainer_options(a, profile)
 
 
+def profile_pairs(a) -> set[int] | None:
+    """The pair numbers of ``--profile-pairs I,J`` (None: not given)."""
+    if getattr(a, "profile_pairs", None) is None:
+        return None
+    try:
+        out = {int(x) for x in a.profile_pairs.split(",") if x.strip()}
+    except ValueError:
+        out = set()
+    if not out or min(out) < 0:
+        raise SystemExit(f"--profile-pairs {a.profile_pairs!r}: pair numbers >= 0, comma-separated")
+    return out
+
+
 def profiled_pair(a, i: int) -> bool:
-    """Whether pair ``i`` runs with ``--profile``: every pair, or with ``--profile-pairs K`` the pairs
-    numbered below K (the profiled repeats come after the timed runs and add minutes per pair)."""
-    return bool(a.profile) and (a.profile_pairs is None or i < a.profile_pairs)
+    """Whether pair ``i`` runs with ``--profile``: every pair, or with ``--profile-pairs I,J`` those
+    pairs only (the profiled repeats come after the timed runs and add a minute or two per arm)."""
+    chosen = profile_pairs(a)
+    return bool(a.profile) and (chosen is None or i in chosen)
 
 
 # ---- arm ----------------------------------------------------------------------------------------
@@ -208,8 +222,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--start", type=int, default=0)
     p.add_argument("--budget-s", type=float, default=0.0, help="stop before a pair that would pass this")
-    p.add_argument("--profile-pairs", type=int, default=None,
-                   help="with --profile: profile only the pairs numbered below this (default: every pair)")
+    p.add_argument("--profile-pairs", default=None, metavar="I,J",
+                   help="with --profile: profile only these pair numbers (default: every pair)")
     _add_arm_options(p)
     rp = sub.add_parser("report")
     rp.add_argument("--results", required=True, nargs="+")
@@ -229,8 +243,10 @@ def validate(a) -> None:
         raise SystemExit(f"--warmup must be >= 0 (got {a.warmup})")
     if a.cmd == "pairs" and (a.n < 1 or a.start < 0 or a.budget_s < 0):
         raise SystemExit(f"--n must be >= 1, --start and --budget-s >= 0 (got {a.n}, {a.start}, {a.budget_s})")
-    if a.cmd == "pairs" and a.profile_pairs is not None and (a.profile_pairs < 1 or not a.profile):
-        raise SystemExit(f"--profile-pairs {a.profile_pairs}: needs --profile and a value >= 1")
+    if a.cmd == "pairs" and a.profile_pairs is not None:
+        if not a.profile:
+            raise SystemExit(f"--profile-pairs {a.profile_pairs}: needs --profile")
+        profile_pairs(a)
     if a.cmd in ("arm", "pairs", "rollout", "train") and not os.path.isfile(os.path.join(a.dir, "config.json")):
         raise SystemExit(f"--dir {a.dir!r} holds no config.json (a checkpoint from "
                          "`python -m rlk.integrations.vllm.engine_bench prepare`)")

@@ -153,7 +153,7 @@ def attribution(pairs: list[dict]) -> dict | None:
 
 def summarize(pairs: list[dict], lone: list[str] | None = None) -> dict:
     """The report's record (module docstring) from complete pairs."""
-    from rlk.bench import stats
+    from rlk.bench import health, stats
 
     if not pairs:
         raise SystemExit("report: no complete pair (pair<i>_pp.json + pair<i>_rr.json) in the results folders")
@@ -162,8 +162,6 @@ def summarize(pairs: list[dict], lone: list[str] | None = None) -> dict:
                  "layers / sequences / workload / micro-batching")
     _same([sorted(p[a]["phases"]) for p in pairs for a in ("pp",)], "P/P phases")
     _same([sorted(p[a]["phases"]) for p in pairs for a in ("rr",)], "R/R phases")
-    from rlk.bench import health
-
     reasons = health.reject_pairs([{a: _health(p[a]) for a in ("pp", "rr")} for p in pairs], arms=("pp", "rr"))
     rejected = [{"dir": p["dir"], "pair": p["index"], "reason": why} for p, why in zip(pairs, reasons) if why]
     pairs = [p for p, why in zip(pairs, reasons) if not why]
@@ -230,12 +228,9 @@ def markdown(rep: dict, command: str) -> str:
               f"- Optimizer: {json.dumps(rep['optimizer'])}.",
               "- Provenance P/P: " + json.dumps(pp["provenance"]),
               "- Provenance R/R: " + json.dumps(rr["provenance"]),
-              "- Health (trainer process, before the model loads; copy TB/s, SM MHz): "
-              + "; ".join(f"{name} " + (json.dumps({k: arm["health"][k] for k in ("copy_tbps", "sm_clock_mhz")})
-                                        if any(v is not None for v in arm["health"]["copy_tbps"] + arm["health"]["sm_clock_mhz"])
-                                        else "not probed")
-                          for name, arm in (("P/P", pp), ("R/R", rr)))
-              + f"; pairs rejected by the envelope: {json.dumps(rep['rejected_pairs']) if rep['rejected_pairs'] else 'none'}.",
+              f"- Health (trainer process, before the model loads; copy TB/s, SM MHz): P/P {_health_cell(pp)}; "
+              f"R/R {_health_cell(rr)}; pairs rejected by the envelope: "
+              f"{json.dumps(rep['rejected_pairs']) if rep['rejected_pairs'] else 'none'}.",
               "",
               "| pair | order | P/P s | R/R s | RR/PP |", "| --- | --- | --- | --- | --- |"]
     for x in rep["per_pair"]:
@@ -249,6 +244,11 @@ def markdown(rep: dict, command: str) -> str:
         for k, v in att["summed_over_phases_s"].items():
             lines.append(f"| {k} | {v['pp']:.4f} | {v['rr']:.4f} | {v['rr_minus_pp']:+.4f} |")
     return "\n".join(lines) + "\n"
+
+
+def _health_cell(arm: dict) -> str:
+    probed = {k: arm["health"][k] for k in ("copy_tbps", "sm_clock_mhz")}
+    return json.dumps(probed) if any(v is not None for vals in probed.values() for v in vals) else "not probed"
 
 
 def plot(rep: dict, path: str) -> None:

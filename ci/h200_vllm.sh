@@ -67,7 +67,7 @@ PROD_R=${PROD_RESULTS:-$R/production}
 stage prod_pairs "$PROD_LIMIT" $PROD pairs --dir "$CKPT" --results "$PROD_R" --n "${PROD_PAIRS:-5}" \
   --budget-s "$((PROD_LIMIT - 30))" ${PROD_ARGS:-}
 stage prod_report 120 $PROD report --results "$PROD_R" --out "$PROD_R/e2e_production_h200.json"
-# The RL loop with vLLM + rlk's plugin as its rollout engine (issue #29): Qwen3-8B shapes, strict
+# The RL loop with vLLM + rlk's plugin as its rollout engine: Qwen3-8B shapes, strict
 # route, rlk's trainer with Adam on the host, vLLM taking RL_ENGINE_MEMORY of the GPU beside it;
 # each step's weight sync goes through a safetensors file and collective_rpc (rlk.rl --engine vllm).
 stage rl_loop_vllm "${RL_LIMIT:-560}" python3 -m rlk.rl --engine vllm --route strict --device cuda --model qwen3-8b \

@@ -37,8 +37,8 @@ GATE_LOOP = dict(steps=GATE_STEPS, prompts_per_step=1, group_size=8, response_le
 
 
 def discrimination_probe(**loop_kw) -> dict:
-    """The arm record (:func:`rlk.rl.loop.run_arm`) of one native-route loop step (``loop_kw``: :class:`rlk.rl.loop.LoopConfig`
-    fields) whose engine, after the verified initial sync, holds ``model.norm.weight[0] * 1.5 +
+    """The arm record (:func:`rlk.rl.loop.run_arm`) of one native-route loop step (``loop_kw``:
+    :class:`rlk.rl.loop.LoopConfig` fields; route and steps are the probe's) whose engine, after the verified initial sync, holds ``model.norm.weight[0] * 1.5 +
     0.25`` while the trainer keeps the synced value: every rollout logp then comes from other
     weights, and a loop whose comparison works reports ``ratio_not_one > 0``."""
     from rlk.rl import loop
@@ -63,12 +63,12 @@ def evaluate(report: dict, probe: dict | None) -> CheckResult:
         failures.append("strict arm compared no tokens")
     if native is None:
         failures.append("the native arm did not run")
-    probe = probe["summary"] if probe is not None else None
+    p = probe["summary"] if probe is not None else {}
     if probe is None:
         failures.append("the discrimination probe did not run")
-    elif not probe.get("ratio_not_one"):
+    elif not p.get("ratio_not_one"):
         failures.append(f"not discriminating: an engine holding a changed weight gave no ratio != 1 over "
-                        f"{probe.get('tokens')} tokens")
+                        f"{p.get('tokens')} tokens")
     s = strict["summary"] if strict else {}
     n = native["summary"] if native else {}
     detail = (f"strict: {s.get('steps')} steps, ratio_not_one {s.get('ratio_not_one')} and logp_mismatch "
@@ -77,9 +77,8 @@ def evaluate(report: dict, probe: dict | None) -> CheckResult:
               f"{s.get('reward_last', float('nan')):.3f}; native: ratio_not_one {n.get('ratio_not_one')} of "
               f"{n.get('tokens')} tokens, |ratio-1| max {n.get('abs_dev_max', float('nan')):.3g}"
               f"{' (this machine: native kernels agree bit for bit)' if n and n.get('logp_mismatch') == 0 else ''}"
-              f"; probe (engine weight changed): ratio_not_one {(probe or {}).get('ratio_not_one')} of "
-              f"{(probe or {}).get('tokens')} tokens")
-    metrics = {"strict": s, "native": n, "probe": probe, "reward_first": s.get("reward_first"), "reward_last": s.get("reward_last"),
+              f"; probe (engine weight changed): ratio_not_one {p.get('ratio_not_one')} of {p.get('tokens')} tokens")
+    metrics = {"strict": s, "native": n, "probe": p, "reward_first": s.get("reward_first"), "reward_last": s.get("reward_last"),
                "reward_gain": s.get("reward_gain"), "files": report.get("files")}
     return CheckResult(not failures, f"{'; '.join(failures)} ({detail})" if failures else detail, metrics)
 
@@ -93,7 +92,7 @@ def rl_loop(ctx) -> CheckResult:
     ctx.progress(f"L5 rl.loop: {GATE_LOOP}, routes strict and native")
     report = loop.run_and_report(lc, ["strict", "native"], os.path.join(ctx.out_dir, "rl_loop"),
                                  on_step=lambda rec: ctx.progress("  " + step_line(rec)))
-    probe = discrimination_probe(**{k: v for k, v in GATE_LOOP.items() if k != "steps"})
+    probe = discrimination_probe(**GATE_LOOP)
     ctx.progress(f"  probe (engine weight changed after sync): ratio_not_one {probe['summary']['ratio_not_one']} "
                  f"of {probe['summary']['tokens']} tokens")
     return evaluate(report, probe)

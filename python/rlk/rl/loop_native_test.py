@@ -27,7 +27,7 @@ def test_reward_rises_in_a_few_steps():
 def test_drift_is_reported_and_fails_the_strict_verdict():
     # The probe's engine holds one changed weight after its verified sync: drift on any machine
     # (the native route's own drift depends on the CPU's bf16 GEMMs: none on oneDNN/AMX).
-    arm = checks.discrimination_probe(**{k: v for k, v in checks.GATE_LOOP.items() if k != "steps"})
+    arm = checks.discrimination_probe(**checks.GATE_LOOP)
     s = arm["summary"]
     assert s["steps"] == 1 and s["logp_mismatch"] > 0 and s["ratio_not_one"] > 0 and s["abs_dev_max"] > 0
     for r in arm["steps"]:
@@ -45,7 +45,7 @@ def test_gate_verdict_needs_the_probe_to_see_the_changed_weight_not_native_drift
     # Summaries without drift: a strict arm's, or a native route on a CPU whose kernels agree.
     exact = dict(native, summary=dict(native["summary"], ratio_not_one=0, logp_mismatch=0))
     report = {"arms": {"strict": exact, "native": exact}, "failures": []}
-    probe = checks.discrimination_probe(**{k: v for k, v in checks.GATE_LOOP.items() if k != "steps"})
+    probe = checks.discrimination_probe(**checks.GATE_LOOP)
     ok = checks.evaluate(report, probe)
     assert ok.passed and "native kernels agree bit for bit" in ok.detail  # native drift is not required ...
     blind = dict(probe, summary=dict(probe["summary"], ratio_not_one=0))

@@ -115,7 +115,7 @@ def prepare(model_dir: str, config: str, seed: int, layers: int | None = None, r
 
 
 # ---- one arm --------------------------------------------------------------------------------------
-def arm_env(arm: str, counters_dir: str) -> dict[str, str]:
+def arm_env(arm: str, counters_dir: str, model_runner: str | None = None) -> dict[str, str]:
     """Variables of one arm's processes. Only the rlk arm loads rlk's plugin (``VLLM_PLUGINS``): the
     baselines run vLLM as its users do, with no rlk code and no strict environment."""
     env = {"VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
@@ -126,7 +126,7 @@ def arm_env(arm: str, counters_dir: str) -> dict[str, str]:
         from rlk.integrations.vllm.counters import ENV_DIR
         from rlk.integrations.vllm.plugin import worker_env
 
-        env.update(worker_env())
+        env.update(worker_env(model_runner))
         env[ENV_DIR] = counters_dir
         # rlk's kernel modules query the device when imported (in this process too): the engine
         # processes must then be spawned, not forked (CUDA cannot be re-initialized after fork).
@@ -151,7 +151,7 @@ def engine_kwargs(arm: str, model_dir: str, eager: bool = False) -> dict:
     return common
 
 
-def enter_arm_env(arm: str, counters_dir: str) -> None:
+def enter_arm_env(arm: str, counters_dir: str, model_runner: str | None = None) -> None:
     """This process's environment for ``arm``, before vLLM is imported or EngineCore spawned: a
     baseline drops rlk's strict variables, every arm exports :func:`arm_env`."""
     from rlk import determinism
@@ -159,7 +159,7 @@ def enter_arm_env(arm: str, counters_dir: str) -> None:
     if arm != "rlk":
         for k in determinism.STRICT_ENV:
             os.environ.pop(k, None)
-    determinism.export(arm_env(arm, counters_dir))
+    determinism.export(arm_env(arm, counters_dir, model_runner))
 
 
 def sampling_params(lens: list[int]) -> list:
@@ -237,12 +237,11 @@ def run_arm(arm: str, model_dir: str, out: str, workloads: list[str], w0_reps: i
     if arm not in ARMS:
         raise SystemExit(f"--arm {arm!r}: one of {ARMS}")
     if model_runner is not None:
-        from rlk.integrations.vllm.plugin import MODEL_RUNNER_ENV, MODEL_RUNNERS
+        from rlk.integrations.vllm.plugin import MODEL_RUNNERS
 
         if arm != "rlk" or model_runner not in MODEL_RUNNERS:
             raise SystemExit(f"--model-runner {model_runner!r}: {sorted(MODEL_RUNNERS)}, rlk arm only (the "
                              "baselines run vLLM's own choice)")
-        os.environ[MODEL_RUNNER_ENV] = model_runner
     profile_workload = profile_workload or PROFILE["workload"]
     profile_tokens = profile_tokens if profile_tokens is not None else PROFILE["tokens"]
     if profile_workload not in WORKLOADS:
@@ -250,7 +249,7 @@ def run_arm(arm: str, model_dir: str, out: str, workloads: list[str], w0_reps: i
     if profile_tokens is not None and profile_tokens < 1:
         raise SystemExit("--profile-tokens must be >= 1")
     counters_dir = os.path.splitext(out)[0] + "_counters"
-    enter_arm_env(arm, counters_dir)
+    enter_arm_env(arm, counters_dir, model_runner)
     import importlib.metadata
 
     import torch
@@ -270,7 +269,7 @@ def run_arm(arm: str, model_dir: str, out: str, workloads: list[str], w0_reps: i
            "vllm_version": importlib.metadata.version("vllm"), "use_v2_model_runner": v2,
            "cudagraph_mode": str(vc.compilation_config.cudagraph_mode),
            "compilation_mode": str(vc.compilation_config.mode),
-           "env": {k: v for k, v in arm_env(arm, counters_dir).items() if k.startswith(("VLLM", "RLK"))},
+           "env": {k: v for k, v in arm_env(arm, counters_dir, model_runner).items() if k.startswith(("VLLM", "RLK"))},
            "warmup_runs_per_workload": warmup_runs, "workloads": {}}
     warm = [list(range(100 + i, 164 + i)) for i in range(4)]
     t0 = time.perf_counter()

@@ -92,12 +92,12 @@ MODEL_RUNNER_ENV = "RLK_VLLM_MODEL_RUNNER"
 MODEL_RUNNERS = {"v1": "0", "v2": "1"}  # rlk's name -> VLLM_USE_V2_MODEL_RUNNER
 
 
-def worker_env() -> dict[str, str]:
+def worker_env(model_runner: str | None = None) -> dict[str, str]:
     """Environment an engine serving the strict model needs before vLLM starts (strict variables,
     the model runner; on CPU the Triton interpreter). Only the entries that differ from
     ``os.environ`` are returned.
 
-    Model runner: ``$RLK_VLLM_MODEL_RUNNER`` (``v1``, the default, or ``v2``). The strict path was
+    Model runner: ``model_runner``, else ``$RLK_VLLM_MODEL_RUNNER`` (``v1``, the default, or ``v2``). The strict path was
     validated on the GPU with vLLM's V1 runner; Model Runner V2 (vLLM 0.26's default for dense
     models, which stock runs) pads full-graph batches differently (padding slots -1, zero
     sequence lengths) and is the diagnostic ``v2`` until a bitwise run on the GPU says otherwise.
@@ -107,7 +107,7 @@ def worker_env() -> dict[str, str]:
     from rlk.errors import UnsupportedConfigError
 
     env = dict(determinism.STRICT_ENV)
-    runner = os.environ.get(MODEL_RUNNER_ENV, "v1")
+    runner = model_runner or os.environ.get(MODEL_RUNNER_ENV, "v1")
     if runner not in MODEL_RUNNERS:
         raise UnsupportedConfigError(f"{MODEL_RUNNER_ENV}={runner!r}: one of {sorted(MODEL_RUNNERS)}")
     env["VLLM_USE_V2_MODEL_RUNNER"] = MODEL_RUNNERS[runner]

@@ -28,8 +28,11 @@ descriptors), ``strict_<variant>_us`` other bit-neutral tiles (BWD_VARIANTS), an
 ``same_bytes`` whether every variant and the contiguous-copy call agree bitwise.
 
 Times are medians of ``triton.testing.do_bench_cudagraph`` (timing ``cudagraph``: both arms
-replayed from CUDA graphs, as vLLM decode runs) or of ``do_bench`` (timing ``eager``: at decode
-sizes this also measures each arm's host launch overhead). Rows: shape, K, N, M, strict_us, native_us, ratio (= strict / native),
+replayed from CUDA graphs, as vLLM decode runs; timing ``cold``: the same, each call on the next
+copy of a weight ring ``gemm_tune.COLD_FACTOR`` times the L2, so the weights come from HBM as in a
+decode step through the layers, where ``cudagraph`` rereads one weight that the L2 partly holds)
+or of ``do_bench`` (timing ``eager``: at decode sizes this also measures each arm's host launch
+overhead). Cold rows record ``weight_copies``. Rows: shape, K, N, M, strict_us, native_us, ratio (= strict / native),
 strict_tbps (bytes of x, w, y over strict time), strict_tflops, schedule, split_k.
 """
 
@@ -42,9 +45,11 @@ import sys
 
 import torch
 
+from rlk.kernels.gemm import gemm_tune
 from rlk.testing.shapes import QWEN3_8B_GEMMS, QWEN3_OTHER_GEMMS
 
 M_LIST = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 1024, 2048, 4096, 8192)
+TIMINGS = ("cudagraph", "cold", "eager")
 QUICK_SHAPES = ("qkv", "down", "tp4_qkv", "tp4_lm_head")
 QUICK_M = (1, 32, 2048)
 CONTRACT_IDS = ("gemm.bf16.v1", "gemm.bf16.v2")  # written out: validating the argument needs no import
@@ -76,7 +81,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True, help="JSON file to write")
     ap.add_argument("--quick", action="store_true", help="4 shapes x M in (1, 32, 2048)")
     ap.add_argument("--timing", default="cudagraph,eager",
-                    help="comma-separated timing modes of the forward rows: cudagraph, eager")
+                    help="comma-separated timing modes of the forward rows: cudagraph, cold, eager")
     ap.add_argument("--eager", action="store_true", help="the backward rows: eager launches instead of graph replays")
     ap.add_argument("--other-sizes", action="store_true",
                     help="also the other dense Qwen3 sizes' projections (CUDA graph timing)")
@@ -101,6 +106,10 @@ def main(argv=None) -> int:
     if args.compare_contracts and (args.backward or args.contract != CONTRACT_IDS[0]):
         print("--compare-contracts times both contracts' forward rows: no --backward or --contract", file=sys.stderr)
         return 2
+    timings = [t for t in args.timing.split(",") if t]
+    if not timings or set(timings) - set(TIMINGS):
+        print(f"unknown timing {args.timing!r} (known: {', '.join(TIMINGS)})", file=sys.stderr)
+        return 2
     if args.compare_contracts and args.dry_run:
         return compare_contracts(args, device=torch.device("cpu"))
     if not torch.cuda.is_available():
@@ -115,10 +124,8 @@ def main(argv=None) -> int:
     catalog = {**QWEN3_8B_GEMMS, **QWEN3_OTHER_GEMMS}
     names = args.shapes.split(",") if args.shapes else list(QUICK_SHAPES if args.quick else QWEN3_8B_GEMMS)
     bad = [n for n in names if n not in catalog]
-    timings = [t for t in args.timing.split(",") if t]
-    if bad or not timings or set(timings) - {"cudagraph", "eager"}:
-        print(f"unknown shapes {bad} or timing {args.timing!r} (shapes: {sorted(catalog)}; timing: cudagraph, eager)",
-              file=sys.stderr)
+    if bad:
+        print(f"unknown shapes {bad} (known: {sorted(catalog)})", file=sys.stderr)
         return 2
     m_list = QUICK_M if args.quick else M_LIST
     work = [(n, t) for t in timings for n in names]
@@ -131,12 +138,16 @@ def main(argv=None) -> int:
         K, N, g, w = _shape_weight(name, seed=0, catalog=catalog)
         xa = torch.randn(max(m_list), K, device="cuda", dtype=torch.bfloat16, generator=g)
         source = "entry" if f"{K}x{N}" in schedule.load_table("sm_90")["shapes"] else "rule"
+        ring = None
+        if timing == "cold":
+            ring = gemm_tune.WeightRing(w, gemm_tune.ring_size(w.numel() * w.element_size(), gemm_tune.l2_bytes()))
+        wn = (lambda: w) if ring is None else ring.next
         for M in m_list:
             x = xa[:M]
             p = launch.plan(M, K, N, x.device, contract=args.contract)
             eager = timing == "eager"
-            strict_ms = _time(lambda: launch.gemm(x, w, contract=args.contract), eager, args.rep_ms)
-            native_ms = _time(lambda: torch.matmul(x, w.T), eager, args.rep_ms)
+            strict_ms = _time(lambda: launch.gemm(x, wn(), contract=args.contract), eager, args.rep_ms)
+            native_ms = _time(lambda: torch.matmul(x, wn().T), eager, args.rep_ms)
             nbytes = 2 * (M * K + N * K + M * N)
             flops = 2.0 * M * N * K
             row = {"shape": name, "K": K, "N": N, "M": M,
@@ -147,11 +158,13 @@ def main(argv=None) -> int:
                    "schedule": p["schedule"], "split_k": p["split_k"],
                    "config": {k: p[k] for k in schedule.SCHEDULE_KEYS[p["schedule"]] if k in p},
                    "plan_source": source, "timing": timing, "contract": args.contract}
+            if ring is not None:
+                row["weight_copies"] = len(ring.ws)
             rows.append(row)
             print(f"{name:<14}{K:>6}{N:>7}{M:>6}{row['strict_us']:>11.2f}{row['native_us']:>11.2f}"
                   f"{row['ratio']:>7.3f}{row['strict_tbps']:>7.2f}{row['strict_tflops']:>9.1f}  {timing:<9} "
                   f"{p['schedule']}/S{p['split_k']}", flush=True)
-        del xa, w
+        del xa, w, ring
     table = schedule.table_path("sm_90")
     with open(table, "rb") as f:
         table_sha = hashlib.sha256(f.read()).hexdigest()

@@ -27,6 +27,8 @@ def test_compare_contracts_dry_run_writes_both_plans(tmp_path):
     (["--dry-run"], "go with --compare-contracts"),
     (["--compare-contracts", "--contract", "gemm.bf16.v2"], "no --backward or --contract"),
     (["--compare-contracts", "--dry-run", "--shapes", "nope"], "unknown shapes"),
+    (["--timing", "cudagraph,hot"], "unknown timing 'cudagraph,hot'"),
+    (["--timing", ""], "unknown timing ''"),
 ])
 def test_bad_arguments_exit_2(argv, err, tmp_path, capsys):
     assert gemm_bench.main([*argv, "--out", str(tmp_path / "x.json")]) == 2

@@ -22,7 +22,11 @@ What it does, in order:
    timed with the rule (and with the previous rule) against cuBLAS: evaluation only.
 
 Only schedule fields change: the split count stays ``contract.split_k(K, N)``. Timings: CUDA graph
-replays of back-to-back calls (median of 3). Writes a table in the format ``schedule.py`` reads
+replays of back-to-back calls (median of 3). ``--weights cold`` times every call (candidates and
+cuBLAS alike) on the next copy of a ring of equal weight copies whose bytes exceed the L2 cache
+``COLD_FACTOR`` times (:class:`WeightRing`), so that the weights stream from HBM as they do in a
+decode step, where each layer's GEMM reads weights no earlier kernel left in L2; ``warm`` (the
+default) reuses one weight tensor, which the L2 partly holds when it is smaller than the cache. Writes a table in the format ``schedule.py`` reads
 (use it with ``RLK_GEMM_TABLE=FILE``), with every measurement under "tuning"; a partial table is
 written after each shape, so a run cut short keeps what it measured.
 """
@@ -51,15 +55,60 @@ RULE_CANDS = 4  # per M, this many best configs over the 8B shapes are tried for
 REF = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3,
        "FLAT": 0, "PERSISTENT": 0, "TMA": 0}
 # Decode kernel (pointer loads, split-K in parallel programs): (BLOCK_N, BLOCK_K, warps, stages).
+# The last row: deeper pipelines and 256-wide K steps (more weight bytes in flight per SM).
 DECODE_TILES = ((16, 128, 4, 4), (16, 128, 4, 5), (16, 256, 4, 3), (32, 64, 4, 4), (32, 128, 4, 3),
                 (32, 128, 4, 4), (32, 256, 4, 3), (64, 64, 4, 4), (64, 128, 4, 3), (64, 128, 4, 4),
-                (64, 128, 8, 3), (32, 128, 8, 4))
+                (64, 128, 8, 3), (32, 128, 8, 4),
+                (16, 256, 4, 4), (32, 128, 4, 5), (32, 256, 4, 4), (64, 256, 4, 3))
 # Prefill kernel (TMA, flat K loop, in-register fold): (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages,
 # persistent).
 PREFILL_TILES = ((64, 32, 128, 4, 4, 0), (64, 64, 128, 4, 4, 0), (64, 64, 64, 4, 5, 0), (64, 128, 64, 4, 4, 0),
                  (64, 128, 128, 4, 3, 0), (64, 256, 64, 8, 3, 0), (64, 128, 64, 4, 4, 1), (128, 64, 64, 4, 4, 0),
                  (128, 64, 128, 8, 3, 0), (128, 128, 64, 8, 4, 0), (128, 128, 128, 8, 3, 0), (128, 256, 64, 8, 3, 0),
                  (128, 256, 64, 8, 3, 1), (128, 128, 64, 8, 4, 1))
+
+# The same kernel with row tiles of 16 and 32 (mma.sync instead of wgmma, a form the contract
+# lists): TMA weight streams at decode batch sizes without computing 64-row tiles for M <= 32.
+SMALL_M_TILES = ((16, 16, 256, 4, 4, 0), (16, 32, 128, 4, 4, 0), (16, 32, 256, 4, 3, 0), (16, 64, 128, 4, 4, 0),
+                 (16, 32, 128, 4, 4, 1), (32, 32, 128, 4, 4, 0), (32, 64, 128, 4, 4, 0), (32, 32, 256, 4, 3, 0))
+COLD_FACTOR = 4  # a weight ring's bytes are at least this many times the L2 cache
+
+
+def ring_size(weight_bytes: int, l2_bytes: int, factor: int = COLD_FACTOR) -> int:
+    """Copies of a weight for cold timing: at least two, and together ``factor`` times the L2."""
+    if weight_bytes <= 0 or l2_bytes < 0 or factor < 1:
+        raise ValueError(f"ring_size: weight_bytes {weight_bytes} must be > 0, l2_bytes {l2_bytes} >= 0, "
+                         f"factor {factor} >= 1")
+    return max(2, math.ceil(factor * l2_bytes / weight_bytes))
+
+
+def l2_bytes() -> int:
+    """The GPU's L2 cache size (0 on the CPU)."""
+    return int(torch.cuda.get_device_properties(0).L2_cache_size) if torch.cuda.is_available() else 0
+
+
+class WeightRing:
+    """``copies`` equal copies of a weight and a round-robin over them.
+
+    A benchmark that calls ``fn(ring.next())`` back to back reads each copy only after all the
+    others (CUDA graph captures unroll the calls, so the rotation is in the graph too): with
+    ``ring_size`` copies no call finds its weights in L2, as in a decode step through the layers.
+    """
+
+    def __init__(self, w: torch.Tensor, copies: int):
+        if copies < 1:
+            raise ValueError(f"WeightRing: copies must be >= 1, got {copies}")
+        self.ws = [w] + [w.clone() for _ in range(copies - 1)]
+        self._i = 0
+
+    def next(self) -> torch.Tensor:
+        w = self.ws[self._i]
+        self._i = (self._i + 1) % len(self.ws)
+        return w
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.ws)
 
 
 def _dec(bm, bn, bk, nw, ns):
@@ -73,11 +122,15 @@ def _pre(bm, bn, bk, nw, ns, pers):
 
 def candidates(M: int) -> list:
     """(schedule, fields) tried at M: decode with a BLOCK_M covering M (16 or 64) up to M = 512;
-    prefill tiles with BLOCK_M 64 at small M, all tiles at mid M, the large ones from M = 2048."""
+    prefill tiles with BLOCK_M 16 / 32 covering M up to M = 32 (SMALL_M_TILES), with BLOCK_M 64 at
+    small M, all tiles at mid M, the large ones from M = 2048."""
     out = []
     if M <= 512:
         for bm in ((16, 64) if M <= 16 else (64,)):
             out += [_dec(bm, *t) for t in DECODE_TILES]
+    for t in SMALL_M_TILES:
+        if M <= t[0] and (t[0] == 16 or M > 16):
+            out.append(_pre(*t))
     for t in PREFILL_TILES:
         if (M <= 64 and t[0] == 64) or 64 < M <= 1024 or (M > 1024 and (t[0] == 128 or t[1] == 256)):
             out.append(_pre(*t))
@@ -180,21 +233,32 @@ def precompile(jobs: list, workers: int) -> tuple[float, list]:
 
 
 # ----------------------------------------------------------------------------- measurement
+WEIGHTS = ("warm", "cold")
+
+
 class Tuner:
-    def __init__(self, budget_s: float):
+    def __init__(self, budget_s: float, weights: str = "warm"):
         from rlk.kernels.gemm import launch  # noqa: PLC0415
 
+        if weights not in WEIGHTS:
+            raise ValueError(f"Tuner: weights must be one of {WEIGHTS}, got {weights!r}")
         self.launch = launch
         self.deadline = time.time() + budget_s
+        self.weights = weights
+        self.rings = {}  # shape name -> copies of its weight in the cold ring
         self.compared = 0  # (candidate, M) outputs compared byte for byte with the reference
 
     def over(self) -> bool:
         return time.time() > self.deadline
 
-    def time_cand(self, x, w, ref, cand, m):
-        """ms of ``cand`` at M = m, or a string saying why it was rejected / failed."""
+    def time_cand(self, x, w, ref, cand, m, ring=None):
+        """ms of ``cand`` at M = m, or a string saying why it was rejected / failed; with a
+        :class:`WeightRing` each timed call takes the ring's next copy (the bytes are checked on ``w``)."""
         sched, cfg = cand
-        fn = (lambda: self.launch.gemm(x[:m], w, schedule=sched, config=cfg))
+        if ring is None:
+            fn = (lambda: self.launch.gemm(x[:m], w, schedule=sched, config=cfg))
+        else:
+            fn = (lambda: self.launch.gemm(x[:m], ring.next(), schedule=sched, config=cfg))
         try:
             # Bytes at M and at an odd neighbour (M + 1, or M - 1 at the largest M).
             for mm in (m, m + 1 if m < x.shape[0] else m - 1):
@@ -214,18 +278,25 @@ class Tuner:
         w = torch.randn(N, K, device=_dev(), dtype=torch.bfloat16, generator=g)
         x = torch.randn(max(m_list), K, device=_dev(), dtype=torch.bfloat16, generator=g)
         ref = self.launch.gemm(x, w, schedule="prefill", config=REF)
+        ring = None
+        if self.weights == "cold":
+            ring = WeightRing(w, ring_size(w.numel() * w.element_size(), l2_bytes()))
+            self.rings[name] = len(ring.ws)
         res = {}
         for m in m_list:
-            cub = bench_ms(lambda m=m: torch.matmul(x[:m], w.T))
+            if ring is None:
+                cub = bench_ms(lambda m=m: torch.matmul(x[:m], w.T))
+            else:
+                cub = bench_ms(lambda m=m: torch.matmul(x[:m], ring.next().T))
             times = {}
             for cand in cands_of_m(m):
-                times[_key(cand)] = self.time_cand(x, w, ref, cand, m)
+                times[_key(cand)] = self.time_cand(x, w, ref, cand, m, ring)
             res[m] = {"cublas": cub, "cands": times}
             ok = {k: v for k, v in times.items() if not isinstance(v, str)}
             best = min(ok.values()) if ok else float("nan")
             print(f"  {name:<14} M={m:<5} cuBLAS {cub * 1e3:8.2f} us  best {best * 1e3:8.2f} us  "
                   f"ratio {best / cub:6.3f}  ({len(ok)}/{len(times)} ok)", flush=True)
-        del x, w, ref
+        del x, w, ref, ring
         return res
 
 
@@ -313,6 +384,9 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, default=max(1, min(14, (mp.cpu_count() or 2) - 2)),
                     help="compile processes (default: the cores less two, at most 14)")
     ap.add_argument("--no-rule", action="store_true", help="skip the default rule and its holdout evaluation")
+    ap.add_argument("--weights", default="warm", choices=WEIGHTS,
+                    help="cold: every timed call reads the next copy of a weight ring larger than the L2 "
+                         "(weights from HBM, as in decode); warm: one weight, back to back")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
         print("gemm_tune needs a CUDA GPU (or TRITON_INTERPRET=1 for its smoke test)", file=sys.stderr)
@@ -322,7 +396,7 @@ def main(argv=None) -> int:
     from rlk.kernels.gemm import contract, schedule  # noqa: PLC0415
 
     t0 = time.time()
-    tuner = Tuner(args.budget_s)
+    tuner = Tuner(args.budget_s, weights=args.weights)
     base = schedule.load_table("sm_90")
     names = args.shapes.split(",") if args.shapes else list(QWEN3_8B_GEMMS)
     unknown = [n for n in names if n not in QWEN3_8B_GEMMS]
@@ -337,9 +411,12 @@ def main(argv=None) -> int:
     doc = {"arch": "sm_90",
            "status": f"tuned by gemm_tune on {gpu} (torch {torch.__version__}, "
                      f"triton {triton.__version__}) {time.strftime('%Y-%m-%d')}; every chosen config byte-identical "
-                     "to the reference config at the timed M; split_k restates the contract rule",
+                     f"to the reference config at the timed M; split_k restates the contract rule; timed with "
+                     f"{args.weights} weights",
            "decode_max_m": base["decode_max_m"], "default": base["default"],
-           "shapes": {}, "tuning": {"reference": REF, "m_list": list(M_LIST), "tie": TIE, "shapes": {}}}
+           "shapes": {}, "tuning": {"reference": REF, "m_list": list(M_LIST), "tie": TIE, "shapes": {},
+                                    "weights": args.weights, "l2_bytes": l2_bytes(),
+                                    "ring_copies": tuner.rings}}
     if "default_buckets" in base:
         doc["default_buckets"] = base["default_buckets"]
 

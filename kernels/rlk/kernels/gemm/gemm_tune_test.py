@@ -39,7 +39,10 @@ def test_to_buckets_merges_runs_and_ends_open():
 def test_candidates_by_regime():
     small, mid, large = gemm_tune.candidates(8), gemm_tune.candidates(128), gemm_tune.candidates(4096)
     assert {c["BLOCK_M"] for s, c in small if s == "decode"} == {16, 64}
-    assert all(c["BLOCK_M"] == 64 for s, c in small if s == "prefill")
+    # Row tiles of 16 (and 32 from M = 17) for the TMA kernel at decode sizes, never past M = 32.
+    assert {c["BLOCK_M"] for s, c in small if s == "prefill"} == {16, 64}
+    assert {c["BLOCK_M"] for s, c in gemm_tune.candidates(24) if s == "prefill"} == {32, 64}
+    assert all(c["BLOCK_M"] >= 64 for s, c in mid + gemm_tune.candidates(48))
     assert {s for s, _ in mid} == {"decode", "prefill"}
     assert all(s == "prefill" for s, _ in large) and len(large) < len(mid)
     for sched, cfg in gemm_tune.ALL_CANDIDATES:
@@ -165,3 +168,73 @@ def test_tuner_end_to_end_smoke(tmp_path, monkeypatch):
         for m in (1, 3, 9):
             assert torch.equal(gemm(x[:m], w, out_dtype=torch.float32), ref[:m])
     launch.clear_plan_cache()
+
+
+def test_ring_size_covers_the_l2_and_refuses_nonsense():
+    MiB = 1 << 20
+    assert gemm_tune.ring_size(32 * MiB, 50 * MiB) == 7  # 4 x 50 MiB over 32 MiB copies
+    assert gemm_tune.ring_size(400 * MiB, 50 * MiB) == 2  # never fewer than two
+    assert gemm_tune.ring_size(10, 0) == 2  # the CPU: no L2 reported
+    for n in (1, 7, 33, 1000):
+        c = gemm_tune.ring_size(n * MiB, 50 * MiB)
+        assert c * n >= gemm_tune.COLD_FACTOR * 50 and c >= 2
+    for args in ((0, 1), (1, -1), (1, 1, 0)):
+        with pytest.raises(ValueError):
+            gemm_tune.ring_size(*args)
+
+
+def test_weight_ring_rotates_over_equal_copies():
+    import torch
+
+    w = torch.arange(12, dtype=torch.float32).reshape(3, 4).to(torch.bfloat16)
+    ring = gemm_tune.WeightRing(w, 3)
+    got = [ring.next() for _ in range(7)]
+    ptrs = [t.data_ptr() for t in got]
+    assert len(set(ptrs[:3])) == 3 and ptrs[3:6] == ptrs[:3] and ptrs[6] == ptrs[0]
+    assert all(torch.equal(t, w) for t in got) and got[0] is w
+    assert ring.nbytes == 3 * w.numel() * 2
+    with pytest.raises(ValueError):
+        gemm_tune.WeightRing(w, 0)
+
+
+@pytest.mark.parametrize("weights", ["warm", "cold"])
+def test_cold_tuning_reads_a_new_weight_copy_in_every_timed_call(tmp_path, monkeypatch, weights):
+    """With --weights cold the candidates and cuBLAS are timed on the ring's copies (several weight
+    tensors per shape); warm timing uses the one weight. Byte checks are unaffected."""
+    import torch
+
+    from rlk.kernels.gemm import launch
+
+    _tiny_tuner(monkeypatch)
+    seen = {"gemm": set(), "cublas": set()}
+    real_gemm, real_mm = launch.gemm, torch.matmul
+
+    def gemm(x, w, **kw):
+        seen["gemm"].add(w.data_ptr())
+        return real_gemm(x, w, **kw)
+
+    def matmul(a, b):
+        seen["cublas"].add(b.data_ptr())
+        return real_mm(a, b)
+
+    monkeypatch.setattr(launch, "gemm", gemm)
+    monkeypatch.setattr(gemm_tune.torch, "matmul", matmul)
+    # An "L2" as large as shape a's weight: a ring of 4 copies (more than the 2 tensors the compile
+    # job and the byte check use, so a ring left unused cannot pass).
+    monkeypatch.setattr(gemm_tune, "l2_bytes", lambda: 96 * 128 * 2)
+    out = tmp_path / "tuned.json"
+    assert gemm_tune.main(["--out", str(out), "--workers", "1", "--no-rule", "--shapes", "a",
+                           "--weights", weights]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["tuning"]["weights"] == weights and weights in doc["status"]
+    assert doc["tuning"]["byte_comparisons"]["rejected"] == 0
+    if weights == "cold":
+        copies = doc["tuning"]["ring_copies"]["a"]
+        assert copies == 4 and doc["tuning"]["l2_bytes"] == 96 * 128 * 2
+        # On the CPU each M's cuBLAS time is one call: three M, three different copies.
+        assert len(seen["cublas"]) == 3
+        # Six timed candidate calls go round the whole ring (+ the compile job's zero weight).
+        assert len(seen["gemm"]) >= copies
+    else:
+        assert doc["tuning"]["ring_copies"] == {}
+        assert len(seen["cublas"]) == 1

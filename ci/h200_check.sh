@@ -51,6 +51,10 @@ stage gemm_bwd_bench ${GEMM_BWD_LIMIT:-240} python3 -m rlk.kernels.gemm.gemm_ben
 # forward rows at every M (1-8192, the prefill cost of its fixed segments).
 stage gemm_v2_compare ${GEMM_V2_LIMIT:-540} python3 -m rlk.kernels.gemm.gemm_bench --compare-contracts --out "$R/gemm_v1_v2_h200.json" ${GEMM_V2_ARGS:-}
 stage gemm_v2_tests ${GEMM_V2_TESTS_LIMIT:-300} python3 -m pytest -m gpu -q -p no:cacheprovider kernels/rlk/kernels/gemm/gemm_v2_test.py --timeout=280
+# What v2 can reach once its free fields are tuned for its own splits (a measurement: the table
+# serves v1), e.g. TUNE_V2_ARGS="--weights cold --max-m 128 --shapes qkv,o,gate_up,down".
+stage gemm_tune_v2 ${TUNE_V2_LIMIT:-300} python3 -m rlk.kernels.gemm.gemm_tune --contract gemm.bf16.v2 --no-rule \
+  --out "$R/gemm_v2_tuned.json" ${TUNE_V2_ARGS:-}
 stage gemm_v2_bench ${GEMM_V2_BENCH_LIMIT:-420} python3 -m rlk.kernels.gemm.gemm_bench --contract gemm.bf16.v2 --timing cudagraph --out "$R/gemm_v2_h200.json"
 stage rowops_bench ${ROWOPS_LIMIT:-300} python3 -m rlk.kernels.rowops.rowops_bench --out "$R/rowops_h200.json"
 stage attention_sweep ${SWEEP_LIMIT:-240} python3 -m rlk.kernels.attention.attention_invariance_sweep --out "$R/attention_invariance_sm90.json" ${SWEEP_ARGS:-}

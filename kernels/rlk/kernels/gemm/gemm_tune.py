@@ -1,7 +1,7 @@
 """Offline tuner of the free (bit-neutral) launch fields of contract gemm.bf16.v1. GPU script.
 
   python -m rlk.kernels.gemm.gemm_tune --out gemm_sm90_tuned.json [--shapes qkv,o] [--budget-s 400]
-      [--workers 14] [--no-rule]
+      [--workers 14] [--no-rule] [--weights warm|cold] [--max-m 128] [--contract gemm.bf16.v2]
   python -m rlk.kernels.gemm.gemm_tune --install gemm_sm90_tuned.json \
       --table kernels/rlk/kernels/gemm/configs/sm90.json --record docs/results/gemm_tune_h200.json
 
@@ -29,6 +29,12 @@ decode step, where each layer's GEMM reads weights no earlier kernel left in L2;
 default) reuses one weight tensor, which the L2 partly holds when it is smaller than the cache. Writes a table in the format ``schedule.py`` reads
 (use it with ``RLK_GEMM_TABLE=FILE``), with every measurement under "tuning"; a partial table is
 written after each shape, so a run cut short keeps what it measured.
+
+``--contract gemm.bf16.v2`` tunes the same free fields under v2's fixed K segments, adding decode
+tiles wide in N (``SPLIT_DECODE_TILES``: under v2 the segments fill the SMs); the candidates are
+checked against the v2 reference config's bytes. It is a measurement of what v2 could reach: the
+checked-in table serves v1 and ``--install`` refuses a v2 output. ``--max-m`` limits the M list
+(the default rule is fitted only by a v1 run over the whole list).
 """
 
 from __future__ import annotations
@@ -139,6 +145,18 @@ def candidates(M: int) -> list:
 
 ALL_CANDIDATES = list({json.dumps(c, sort_keys=True): c for m in M_LIST for c in candidates(m)}.values())
 
+# Decode tiles wider in N, for contracts whose split does not depend on N (gemm.bf16.v2: a segment
+# per 1024 of K): there the segments, not narrow N tiles, fill the SMs, and a wide tile reads the
+# activations fewer times. (BLOCK_N, BLOCK_K, warps, stages).
+SPLIT_DECODE_TILES = ((64, 256, 4, 3), (128, 64, 4, 4), (128, 128, 4, 3), (128, 128, 8, 3), (256, 64, 8, 3))
+
+
+def split_candidates(M: int) -> list:
+    """The extra decode candidates of a ``--contract gemm.bf16.v2`` run at M (up to M = 128)."""
+    if M > 128:
+        return []
+    return [_dec(bm, *t) for bm in ((16, 64) if M <= 16 else (64,)) for t in SPLIT_DECODE_TILES]
+
 
 def _key(cand) -> str:
     sched, cfg = cand
@@ -197,31 +215,33 @@ def _geo(vals) -> float:
 
 # ----------------------------------------------------------------------------- parallel compile
 def _compile_jobs(jobs: list) -> list:
-    """Worker: launch each (K, N, schedule, cfg) once at M = 1 (fills Triton's disk cache)."""
+    """Worker: launch each (K, N, schedule, cfg, contract) once at M = 1 (fills Triton's disk cache)."""
     from rlk.kernels.gemm import launch  # noqa: PLC0415
 
     errors = []
     weights = {}
-    for K, N, sched, cfg in jobs:
+    for K, N, sched, cfg, cid in jobs:
         try:
             if (K, N) not in weights:
                 weights.clear()
                 weights[(K, N)] = torch.zeros(N, K, device=_dev(), dtype=torch.bfloat16)
             x = torch.zeros(1, K, device=_dev(), dtype=torch.bfloat16)
-            launch.gemm(x, weights[(K, N)], schedule=sched, config=cfg)
+            launch.gemm(x, weights[(K, N)], schedule=sched, config=cfg, contract=cid)
             _sync()
         except Exception as e:  # noqa: BLE001 (a config that does not compile is reported, not fatal)
             errors.append(f"{K}x{N} {_key((sched, cfg))}: {type(e).__name__}: {str(e)[:120]}")
     return errors
 
 
-def precompile(jobs: list, workers: int) -> tuple[float, list]:
-    """Compile ``jobs`` [(K, N, schedule, fields)] in ``workers`` processes; (seconds, errors)."""
+def precompile(jobs: list, workers: int, contract_id: str | None = None) -> tuple[float, list]:
+    """Compile ``jobs`` [(K, N, schedule, fields)] under ``contract_id`` (default gemm.bf16.v1) in
+    ``workers`` processes; (seconds, errors)."""
     from rlk.kernels.gemm import contract  # noqa: PLC0415
 
+    cid = contract_id or contract.CONTRACT_ID
     t0 = time.time()
     # One job per compiled kernel: the code depends on (K, split) through SEG_STEPS, not on N.
-    jobs = list({json.dumps([K, contract.split_k(K, N), s, c], sort_keys=True): (K, N, s, c)
+    jobs = list({json.dumps([K, contract.segments(K, N, cid), s, c], sort_keys=True): (K, N, s, c, cid)
                  for K, N, s, c in jobs}.values())
     if workers <= 1 or len(jobs) < 2:
         return time.time() - t0, _compile_jobs(jobs)
@@ -237,11 +257,12 @@ WEIGHTS = ("warm", "cold")
 
 
 class Tuner:
-    def __init__(self, budget_s: float, weights: str = "warm"):
-        from rlk.kernels.gemm import launch  # noqa: PLC0415
+    def __init__(self, budget_s: float, weights: str = "warm", contract_id: str | None = None):
+        from rlk.kernels.gemm import contract, launch  # noqa: PLC0415
 
         if weights not in WEIGHTS:
             raise ValueError(f"Tuner: weights must be one of {WEIGHTS}, got {weights!r}")
+        self.contract = contract.check_contract_id(contract_id or contract.CONTRACT_ID)
         self.launch = launch
         self.deadline = time.time() + budget_s
         self.weights = weights
@@ -255,14 +276,15 @@ class Tuner:
         """ms of ``cand`` at M = m, or a string saying why it was rejected / failed; with a
         :class:`WeightRing` each timed call takes the ring's next copy (the bytes are checked on ``w``)."""
         sched, cfg = cand
+        c = self.contract
         if ring is None:
-            fn = (lambda: self.launch.gemm(x[:m], w, schedule=sched, config=cfg))
+            fn = (lambda: self.launch.gemm(x[:m], w, schedule=sched, config=cfg, contract=c))
         else:
-            fn = (lambda: self.launch.gemm(x[:m], ring.next(), schedule=sched, config=cfg))
+            fn = (lambda: self.launch.gemm(x[:m], ring.next(), schedule=sched, config=cfg, contract=c))
         try:
             # Bytes at M and at an odd neighbour (M + 1, or M - 1 at the largest M).
             for mm in (m, m + 1 if m < x.shape[0] else m - 1):
-                y = self.launch.gemm(x[:mm], w, schedule=sched, config=cfg)
+                y = self.launch.gemm(x[:mm], w, schedule=sched, config=cfg, contract=c)
                 _sync()
                 nd = int((y.view(torch.int16) != ref[:mm].view(torch.int16)).sum().item())
                 self.compared += 1
@@ -277,7 +299,7 @@ class Tuner:
         g = torch.Generator(device=_dev()).manual_seed(seed)
         w = torch.randn(N, K, device=_dev(), dtype=torch.bfloat16, generator=g)
         x = torch.randn(max(m_list), K, device=_dev(), dtype=torch.bfloat16, generator=g)
-        ref = self.launch.gemm(x, w, schedule="prefill", config=REF)
+        ref = self.launch.gemm(x, w, schedule="prefill", config=REF, contract=self.contract)
         ring = None
         if self.weights == "cold":
             ring = WeightRing(w, ring_size(w.numel() * w.element_size(), l2_bytes()))
@@ -352,10 +374,16 @@ def to_buckets(run: list, by_key: dict, open_tail=None) -> list:
 def install(tuned: str, table_out: str, record_out: str) -> None:
     """Split a tuner output into the checked-in table (everything but the measurements, plus
     the record's file name) and the measurement record (the tuner's file, unchanged)."""
+    from rlk.kernels.gemm import contract  # noqa: PLC0415
+
     with open(tuned) as f:
         doc = json.load(f)
     if "shapes" not in doc or "tuning" not in doc:
         raise SystemExit(f"{tuned}: not a gemm_tune output (no 'shapes' / 'tuning')")
+    tuned_for = doc["tuning"].get("contract", contract.CONTRACT_ID)
+    if tuned_for != contract.CONTRACT_ID:
+        raise SystemExit(f"{tuned}: tuned for {tuned_for}; the checked-in table serves {contract.CONTRACT_ID} "
+                         "(its split_k entries restate that contract's rule)")
     table = {k: v for k, v in doc.items() if k != "tuning"}
     table["tuning_record"] = os.path.basename(record_out)
     with open(table_out, "w") as f:
@@ -384,6 +412,10 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, default=max(1, min(14, (mp.cpu_count() or 2) - 2)),
                     help="compile processes (default: the cores less two, at most 14)")
     ap.add_argument("--no-rule", action="store_true", help="skip the default rule and its holdout evaluation")
+    ap.add_argument("--contract", default="gemm.bf16.v1", choices=["gemm.bf16.v1", "gemm.bf16.v2"],
+                    help="the contract whose split the candidates run under; a v2 run is a measurement "
+                         "(its table cannot be installed: the checked-in table serves v1)")
+    ap.add_argument("--max-m", type=int, default=None, help="tune only the M of M_LIST up to this")
     ap.add_argument("--weights", default="warm", choices=WEIGHTS,
                     help="cold: every timed call reads the next copy of a weight ring larger than the L2 "
                          "(weights from HBM, as in decode); warm: one weight, back to back")
@@ -396,7 +428,14 @@ def main(argv=None) -> int:
     from rlk.kernels.gemm import contract, schedule  # noqa: PLC0415
 
     t0 = time.time()
-    tuner = Tuner(args.budget_s, weights=args.weights)
+    cid = args.contract
+    m_list = tuple(m for m in M_LIST if args.max_m is None or m <= args.max_m)
+    if not m_list:
+        print(f"--max-m {args.max_m}: no M of {M_LIST} left", file=sys.stderr)
+        return 2
+    tuner = Tuner(args.budget_s, weights=args.weights, contract_id=cid)
+    cands_of_m = candidates if cid == contract.CONTRACT_ID else (lambda m: candidates(m) + split_candidates(m))
+    all_cands = list({json.dumps(c, sort_keys=True): c for m in m_list for c in cands_of_m(m)}.values())
     base = schedule.load_table("sm_90")
     names = args.shapes.split(",") if args.shapes else list(QWEN3_8B_GEMMS)
     unknown = [n for n in names if n not in QWEN3_8B_GEMMS]
@@ -406,15 +445,16 @@ def main(argv=None) -> int:
     shapes8 = {}
     for n in names:
         shapes8.setdefault(QWEN3_8B_GEMMS[n], n)
-    by_key = {_key(c): c for c in ALL_CANDIDATES}
+    by_key = {_key(c): c for c in [*ALL_CANDIDATES, *all_cands]}
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "the CPU interpreter (smoke test)"
     doc = {"arch": "sm_90",
            "status": f"tuned by gemm_tune on {gpu} (torch {torch.__version__}, "
                      f"triton {triton.__version__}) {time.strftime('%Y-%m-%d')}; every chosen config byte-identical "
-                     f"to the reference config at the timed M; split_k restates the contract rule; timed with "
+                     f"to the reference config at the timed M; split_k restates the rule of {cid}; timed with "
                      f"{args.weights} weights",
            "decode_max_m": base["decode_max_m"], "default": base["default"],
-           "shapes": {}, "tuning": {"reference": REF, "m_list": list(M_LIST), "tie": TIE, "shapes": {},
+           "shapes": {}, "tuning": {"reference": REF, "m_list": list(m_list), "tie": TIE, "shapes": {},
+                                    "contract": cid,
                                     "weights": args.weights, "l2_bytes": l2_bytes(),
                                     "ring_copies": tuner.rings}}
     if "default_buckets" in base:
@@ -425,8 +465,8 @@ def main(argv=None) -> int:
         with open(args.out, "w") as f:
             json.dump(doc, f, indent=1)
 
-    jobs = [(K, N, *c) for (K, N) in shapes8 for c in ALL_CANDIDATES]
-    secs, errs = precompile(jobs, args.workers)
+    jobs = [(K, N, *c) for (K, N) in shapes8 for c in all_cands]
+    secs, errs = precompile(jobs, args.workers, cid)
     print(f"compiled {len(jobs)} kernels in {secs:.0f} s with {args.workers} workers; {len(errs)} failed", flush=True)
     doc["tuning"]["compile"] = {"jobs": len(jobs), "seconds": round(secs, 1), "errors": errs}
 
@@ -436,11 +476,11 @@ def main(argv=None) -> int:
             print(f"budget spent: {name} and later shapes not tuned", flush=True)
             doc["tuning"].setdefault("skipped", []).append(name)
             continue
-        print(f"{name} K={K} N={N} split_k={contract.split_k(K, N)}", flush=True)
-        res = tuner.measure(name, K, N, candidates, M_LIST)
+        print(f"{name} K={K} N={N} split_k={contract.split_k(K, N, cid)}", flush=True)
+        res = tuner.measure(name, K, N, cands_of_m, m_list)
         per_m = {m: r["cands"] for m, r in res.items()}
-        run = choose_run(per_m, M_LIST)
-        entry = {"split_k": contract.split_k(K, N)}
+        run = choose_run(per_m, m_list)
+        entry = {"split_k": contract.split_k(K, N, cid)}
         for sched in contract.SCHEDULES:  # the schedule base configs (forced-schedule callers)
             if sched in base["shapes"].get(f"{K}x{N}", {}):
                 entry[sched] = base["shapes"][f"{K}x{N}"][sched]
@@ -459,12 +499,15 @@ def main(argv=None) -> int:
         write()
 
     if not args.no_rule and not tuner.over():
-        rule(tuner, doc, contract, schedule, by_key, args.workers)
+        if cid != contract.CONTRACT_ID or m_list != M_LIST:
+            print("the default rule is fitted for v1 over the whole M list only: skipped", flush=True)
+        else:
+            rule(tuner, doc, contract, schedule, by_key, args.workers)
     write()
     print("strict / cuBLAS time (chosen configs, CUDA graph replays):")
-    print(f"{'shape':<14}" + "".join(f"{m:>7}" for m in M_LIST))
+    print(f"{'shape':<14}" + "".join(f"{m:>7}" for m in m_list))
     for r in ratios:
-        print(f"{r['shape']:<14}" + "".join(f"{(r.get(f'M{m}') or float('nan')):>7.3f}" for m in M_LIST))
+        print(f"{r['shape']:<14}" + "".join(f"{(r.get(f'M{m}') or float('nan')):>7.3f}" for m in m_list))
     n_rej = sum(1 for s in doc["tuning"]["shapes"].values() for per in s["cands_us"].values()
                 for v in per.values() if isinstance(v, str) and v.startswith("rejected"))
     doc["tuning"]["byte_comparisons"] = {"compared": tuner.compared, "rejected": n_rej}

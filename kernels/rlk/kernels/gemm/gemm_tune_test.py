@@ -238,3 +238,39 @@ def test_cold_tuning_reads_a_new_weight_copy_in_every_timed_call(tmp_path, monke
     else:
         assert doc["tuning"]["ring_copies"] == {}
         assert len(seen["cublas"]) == 1
+
+
+def test_v2_tuning_runs_every_candidate_under_v2_and_cannot_be_installed(tmp_path, monkeypatch):
+    """--contract gemm.bf16.v2: candidates (the wide split tiles included), reference and byte
+    checks all run under v2, the entry restates v2's split (2 segments at K = 1088, where v1 has
+    one), and --install refuses the output."""
+    from rlk.kernels.gemm import launch
+
+    _tiny_tuner(monkeypatch)
+    monkeypatch.setattr(gemm_tune, "QWEN3_8B_GEMMS", {"a": (1088, 40)})
+    assert contract.split_k(1088, 40, contract.CONTRACT_ID_V2) == 2 != contract.split_k(1088, 40)
+    seen = []
+    real = launch.gemm
+
+    def gemm(x, w, **kw):
+        seen.append((kw.get("contract"), (kw.get("config") or {}).get("BLOCK_N")))
+        return real(x, w, **kw)
+
+    monkeypatch.setattr(launch, "gemm", gemm)
+    out = tmp_path / "tuned_v2.json"
+    assert gemm_tune.main(["--out", str(out), "--workers", "1", "--contract", "gemm.bf16.v2", "--max-m", "3"]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["tuning"]["contract"] == contract.CONTRACT_ID_V2 and doc["tuning"]["m_list"] == [1, 3]
+    assert doc["shapes"]["1088x40"]["split_k"] == 2
+    assert {c for c, _ in seen} == {contract.CONTRACT_ID_V2}
+    assert {bn for _, bn in seen} >= {t[0] for t in gemm_tune.SPLIT_DECODE_TILES}
+    assert "rule" not in doc["tuning"] and doc["tuning"]["byte_comparisons"]["rejected"] == 0
+    with pytest.raises(SystemExit, match="tuned for gemm.bf16.v2"):
+        gemm_tune.install(str(out), str(tmp_path / "t.json"), str(tmp_path / "r.json"))
+    assert not (tmp_path / "t.json").exists()
+
+
+def test_max_m_below_every_m_is_refused(tmp_path, capsys, monkeypatch):
+    _tiny_tuner(monkeypatch)
+    assert gemm_tune.main(["--out", str(tmp_path / "x.json"), "--max-m", "0"]) == 2
+    assert "no M of" in capsys.readouterr().err

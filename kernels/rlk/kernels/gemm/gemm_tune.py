@@ -26,9 +26,10 @@ replays of back-to-back calls (median of 3). ``--weights cold`` times every call
 cuBLAS alike) on the next copy of a ring of equal weight copies whose bytes exceed the L2 cache
 ``COLD_FACTOR`` times (:class:`WeightRing`), so that the weights stream from HBM as they do in a
 decode step, where each layer's GEMM reads weights no earlier kernel left in L2; ``warm`` (the
-default) reuses one weight tensor, which the L2 partly holds when it is smaller than the cache. Writes a table in the format ``schedule.py`` reads
-(use it with ``RLK_GEMM_TABLE=FILE``), with every measurement under "tuning"; a partial table is
-written after each shape, so a run cut short keeps what it measured.
+default) reuses one weight tensor, which the L2 partly holds when it is smaller than the cache.
+Writes a table in the format ``schedule.py`` reads (use it with ``RLK_GEMM_TABLE=FILE``), with
+every measurement under "tuning"; a partial table is written after each shape, so a run cut short
+keeps what it measured.
 
 ``--contract gemm.bf16.v2`` tunes the same free fields under v2's fixed K segments, adding decode
 tiles wide in N (``SPLIT_DECODE_TILES``: under v2 the segments fill the SMs); the candidates are

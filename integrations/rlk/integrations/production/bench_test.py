@@ -155,3 +155,37 @@ def test_profile_pairs_picks_the_profiled_pairs(tmp_path, ckpt, extra, profiled)
     assert B.run_pairs(a, run=_fake_arm_runner(calls)) == 0
     assert sorted({c[0] for c in calls if c[3]}) == profiled  # both arms of a profiled pair, no other
     assert all(c[3] == (c[0] in profiled) for c in calls)
+
+
+def _with_provenance(R, pair, prov):
+    """Pair ``pair``'s two arm files in R, each carrying a trainer provenance (a copy of ``prov``)."""
+    for arm in records.ARMS:
+        records.write_json(records.arm_path(R, pair, arm),
+                           {"arm": arm, "pair": {"index": pair}, "train": {"provenance": json.loads(json.dumps(prov))}})
+
+
+def test_pairs_refuse_a_new_pair_whose_tree_differs_from_the_earlier_pairs(tmp_path, ckpt, monkeypatch):
+    """Before a new pair runs next to complete ones, this tree's capability records are compared
+    with theirs (the report would refuse pairs of one arm with other fingerprints): a changed
+    kernel source stops the run with status 4 and names the field; the same record lets it run."""
+    R = str(tmp_path / "R")
+    os.makedirs(R)
+    prov = {"route": "strict", "device": {"name": "H200"}, "toolchain": {"driver": "580"},
+            "kernel_sources": {"gemm/kernel.py": "aa"}, "tuning_tables": {}, "contracts": {},
+            "compiled_kernels": {}, "environment": {}, "extra": {"layers": 36}, "created_at": "then"}
+    _with_provenance(R, 0, prov)
+    same = {arm: dict(prov, extra={"other": 1}, created_at="now") for arm in records.ARMS}
+    changed = {arm: dict(prov, kernel_sources={"gemm/kernel.py": "bb"}) for arm in records.ARMS}
+    calls = []
+    a = B.parser().parse_args(["pairs", "--dir", ckpt, "--results", R, "--n", "2"])
+    monkeypatch.setattr(B, "current_capability", lambda: changed)
+    assert B.run_pairs(a, run=_fake_arm_runner(calls)) == B.PROVENANCE_RC
+    assert calls == []
+    assert records.provenance_conflicts(R, lambda: changed) == [
+        "pp (pair0): kernel_sources.gemm/kernel.py", "rr (pair0): kernel_sources.gemm/kernel.py"]
+    monkeypatch.setattr(B, "current_capability", lambda: same)  # run fields (extra, time) may differ
+    assert B.run_pairs(a, run=_fake_arm_runner(calls)) == 0
+    assert [c[0] for c in calls] == [1, 1]
+    # Nothing left to run: no comparison is made (complete pairs are only skipped).
+    monkeypatch.setattr(B, "current_capability", lambda: changed)
+    assert B.run_pairs(a, run=_fake_arm_runner(calls)) == 0

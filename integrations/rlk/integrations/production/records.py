@@ -30,6 +30,48 @@ def arm_path(results: str, pair: int, arm: str) -> str:
     return os.path.join(results, f"pair{pair}_{arm}.json")
 
 
+# The parts of a trainer's capability record that a new process can compare before it runs a
+# pair: the report refuses pairs of one arm whose fingerprints differ, and these are what the
+# fingerprint covers apart from the run's own fields (extra, image, created_at).
+PREFLIGHT_FIELDS = ("route", "device", "toolchain", "contracts", "kernel_sources", "tuning_tables",
+                    "compiled_kernels", "environment")
+
+
+def complete_pairs(results: str) -> list[int]:
+    """Indices of the pairs in ``results`` with both arm files, ascending."""
+    import glob
+    import re
+
+    found: dict[int, set] = {}
+    for path in glob.glob(os.path.join(results, "pair*_*.json")):
+        m = re.fullmatch(r"pair(\d+)_(pp|rr)\.json", os.path.basename(path))
+        if m:
+            found.setdefault(int(m.group(1)), set()).add(m.group(2))
+    return sorted(i for i, arms in found.items() if arms == set(ARMS))
+
+
+def provenance_conflicts(results: str, current) -> list[str]:
+    """Where this machine and tree (``current()``: {arm: capability record}, called only when an
+    earlier pair carries a trainer provenance) differ from the complete pairs already in
+    ``results``, per arm against its first such pair: ``"<arm> (pair<i>): <dotted field>"``.
+    Empty when nothing differs or there is no earlier pair."""
+    from rlk import provenance
+
+    out, now = [], None
+    for arm in ARMS:
+        for i in complete_pairs(results):
+            with open(arm_path(results, i, arm)) as f:
+                prov = (json.load(f).get("train") or {}).get("provenance") or {}
+            if not prov or "error" in prov:
+                continue
+            now = now if now is not None else current()
+            old = {k: prov.get(k) for k in PREFLIGHT_FIELDS}
+            new = {k: now[arm].get(k) for k in PREFLIGHT_FIELDS}
+            out += [f"{arm} (pair{i}): {d}" for d in provenance.differences(old, new)]
+            break
+    return out
+
+
 def stem(path: str) -> str:
     return os.path.splitext(path)[0]
 

@@ -365,14 +365,18 @@ def _versions() -> dict:
     return megatron_versions()
 
 
+def capability(arm: str, extra: dict | None = None) -> dict:
+    """The capability record of an arm's trainer on this machine and tree (``rr``: strict, the
+    contracts of rlk's megatron spec; ``pp``: native, every contract)."""
+    from rlk.integrations.megatron import spec
+    from rlk.provenance import capability_record
+
+    ids = sorted(set(spec.CONTRACTS.values())) if arm == "rr" else None
+    return capability_record("strict" if arm == "rr" else "native", contract_ids=ids, extra=extra)
+
+
 def _provenance(arm: str, description: str, cfg) -> dict:
     try:
-        from rlk.integrations.megatron import spec
-        from rlk.provenance import capability_record
-
-        ids = sorted(set(spec.CONTRACTS.values())) if arm == "rr" else None
-        return capability_record("strict" if arm == "rr" else "native", contract_ids=ids,
-                                 extra={"engine": description, "config": cfg.name,
-                                        "layers": cfg.num_hidden_layers})
+        return capability(arm, extra={"engine": description, "config": cfg.name, "layers": cfg.num_hidden_layers})
     except Exception as e:  # recorded, never invented
         return {"error": f"{type(e).__name__}: {e}"}

@@ -31,7 +31,9 @@ rollout generate + the trainer phases that ran.
 
 ``pairs``: pair i runs both arms in a seeded random order (:func:`pair_order`, recorded in each
 arm file); a pair whose two arm files exist is skipped, so the pairs of one results folder can
-be spread over several calls; ``--budget-s`` stops before a pair that the longest pair so far
+be spread over several calls (before it runs a new pair next to earlier ones it compares this
+machine and tree with their trainers' capability records, ``records.PREFLIGHT_FIELDS``, and
+exits with status 4 on a difference, which the report would refuse); ``--budget-s`` stops before a pair that the longest pair so far
 says would not finish in time. ``report`` (report_bench): per-pair ratio RR / PP of totals, its
 median over pairs and a bootstrap interval over pairs, p95 per arm, phases, memory, provenance,
 targets; fewer than 5 pairs are reported as ``complete: false``.
@@ -141,10 +143,30 @@ def run_arm(a, run=subprocess.run) -> int:
 
 
 # ---- pairs --------------------------------------------------------------------------------------
+PROVENANCE_RC = 4  # pairs: this machine or tree differs from the pairs already in --results
+
+
+def current_capability() -> dict:
+    """{arm: capability record of its trainer} on this machine and tree (``pairs``' preflight)."""
+    from rlk.integrations.production import train_bench
+
+    return {arm: train_bench.capability(arm) for arm in ("pp", "rr")}
+
+
 def run_pairs(a, run=subprocess.run) -> int:
     from rlk.integrations.production import records
 
     os.makedirs(a.results, exist_ok=True)
+    done = set(records.complete_pairs(a.results))
+    if done and any(i not in done for i in range(a.start, a.start + a.n)):
+        # The report refuses pairs of one arm whose capability fingerprints differ: find out now,
+        # not after a pair's minutes of device time.
+        conflicts = records.provenance_conflicts(a.results, current_capability)
+        if conflicts:
+            print(f"pairs: this machine or tree differs from the pairs already in {a.results} "
+                  f"({len(conflicts)} fields: {'; '.join(conflicts[:8])}); the report would refuse them "
+                  "together: run the same tree, or another --results folder", file=sys.stderr)
+            return PROVENANCE_RC
     longest = 0.0
     for i in range(a.start, a.start + a.n):
         paths = {arm: records.arm_path(a.results, i, arm) for arm in records.ARMS}

@@ -9,7 +9,8 @@
 # baselines (rlk's kernels vs vLLM's own, rlk.integrations.vllm.kernel_baselines_bench)
 # prod_pairs prod_report (rlk.integrations.production.bench: paired P/P vs R/R, vLLM rollout +
 # megatron-core trainer, results under $R/production; complete pairs are skipped, so the pairs
-# can be spread over several calls: PROD_PAIRS (default 5), PROD_LIMIT (s, default 560; the
+# can be spread over several calls (a new pair on another tree or machine than the earlier
+# ones is refused before it runs, exit 4): PROD_PAIRS (default 5), PROD_LIMIT (s, default 560; the
 # runner stops before a pair that would not fit), PROD_RESULTS (default $R/production), PROD_ARGS (e.g. "--workload W1 --micro-tokens 16384";
 # "--profile" adds the attribution: every phase repeated once under the profiler, not counted;
 # "--profile --profile-pairs 1" profiles pair 1 only))

@@ -147,10 +147,17 @@ PROVENANCE_RC = 4  # pairs: this machine or tree differs from the pairs already 
 
 
 def current_capability() -> dict:
-    """{arm: capability record of its trainer} on this machine and tree (``pairs``' preflight)."""
-    from rlk.integrations.production import train_bench
+    """{arm: capability record of its trainer} on this machine and tree (``pairs``' preflight),
+    computed in a child process: the record reads the device, and this process must not hold a
+    CUDA context while the arms' engines size their memory."""
+    code = ("import json; from rlk.integrations.production import train_bench; "
+            "print(json.dumps({a: train_bench.capability(a) for a in ('pp', 'rr')}, default=str))")
+    p = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True)
+    if p.returncode != 0:
+        raise SystemExit(f"pairs: the capability record failed (rc {p.returncode}): {p.stderr.strip()[-2000:]}")
+    import json
 
-    return {arm: train_bench.capability(arm) for arm in ("pp", "rr")}
+    return json.loads(p.stdout.strip().splitlines()[-1])
 
 
 def run_pairs(a, run=subprocess.run) -> int:

@@ -33,8 +33,8 @@ rollout generate + the trainer phases that ran.
 arm file); a pair whose two arm files exist is skipped, so the pairs of one results folder can
 be spread over several calls (before it runs a new pair next to earlier ones it compares this
 machine and tree with their trainers' capability records, ``records.PREFLIGHT_FIELDS``, and
-exits with status 4 on a difference, which the report would refuse); ``--budget-s`` stops before a pair that the longest pair so far
-says would not finish in time. ``report`` (report_bench): per-pair ratio RR / PP of totals, its
+exits with status 4 on a difference, which the report would refuse); ``--budget-s`` stops
+before a pair that the longest pair so far says would not finish in time. ``report`` (report_bench): per-pair ratio RR / PP of totals, its
 median over pairs and a bootstrap interval over pairs, p95 per arm, phases, memory, provenance,
 targets; fewer than 5 pairs are reported as ``complete: false``.
 """

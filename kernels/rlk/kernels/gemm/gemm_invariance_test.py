@@ -264,13 +264,20 @@ def test_gpu_cuda_graph_matches_eager():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", ["qkv", "tp4_qkv"])  # split 1 and 2; ~40 compiles each
+@pytest.mark.parametrize("name", ["qkv", "tp4_qkv"])  # split 1 and 2; one compile per candidate each
 def test_gpu_tuner_candidates_identical(name):
     """Every candidate the tuner may pick (FLAT / PERSISTENT / TMA prefill variants, decode BLOCK_N /
     BLOCK_K / stages) gives the reference config's fp32 bytes (the accumulation itself) at Qwen3-8B shapes."""
+    import multiprocessing
+
     from rlk.kernels.gemm import gemm_tune
 
     K, N = QWEN3_8B_GEMMS[name]
+    # The candidates' fp32-output kernels compiled in parallel first (Triton's disk cache): one
+    # process would spend most of the test compiling.
+    _, errors = gemm_tune.precompile([(K, N, s, c) for s, c in gemm_tune.ALL_CANDIDATES],
+                                     max(1, min(14, multiprocessing.cpu_count() - 2)), out_fp32=True)
+    assert not errors, errors[:3]
     x, w = _rand(2048, K, seed=21), _rand(N, K, seed=22)
     for dt in (torch.float32,):
         ref = gemm(x, w, out_dtype=dt, schedule="prefill", config=gemm_tune.REF)

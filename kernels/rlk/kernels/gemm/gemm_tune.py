@@ -216,33 +216,36 @@ def _geo(vals) -> float:
 
 # ----------------------------------------------------------------------------- parallel compile
 def _compile_jobs(jobs: list) -> list:
-    """Worker: launch each (K, N, schedule, cfg, contract) once at M = 1 (fills Triton's disk cache)."""
+    """Worker: launch each (K, N, schedule, cfg, contract, fp32 output) once at M = 1 (fills
+    Triton's disk cache)."""
     from rlk.kernels.gemm import launch  # noqa: PLC0415
 
     errors = []
     weights = {}
-    for K, N, sched, cfg, cid in jobs:
+    for K, N, sched, cfg, cid, fp32 in jobs:
         try:
             if (K, N) not in weights:
                 weights.clear()
                 weights[(K, N)] = torch.zeros(N, K, device=_dev(), dtype=torch.bfloat16)
             x = torch.zeros(1, K, device=_dev(), dtype=torch.bfloat16)
-            launch.gemm(x, weights[(K, N)], schedule=sched, config=cfg, contract=cid)
+            launch.gemm(x, weights[(K, N)], schedule=sched, config=cfg, contract=cid,
+                        out_dtype=torch.float32 if fp32 else torch.bfloat16)
             _sync()
         except Exception as e:  # noqa: BLE001 (a config that does not compile is reported, not fatal)
             errors.append(f"{K}x{N} {_key((sched, cfg))}: {type(e).__name__}: {str(e)[:120]}")
     return errors
 
 
-def precompile(jobs: list, workers: int, contract_id: str | None = None) -> tuple[float, list]:
-    """Compile ``jobs`` [(K, N, schedule, fields)] under ``contract_id`` (default gemm.bf16.v1) in
-    ``workers`` processes; (seconds, errors)."""
+def precompile(jobs: list, workers: int, contract_id: str | None = None,
+               out_fp32: bool = False) -> tuple[float, list]:
+    """Compile ``jobs`` [(K, N, schedule, fields)] under ``contract_id`` (default gemm.bf16.v1), with
+    bf16 (or, ``out_fp32``, fp32) outputs, in ``workers`` processes; (seconds, errors)."""
     from rlk.kernels.gemm import contract  # noqa: PLC0415
 
     cid = contract_id or contract.CONTRACT_ID
     t0 = time.time()
     # One job per compiled kernel: the code depends on (K, split) through SEG_STEPS, not on N.
-    jobs = list({json.dumps([K, contract.segments(K, N, cid), s, c], sort_keys=True): (K, N, s, c, cid)
+    jobs = list({json.dumps([K, contract.segments(K, N, cid), s, c], sort_keys=True): (K, N, s, c, cid, out_fp32)
                  for K, N, s, c in jobs}.values())
     if workers <= 1 or len(jobs) < 2:
         return time.time() - t0, _compile_jobs(jobs)

@@ -37,17 +37,22 @@ PREFLIGHT_FIELDS = ("route", "device", "toolchain", "contracts", "kernel_sources
                     "compiled_kernels", "environment")
 
 
-def complete_pairs(results: str) -> list[int]:
-    """Indices of the pairs in ``results`` with both arm files, ascending."""
+def arm_files(results: str) -> dict[int, dict[str, str]]:
+    """{pair index: {arm: path}} of the arm files ``pair<i>_<arm>.json`` in ``results``."""
     import glob
     import re
 
-    found: dict[int, set] = {}
+    found: dict[int, dict[str, str]] = {}
     for path in glob.glob(os.path.join(results, "pair*_*.json")):
         m = re.fullmatch(r"pair(\d+)_(pp|rr)\.json", os.path.basename(path))
         if m:
-            found.setdefault(int(m.group(1)), set()).add(m.group(2))
-    return sorted(i for i, arms in found.items() if arms == set(ARMS))
+            found.setdefault(int(m.group(1)), {})[m.group(2)] = path
+    return found
+
+
+def complete_pairs(results: str) -> list[int]:
+    """Indices of the pairs in ``results`` with both arm files, ascending."""
+    return sorted(i for i, arms in arm_files(results).items() if set(arms) == set(ARMS))
 
 
 def provenance_conflicts(results: str, current) -> list[str]:

@@ -18,10 +18,8 @@ reported (``complete: false``), not refused.
 
 from __future__ import annotations
 
-import glob
 import json
 import os
-import re
 import time
 
 MIN_PAIRS = 5
@@ -32,14 +30,15 @@ N_BOOT = 10000
 def load_pairs(dirs: list[str]) -> tuple[list[dict], list[str]]:
     """(complete pairs ``{"dir", "index", "pp", "rr"}`` in folder and index order, files of
     incomplete pairs)."""
+    from rlk.integrations.production import records
+
     pairs, lone = [], []
     for d in dirs:
         found: dict[int, dict] = {}
-        for path in glob.glob(os.path.join(d, "pair*_*.json")):
-            m = re.fullmatch(r"pair(\d+)_(pp|rr)\.json", os.path.basename(path))
-            if m:
+        for i, arms in records.arm_files(d).items():
+            for arm, path in arms.items():
                 with open(path) as f:
-                    found.setdefault(int(m.group(1)), {})[m.group(2)] = json.load(f)
+                    found.setdefault(i, {})[arm] = json.load(f)
         for i in sorted(found):
             if set(found[i]) == {"pp", "rr"}:
                 pairs.append({"dir": d, "index": i, **found[i]})

@@ -177,7 +177,7 @@ def run_pairs(a, run=subprocess.run) -> int:
     longest = 0.0
     for i in range(a.start, a.start + a.n):
         paths = {arm: records.arm_path(a.results, i, arm) for arm in records.ARMS}
-        if all(os.path.exists(p) for p in paths.values()):
+        if i in done:
             say(f"pair {i}: both arm files exist, skipped")
             continue
         elapsed = time.perf_counter() - _T0

@@ -174,6 +174,8 @@ def run_pairs(a, run=subprocess.run) -> int:
                   f"({len(conflicts)} fields: {'; '.join(conflicts[:8])}); the report would refuse them "
                   "together: run the same tree, or another --results folder", file=sys.stderr)
             return PROVENANCE_RC
+        say(f"preflight: none of the {len(records.PREFLIGHT_FIELDS)} capability fields differs from the "
+            f"trainer records of the pairs in {a.results}")
     longest = 0.0
     for i in range(a.start, a.start + a.n):
         paths = {arm: records.arm_path(a.results, i, arm) for arm in records.ARMS}

@@ -274,3 +274,21 @@ def test_max_m_below_every_m_is_refused(tmp_path, capsys, monkeypatch):
     _tiny_tuner(monkeypatch)
     assert gemm_tune.main(["--out", str(tmp_path / "x.json"), "--max-m", "0"]) == 2
     assert "no M of" in capsys.readouterr().err
+
+
+def test_tables_and_tuner_candidates_stay_within_the_contract_schedule_fields():
+    """Every free-field value a checked-in table or a tuner candidate uses is one the contract
+    lists as allowed (with its evidence): a table cannot launch what the contract never vouched for."""
+    allowed = {k: set(v) for k, v in contract.CONTRACT.schedule_fields.items() if isinstance(v, (list, tuple))}
+    used = []
+    for arch in ("sm_90", "gfx942"):
+        t = json.loads(open(schedule.table_path(arch)).read())
+        used += [(f"{arch} default {k}", c) for k, c in t["default"].items()]
+        used += [(f"{arch} default_buckets", b[2]) for b in t.get("default_buckets", []) if b[2]]
+        for shape, e in t["shapes"].items():
+            used += [(f"{arch} {shape} {k}", e[k]) for k in contract.SCHEDULES if k in e]
+            used += [(f"{arch} {shape} bucket {b[0]}", b[2]) for b in e.get("buckets", []) if b[2]]
+    cands = gemm_tune.ALL_CANDIDATES + [c for m in gemm_tune.M_LIST for c in gemm_tune.split_candidates(m)]
+    used += [(f"tuner {gemm_tune._key(c)}", c[1]) for c in cands]
+    bad = [f"{where}: {k}={v}" for where, cfg in used for k, v in cfg.items() if k in allowed and v not in allowed[k]]
+    assert not bad, bad[:10]

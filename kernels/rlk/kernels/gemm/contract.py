@@ -131,6 +131,7 @@ _SCHEDULE_FIELDS = {
     "FLAT": [0, 1],
     "PERSISTENT": [0, 1],
     "TMA": [0, 1],
+    "WS": [0, 1],
     "m_bucket": "per (K, N) or the table's default rule: M ranges select the schedule and its free fields, never the split",
 }
 _EVIDENCE = {
@@ -145,6 +146,8 @@ _EVIDENCE = {
     "FLAT": f"same operation sequence (interpreter tests); {_TUNE}",
     "PERSISTENT": f"tile walk order only (no cross-program sum); {_TUNE}",
     "TMA": f"load path only (zero fill past the edges); {_TUNE}",
+    "WS": f"which warps issue the loads and the MMAs of the FLAT K loop (Triton's warp specialization); "
+          f"each element's chain of MMA k-steps and folds unchanged; {_TUNE}",
     "m_bucket": f"selects schedule and free fields only (each measured bit-neutral above); {_TUNE}",
 }
 _KERNELS = ("gemm.segment", "gemm.fold", "gemm.tiled")

@@ -78,6 +78,10 @@ PREFILL_TILES = ((64, 32, 128, 4, 4, 0), (64, 64, 128, 4, 4, 0), (64, 64, 64, 4,
 # lists): TMA weight streams at decode batch sizes without computing 64-row tiles for M <= 32.
 SMALL_M_TILES = ((16, 16, 256, 4, 4, 0), (16, 32, 128, 4, 4, 0), (16, 32, 256, 4, 3, 0), (16, 64, 128, 4, 4, 0),
                  (16, 32, 128, 4, 4, 1), (32, 32, 128, 4, 4, 0), (32, 64, 128, 4, 4, 0), (32, 32, 256, 4, 3, 0))
+# Tiles of both lists also tried with a warp-specialized K loop (WS=1: producer warps load, consumer
+# warps multiply); those Triton cannot specialize fail to compile and are reported as such.
+WS_TILES = ((16, 32, 128, 4, 4, 0), (16, 64, 128, 4, 4, 0), (32, 64, 128, 4, 4, 0), (64, 32, 128, 4, 4, 0),
+            (64, 64, 128, 4, 4, 0), (128, 128, 64, 8, 4, 0), (128, 256, 64, 8, 3, 0), (128, 256, 64, 8, 3, 1))
 COLD_FACTOR = 4  # a weight ring's bytes are at least this many times the L2 cache
 
 
@@ -122,15 +126,19 @@ def _dec(bm, bn, bk, nw, ns):
     return ("decode", {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": nw, "num_stages": ns})
 
 
-def _pre(bm, bn, bk, nw, ns, pers):
-    return ("prefill", {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "num_warps": nw,
-                        "num_stages": ns, "FLAT": 1, "PERSISTENT": pers, "TMA": 1})
+def _pre(bm, bn, bk, nw, ns, pers, ws=0):
+    cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "num_warps": nw, "num_stages": ns,
+           "FLAT": 1, "PERSISTENT": pers, "TMA": 1}
+    if ws:
+        cfg["WS"] = 1
+    return ("prefill", cfg)
 
 
 def candidates(M: int) -> list:
     """(schedule, fields) tried at M: decode with a BLOCK_M covering M (16 or 64) up to M = 512;
     prefill tiles with BLOCK_M 16 / 32 covering M up to M = 32 (SMALL_M_TILES), with BLOCK_M 64 at
-    small M, all tiles at mid M, the large ones from M = 2048."""
+    small M, all tiles at mid M, the large ones from M = 2048; the WS_TILES with a
+    warp-specialized K loop in the same regimes."""
     out = []
     if M <= 512:
         for bm in ((16, 64) if M <= 16 else (64,)):
@@ -141,6 +149,10 @@ def candidates(M: int) -> list:
     for t in PREFILL_TILES:
         if (M <= 64 and t[0] == 64) or 64 < M <= 1024 or (M > 1024 and (t[0] == 128 or t[1] == 256)):
             out.append(_pre(*t))
+    for t in WS_TILES:
+        if ((t[0] < 64 and M <= t[0] and (t[0] == 16 or M > 16)) or (t[0] == 64 and M <= 64)
+                or (t[0] == 128 and M > 64)):
+            out.append(_pre(*t, ws=1))
     return out
 
 

@@ -104,8 +104,10 @@ def _plan(M: int, K: int, N: int, arch: str, schedule: str | None, cpu: bool, co
         # a 128-wide dot would model another arithmetic than the GPU's chained 64-chunks.
         cfg["BLOCK_K"] = gemm_contract.CHUNK_K
     if schedule == "prefill":
-        for key in ("FLAT", "PERSISTENT", "TMA"):
+        for key in ("FLAT", "PERSISTENT", "TMA", "WS"):
             cfg[key] = int(cfg.get(key, 0))
+        if cfg["WS"] and not cfg["FLAT"]:
+            raise UnsupportedConfigError("gemm: WS (a warp-specialized K loop) needs FLAT=1 (one K loop)")
     return {"arch": arch, "contract": contract_id, "schedule": schedule, "split_k": split, "seg_chunks": seg_chunks,
             "seg_steps": seg_chunks * gemm_contract.CHUNK_K // cfg["BLOCK_K"], **cfg}
 
@@ -216,7 +218,7 @@ def gemm(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfl
                 y, x, w, xd, wd, M, N, K,
                 x.stride(0), x.stride(1), w.stride(0), w.stride(1), y.stride(0), y.stride(1),
                 SPLIT_K=S, SEG_STEPS=p["seg_steps"], BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=p["GROUP_M"],
-                NUM_PROGS=nprog, FLAT=bool(p["FLAT"]), USE_TMA=use_tma,
+                NUM_PROGS=nprog, FLAT=bool(p["FLAT"]), USE_TMA=use_tma, WS=bool(p["WS"]),
                 X_T=use_tma and lx == "t", W_T=use_tma and lw == "t",
                 num_warps=p["num_warps"], num_stages=p["num_stages"], **flags, **opts))
     if _handles is not None:

@@ -132,6 +132,8 @@ _SCHEDULE_FIELDS = {
     "PERSISTENT": [0, 1],
     "TMA": [0, 1],
     "WS": [0, 1],
+    "N_PROGS": "decode: 0 (tiles of BLOCK_N) or a program count along N (columns cut into ranges of "
+               "cdiv(N, N_PROGS) rounded up to 8, each in one BLOCK_N tile)",
     "m_bucket": "per (K, N) or the table's default rule: M ranges select the schedule and its free fields, never the split",
 }
 _EVIDENCE = {
@@ -146,6 +148,8 @@ _EVIDENCE = {
     "FLAT": f"same operation sequence (interpreter tests); {_TUNE}",
     "PERSISTENT": f"tile walk order only (no cross-program sum); {_TUNE}",
     "TMA": f"load path only (zero fill past the edges); {_TUNE}",
+    "N_PROGS": f"which program sums which output columns: every column still summed by one program "
+               f"with the same K walk; gemm_invariance_test.py (interpreter: ragged ranges, odd N) + {_TUNE}",
     "WS": f"which warps issue the loads and the MMAs of the FLAT K loop (Triton's warp specialization); "
           f"each element's chain of MMA k-steps and folds unchanged; {_TUNE}",
     "m_bucket": f"selects schedule and free fields only (each measured bit-neutral above); {_TUNE}",

@@ -132,6 +132,25 @@ def test_prefill_variants_identical(K, N):
             assert_bitwise_equal(y, ref[:m], f"K={K} N={N} M={m} {cfg}")
 
 
+@pytest.mark.parametrize("K,N", [(512, 97), (768, 200), (128, 41)], ids=["split2", "split3", "split1"])
+def test_decode_column_ranges_identical(K, N):
+    """N_PROGS cuts N into column ranges that are not tiles (a multiple of 8 wide, the last one
+    shorter, each in a wider power-of-two tile): the bytes equal the tiled prefill reference at
+    M = 1, 17, 40, split or not; a column left out or summed by the wrong program would differ."""
+    from rlk.kernels.gemm import launch
+
+    x, w = _rand(40, K, seed=31), _rand(N, K, seed=32)
+    ref = gemm(x, w, out_dtype=torch.float32, schedule="prefill",
+               config=dict(BLOCK_M=32, BLOCK_N=32, FLAT=0, PERSISTENT=0, TMA=0))
+    for n_progs in (1, 3, 5, 13):
+        p = launch.plan(40, K, N, torch.device("cpu"), "decode", dict(N_PROGS=n_progs))
+        ranges = -(-N // p["COLS"])
+        assert p["COLS"] % 8 == 0 and p["COLS"] <= p["BLOCK_N"] and ranges <= n_progs, p
+        for m in (1, 17, 40):
+            y = gemm(x[:m], w, out_dtype=torch.float32, schedule="decode", config=dict(BLOCK_M=64, N_PROGS=n_progs))
+            assert_bitwise_equal(y, ref[:m], f"K={K} N={N} M={m} N_PROGS={n_progs} COLS={p['COLS']}")
+
+
 def test_ws_needs_the_flat_loop():
     x, w = _rand(3, 128, seed=1), _rand(16, 128, seed=2)
     with pytest.raises(UnsupportedConfigError, match="WS .* needs FLAT=1"):

@@ -82,6 +82,9 @@ SMALL_M_TILES = ((16, 16, 256, 4, 4, 0), (16, 32, 128, 4, 4, 0), (16, 32, 256, 4
 # warps multiply); those Triton cannot specialize fail to compile and are reported as such.
 WS_TILES = ((16, 32, 128, 4, 4, 0), (16, 64, 128, 4, 4, 0), (32, 64, 128, 4, 4, 0), (64, 32, 128, 4, 4, 0),
             (64, 64, 128, 4, 4, 0), (128, 128, 64, 8, 4, 0), (128, 256, 64, 8, 3, 0), (128, 256, 64, 8, 3, 1))
+# Decode with N cut evenly over a program count instead of BLOCK_N tiles (one wave on 132 SMs, or
+# two or three programs per SM): (N_PROGS, BLOCK_K, warps, stages); BLOCK_N follows the range.
+RANGE_TILES = ((132, 128, 4, 4), (132, 256, 4, 3), (264, 128, 4, 4), (264, 256, 4, 3), (396, 128, 4, 4))
 COLD_FACTOR = 4  # a weight ring's bytes are at least this many times the L2 cache
 
 
@@ -138,7 +141,8 @@ def candidates(M: int) -> list:
     """(schedule, fields) tried at M: decode with a BLOCK_M covering M (16 or 64) up to M = 512;
     prefill tiles with BLOCK_M 16 / 32 covering M up to M = 32 (SMALL_M_TILES), with BLOCK_M 64 at
     small M, all tiles at mid M, the large ones from M = 2048; the WS_TILES with a
-    warp-specialized K loop in the same regimes."""
+    warp-specialized K loop in the same regimes; up to M = 64 decode over N_PROGS column ranges
+    (RANGE_TILES)."""
     out = []
     if M <= 512:
         for bm in ((16, 64) if M <= 16 else (64,)):
@@ -149,6 +153,10 @@ def candidates(M: int) -> list:
     for t in PREFILL_TILES:
         if (M <= 64 and t[0] == 64) or 64 < M <= 1024 or (M > 1024 and (t[0] == 128 or t[1] == 256)):
             out.append(_pre(*t))
+    if M <= 64:
+        bm = 16 if M <= 16 else 32 if M <= 32 else 64
+        out += [("decode", {"BLOCK_M": bm, "BLOCK_K": bk, "num_warps": nw, "num_stages": ns, "N_PROGS": n})
+                for n, bk, nw, ns in RANGE_TILES]
     for t in WS_TILES:
         if ((t[0] < 64 and M <= t[0] and (t[0] == 16 or M > 16)) or (t[0] == 64 and M <= 64)
                 or (t[0] == 128 and M > 64)):

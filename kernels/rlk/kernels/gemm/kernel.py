@@ -98,31 +98,37 @@ def gemm_segment_kernel(
     out_ptr,  # SPLIT_K == 1: y [M, N] (bf16 or fp32); else fp32 workspace [SPLIT_K, M, N]
     x_ptr, w_ptr,
     M, N, K,
-    stride_xm, stride_xk, stride_wn, stride_wk, stride_om, stride_on, stride_ws,
+    stride_xm, stride_xk, stride_wn, stride_wk, stride_om, stride_on, stride_ws, COLS,
     SPLIT_K: tl.constexpr, SEG_STEPS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_DTYPE: tl.constexpr, OUT_FP32: tl.constexpr, INTERPRET: tl.constexpr,
 ):
-    """Decode schedule, part 1: program (m_tile, segment, n_tile) sums one segment.
+    """Decode schedule, part 1: program (m_tile, segment, n_range) sums one segment of the
+    output columns [n_range * COLS, min((n_range + 1) * COLS, N)) (COLS <= BLOCK_N; lanes past
+    the range load zeros and are not stored).
 
-    Grid: (cdiv(M, BLOCK_M), SPLIT_K, cdiv(N, BLOCK_N)); for M <= 64 the launcher's default
-    BLOCK_M covers M, so there is one m_tile and the weights stream exactly once.
+    Grid: (cdiv(M, BLOCK_M), SPLIT_K, cdiv(N, COLS)); for M <= 64 the launcher's default
+    BLOCK_M covers M, so there is one m_tile and the weights stream exactly once. COLS = BLOCK_N
+    tiles N; a smaller COLS (the N_PROGS field) spreads N evenly over a chosen program count.
     """
     pid_m = tl.program_id(0)
     seg = tl.program_id(1)
     pid_n = tl.program_id(2)
+    n0 = pid_n * COLS
+    n_hi = tl.minimum(n0 + COLS, N)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc = _segment_dot(x_ptr, w_ptr, offs_m, offs_n, seg * (SEG_STEPS * BLOCK_K), M, N, K,
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    # Weight rows past n_hi are masked (another program's columns: never read twice).
+    acc = _segment_dot(x_ptr, w_ptr, offs_m, offs_n, seg * (SEG_STEPS * BLOCK_K), M, n_hi, K,
                        stride_xm, stride_xk, stride_wn, stride_wk,
                        SEG_STEPS, BLOCK_M, BLOCK_N, BLOCK_K, DOT_DTYPE)
     if SPLIT_K == 1:
         # Reduction order: the fold over one segment is total = 0.0 + acc_0.
         total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32) + acc
-        _store_out(out_ptr, total, offs_m, offs_n, M, N, stride_om, stride_on, OUT_FP32, INTERPRET)
+        _store_out(out_ptr, total, offs_m, offs_n, M, n_hi, stride_om, stride_on, OUT_FP32, INTERPRET)
     else:
         ws = out_ptr + seg.to(tl.int64) * stride_ws
-        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+        mask = (offs_m[:, None] < M) & (offs_n[None, :] < n_hi)
         tl.store(ws + offs_m[:, None].to(tl.int64) * N + offs_n[None, :], acc, mask=mask)
 
 

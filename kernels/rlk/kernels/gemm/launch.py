@@ -103,6 +103,17 @@ def _plan(M: int, K: int, N: int, arch: str, schedule: str | None, cpu: bool, co
         # A function of (K, N) only. Under the interpreter one dot is one exact fp64 chunk sum, so
         # a 128-wide dot would model another arithmetic than the GPU's chained 64-chunks.
         cfg["BLOCK_K"] = gemm_contract.CHUNK_K
+    if schedule == "decode":
+        cfg["N_PROGS"] = int(cfg.get("N_PROGS", 0))
+        if cfg["N_PROGS"] < 0:
+            raise UnsupportedConfigError(f"gemm: N_PROGS must be >= 0, got {cfg['N_PROGS']}")
+        cols = cfg["BLOCK_N"]
+        if cfg["N_PROGS"]:
+            # N cut evenly over N_PROGS programs (column ranges of a multiple of 8, the last one
+            # shorter), each range in one tile of the next power of two (at least 16).
+            cols = -(-cdiv(N, cfg["N_PROGS"]) // 8) * 8
+            cfg["BLOCK_N"] = max(16, 1 << (cols - 1).bit_length())
+        cfg["COLS"] = cols
     if schedule == "prefill":
         for key in ("FLAT", "PERSISTENT", "TMA", "WS"):
             cfg[key] = int(cfg.get(key, 0))
@@ -185,17 +196,18 @@ def gemm(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfl
     handles = []
     with torch.cuda.device(x.device) if x.device.type == "cuda" else _nullctx():
         if p["schedule"] == "decode":
-            if cdiv(N, bn) > 65535:
-                raise UnsupportedConfigError(f"gemm: decode schedule cannot cover N={N} with BLOCK_N={bn}")
+            cols = p["COLS"]
+            if cdiv(N, cols) > 65535:
+                raise UnsupportedConfigError(f"gemm: decode schedule cannot cover N={N} with {cols} columns a program")
             if S * M * N >= 2**31:
                 raise UnsupportedConfigError(f"gemm: decode workspace {S}x{M}x{N} too large; use prefill")
             out = y if S == 1 else torch.empty((S, M, N), dtype=torch.float32, device=x.device)
             # m-tiles on the fastest grid axis: the programs that share a weight tile run
             # together, so for M > BLOCK_M the weights still stream from HBM about once.
-            grid = (cdiv(M, bm), S, cdiv(N, bn))
+            grid = (cdiv(M, bm), S, cdiv(N, cols))
             handles.append(launch(kernel.gemm_segment_kernel, grid,
                 out, x, w, M, N, K, x.stride(0), x.stride(1), w.stride(0), w.stride(1),
-                y.stride(0), y.stride(1), M * N,
+                y.stride(0), y.stride(1), M * N, cols,
                 SPLIT_K=S, SEG_STEPS=p["seg_steps"], BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
                 num_warps=p["num_warps"], num_stages=p["num_stages"], **flags, **opts))
             if S > 1:

@@ -28,7 +28,7 @@ from rlk.kernels.gemm.contract import CONTRACT_ID, SCHEDULES, split_rule
 
 # Free fields per schedule (what a table entry or a config override may set).
 SCHEDULE_KEYS = {
-    "decode": ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages"),
+    "decode": ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages", "N_PROGS"),
     "prefill": ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "FLAT",
                 "PERSISTENT", "TMA", "WS"),
 }
@@ -180,7 +180,7 @@ def _register_kernels() -> None:
     registry.register_kernel(registry.KernelEntry(
         name="gemm.segment", contract_id=CONTRACT_ID, fn=kernel.gemm_segment_kernel,
         signature={"out_ptr": "*fp32", "x_ptr": "*bf16", "w_ptr": "*bf16", **common,
-                   "stride_om": "i32", "stride_on": "i32", "stride_ws": "i32",
+                   "stride_om": "i32", "stride_on": "i32", "stride_ws": "i32", "COLS": "i32",
                    "SPLIT_K": "constexpr", "SEG_STEPS": "constexpr", "BLOCK_M": "constexpr",
                    "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", **flags},
         configs=({"SPLIT_K": 2, "SEG_STEPS": 32, "BLOCK_M": 16, **{k: dec[k] for k in ("BLOCK_N", "BLOCK_K")},

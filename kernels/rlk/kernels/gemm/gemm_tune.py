@@ -78,10 +78,12 @@ PREFILL_TILES = ((64, 32, 128, 4, 4, 0), (64, 64, 128, 4, 4, 0), (64, 64, 64, 4,
 # lists): TMA weight streams at decode batch sizes without computing 64-row tiles for M <= 32.
 SMALL_M_TILES = ((16, 16, 256, 4, 4, 0), (16, 32, 128, 4, 4, 0), (16, 32, 256, 4, 3, 0), (16, 64, 128, 4, 4, 0),
                  (16, 32, 128, 4, 4, 1), (32, 32, 128, 4, 4, 0), (32, 64, 128, 4, 4, 0), (32, 32, 256, 4, 3, 0))
-# Tiles of both lists also tried with a warp-specialized K loop (WS=1: producer warps load, consumer
-# warps multiply); those Triton cannot specialize fail to compile and are reported as such.
+# TMA tiles tried with a warp-specialized K loop (WS=1). Triton 3.6 cross-compiled for sm_90
+# specializes 4-warp programs of 64 and 128 rows (a producer group and consumer groups, 12 warps,
+# setmaxnreg); it leaves 8-warp programs unchanged (so none is listed) and restructures 16/32-row
+# ones without register reallocation.
 WS_TILES = ((16, 32, 128, 4, 4, 0), (16, 64, 128, 4, 4, 0), (32, 64, 128, 4, 4, 0), (64, 32, 128, 4, 4, 0),
-            (64, 64, 128, 4, 4, 0), (128, 128, 64, 8, 4, 0), (128, 256, 64, 8, 3, 0), (128, 256, 64, 8, 3, 1))
+            (64, 64, 128, 4, 4, 0), (128, 128, 64, 4, 3, 0), (128, 256, 64, 4, 3, 0), (128, 256, 64, 4, 3, 1))
 # Decode with N cut evenly over a program count instead of BLOCK_N tiles (one wave on 132 SMs, or
 # two or three programs per SM): (N_PROGS, BLOCK_K, warps, stages); BLOCK_N follows the range.
 RANGE_TILES = ((132, 128, 4, 4), (132, 256, 4, 3), (264, 128, 4, 4), (264, 256, 4, 3), (396, 128, 4, 4))

@@ -81,9 +81,9 @@ SMALL_M_TILES = ((16, 16, 256, 4, 4, 0), (16, 32, 128, 4, 4, 0), (16, 32, 256, 4
 # TMA tiles tried with a warp-specialized K loop (WS=1). Triton 3.6 cross-compiled for sm_90
 # specializes 4-warp programs of 64 and 128 rows (a producer group and consumer groups, 12 warps,
 # setmaxnreg); it leaves 8-warp programs unchanged (so none is listed) and restructures 16/32-row
-# ones without register reallocation.
+# ones without register reallocation. None is persistent: launch refuses WS with PERSISTENT.
 WS_TILES = ((16, 32, 128, 4, 4, 0), (16, 64, 128, 4, 4, 0), (32, 64, 128, 4, 4, 0), (64, 32, 128, 4, 4, 0),
-            (64, 64, 128, 4, 4, 0), (128, 128, 64, 4, 3, 0), (128, 256, 64, 4, 3, 0), (128, 256, 64, 4, 3, 1))
+            (64, 64, 128, 4, 4, 0), (128, 128, 64, 4, 3, 0), (128, 256, 64, 4, 3, 0))
 # Decode with N cut evenly over a program count instead of BLOCK_N tiles (one wave on 132 SMs, or
 # two or three programs per SM): (N_PROGS, BLOCK_K, warps, stages); BLOCK_N follows the range.
 RANGE_TILES = ((132, 128, 4, 4), (132, 256, 4, 3), (264, 128, 4, 4), (264, 256, 4, 3), (396, 128, 4, 4))
@@ -237,45 +237,108 @@ def _geo(vals) -> float:
 
 
 # ----------------------------------------------------------------------------- parallel compile
-def _compile_jobs(jobs: list) -> list:
-    """Worker: launch each (K, N, schedule, cfg, contract, fp32 output) once at M = 1 (fills
-    Triton's disk cache)."""
+_WEIGHTS = {}  # (K, N) -> a zero weight (one per worker process)
+
+
+def _compile_one(job) -> str | None:
+    """Launch (K, N, schedule, cfg, contract, fp32 output) once at M = 1 (fills Triton's disk
+    cache); the error text, or None."""
     from rlk.kernels.gemm import launch  # noqa: PLC0415
 
-    errors = []
-    weights = {}
-    for K, N, sched, cfg, cid, fp32 in jobs:
-        try:
-            if (K, N) not in weights:
-                weights.clear()
-                weights[(K, N)] = torch.zeros(N, K, device=_dev(), dtype=torch.bfloat16)
-            x = torch.zeros(1, K, device=_dev(), dtype=torch.bfloat16)
-            launch.gemm(x, weights[(K, N)], schedule=sched, config=cfg, contract=cid,
-                        out_dtype=torch.float32 if fp32 else torch.bfloat16)
-            _sync()
-        except Exception as e:  # noqa: BLE001 (a config that does not compile is reported, not fatal)
-            errors.append(f"{K}x{N} {_key((sched, cfg))}: {type(e).__name__}: {str(e)[:120]}")
-    return errors
+    K, N, sched, cfg, cid, fp32 = job
+    try:
+        if (K, N) not in _WEIGHTS:
+            _WEIGHTS.clear()
+            _WEIGHTS[(K, N)] = torch.zeros(N, K, device=_dev(), dtype=torch.bfloat16)
+        x = torch.zeros(1, K, device=_dev(), dtype=torch.bfloat16)
+        launch.gemm(x, _WEIGHTS[(K, N)], schedule=sched, config=cfg, contract=cid,
+                    out_dtype=torch.float32 if fp32 else torch.bfloat16)
+        _sync()
+        return None
+    except Exception as e:  # noqa: BLE001 (a config that does not compile is reported, not fatal)
+        return f"{type(e).__name__}: {str(e)[:120]}"
+
+
+def _compile_worker(conn, jobs: list, compile_one=_compile_one) -> None:
+    """Worker: compile ``jobs`` [(index, job)] in order, saying on ``conn`` which one starts
+    before it starts (``conn.send`` writes at once), so that a compiler that aborts the process
+    (an LLVM ``UNREACHABLE``, not a Python exception) is pinned on its job."""
+    for idx, job in jobs:
+        conn.send(("start", idx))
+        conn.send(("done", idx, compile_one(job)))
+    conn.close()
+
+
+def _compile_parallel(jobs: list, workers: int, compile_one=_compile_one) -> dict:
+    """{index: error text or None} of ``jobs`` compiled by ``compile_one`` (a module-level
+    function) in ``workers`` processes. A process that dies takes down only the job it was
+    compiling (reported with its exit code); the rest of its share goes on in a new process."""
+    from multiprocessing.connection import wait  # noqa: PLC0415
+
+    ctx = mp.get_context("spawn")
+    out = {}
+    running = {}  # connection -> [process, remaining [(index, job)], index being compiled]
+
+    def start(share):
+        parent, child = ctx.Pipe(duplex=False)
+        p = ctx.Process(target=_compile_worker, args=(child, share, compile_one), daemon=True)
+        p.start()
+        child.close()
+        running[parent] = [p, list(share), None]
+
+    indexed = list(enumerate(jobs))
+    for i in range(workers):
+        if indexed[i::workers]:
+            start(indexed[i::workers])
+    while running:
+        for conn in wait(list(running)):
+            state = running[conn]
+            try:
+                msg = conn.recv()
+            except EOFError:  # the worker finished or died
+                del running[conn]
+                state[0].join()
+                rest = [(i, j) for i, j in state[1] if i not in out]
+                if state[0].exitcode != 0 and state[2] is not None and state[2] not in out:
+                    out[state[2]] = f"the compiling process died (exit code {state[0].exitcode})"
+                    rest = [(i, j) for i, j in rest if i != state[2]]
+                if rest:
+                    start(rest)
+                continue
+            if msg[0] == "start":
+                state[2] = msg[1]
+            else:
+                out[msg[1]] = msg[2]
+                state[2] = None
+    return out
 
 
 def precompile(jobs: list, workers: int, contract_id: str | None = None,
-               out_fp32: bool = False) -> tuple[float, list]:
+               out_fp32: bool = False) -> tuple[float, list, set]:
     """Compile ``jobs`` [(K, N, schedule, fields)] under ``contract_id`` (default gemm.bf16.v1), with
-    bf16 (or, ``out_fp32``, fp32) outputs, in ``workers`` processes; (seconds, errors)."""
+    bf16 (or, ``out_fp32``, fp32) outputs, in ``workers`` processes; (seconds, error lines, the
+    (K, N, candidate key) of every job that did not compile). Callers must not launch those in
+    their own process: a compiler abort would end it."""
     from rlk.kernels.gemm import contract  # noqa: PLC0415
 
     cid = contract_id or contract.CONTRACT_ID
     t0 = time.time()
-    # One job per compiled kernel: the code depends on (K, split) through SEG_STEPS, not on N.
-    jobs = list({json.dumps([K, contract.segments(K, N, cid), s, c], sort_keys=True): (K, N, s, c, cid, out_fp32)
-                 for K, N, s, c in jobs}.values())
-    if workers <= 1 or len(jobs) < 2:
-        return time.time() - t0, _compile_jobs(jobs)
-    jobs = sorted(jobs, key=lambda j: (j[0], j[1]))
-    chunks = [jobs[i::workers] for i in range(workers)]
-    with mp.get_context("spawn").Pool(workers) as pool:
-        errs = [e for part in pool.map(_compile_jobs, [c for c in chunks if c]) for e in part]
-    return time.time() - t0, errs
+    # One compile per kernel: the code depends on (K, split) through SEG_STEPS, not on N.
+    groups = {}
+    for K, N, s, c in jobs:
+        groups.setdefault(json.dumps([K, contract.segments(K, N, cid), s, c], sort_keys=True), []).append((K, N, s, c))
+    reps = [(g[0][0], g[0][1], g[0][2], g[0][3], cid, out_fp32) for g in groups.values()]
+    if workers <= 1 or len(reps) < 2:
+        res = {i: _compile_one(j) for i, j in enumerate(reps)}
+    else:
+        res = _compile_parallel(reps, min(workers, len(reps)))
+    errors, failed = [], set()
+    for i, members in enumerate(groups.values()):
+        if res.get(i) is not None:
+            K, N, s, c = members[0]
+            errors.append(f"{K}x{N} {_key((s, c))}: {res[i]}")
+            failed.update((k, n, _key((ss, cc))) for k, n, ss, cc in members)
+    return time.time() - t0, errors, failed
 
 
 # ----------------------------------------------------------------------------- measurement
@@ -294,6 +357,7 @@ class Tuner:
         self.weights = weights
         self.rings = {}  # shape name -> copies of its weight in the cold ring
         self.compared = 0  # (candidate, M) outputs compared byte for byte with the reference
+        self.failed = set()  # (K, N, candidate key) that did not compile: never launched here
 
     def over(self) -> bool:
         return time.time() > self.deadline
@@ -303,6 +367,8 @@ class Tuner:
         :class:`WeightRing` each timed call takes the ring's next copy (the bytes are checked on ``w``)."""
         sched, cfg = cand
         c = self.contract
+        if (w.shape[1], w.shape[0], _key(cand)) in self.failed:
+            return "error: did not compile (tuning.compile.errors)"
         if ring is None:
             fn = (lambda: self.launch.gemm(x[:m], w, schedule=sched, config=cfg, contract=c))
         else:
@@ -492,7 +558,10 @@ def main(argv=None) -> int:
             json.dump(doc, f, indent=1)
 
     jobs = [(K, N, *c) for (K, N) in shapes8 for c in all_cands]
-    secs, errs = precompile(jobs, args.workers, cid)
+    secs, errs, failed = precompile(jobs, args.workers, cid)
+    tuner.failed |= failed
+    for e in errs:
+        print(f"compile error: {e}", flush=True)
     print(f"compiled {len(jobs)} kernels in {secs:.0f} s with {args.workers} workers; {len(errs)} failed", flush=True)
     doc["tuning"]["compile"] = {"jobs": len(jobs), "seconds": round(secs, 1), "errors": errs}
 
@@ -562,7 +631,8 @@ def rule(tuner: Tuner, doc: dict, contract, schedule, by_key: dict, workers: int
     hold_shapes = {n: kn for n, kn in QWEN3_OTHER_GEMMS.items() if n.split("_")[0] in QWEN3_RULE_HOLDOUT_SIZES}
     keys = sorted({k for ks in pick.values() for k in ks})
     jobs = [(K, N, *by_key[k]) for (K, N) in set(tune_shapes.values()) for k in keys]
-    secs, errs = precompile(jobs, workers)
+    secs, errs, failed = precompile(jobs, workers)
+    tuner.failed |= failed
     print(f"rule: compiled {len(jobs)} kernels in {secs:.0f} s; {len(errs)} failed", flush=True)
     meas = {}
     for name, (K, N) in tune_shapes.items():
@@ -599,7 +669,8 @@ def rule(tuner: Tuner, doc: dict, contract, schedule, by_key: dict, workers: int
                 evals.setdefault(name, {}).setdefault(str(m), {})[label] = (sched, cfg)
     jobs = list({json.dumps([K, N, s, c], sort_keys=True): (K, N, s, c) for name, (K, N) in hold_shapes.items()
                  for per in evals[name].values() for s, c in per.values()}.values())
-    secs, errs = precompile(jobs, workers)
+    secs, errs, failed = precompile(jobs, workers)
+    tuner.failed |= failed
     print(f"holdout: compiled {len(jobs)} kernels in {secs:.0f} s; {len(errs)} failed", flush=True)
     rows = []
     for name, (K, N) in hold_shapes.items():

@@ -142,6 +142,54 @@ def test_tuner_rejects_a_candidate_with_other_bytes(tmp_path, monkeypatch):
         assert all(b[1] == "prefill" for b in entry["buckets"])
 
 
+def _fake_compile(job):
+    """A compile job for test_parallel_compile_pins_a_dying_process_on_its_job: "die" ends its
+    process as a compiler abort would, "bad" raises."""
+    import os
+
+    if job == "die":
+        os._exit(7)
+    return "ValueError: bad config" if job == "bad" else None
+
+
+def test_parallel_compile_pins_a_dying_process_on_its_job():
+    """A process that dies while compiling (an LLVM abort, not an exception) is reported on the
+    job it had started, and the jobs after it in its share are still compiled by a new process."""
+    jobs = ["ok", "die", "ok", "bad", "ok", "ok", "ok"]
+    out = gemm_tune._compile_parallel(jobs, 2, compile_one=_fake_compile)
+    assert out == {0: None, 1: "the compiling process died (exit code 7)", 2: None,
+                   3: "ValueError: bad config", 4: None, 5: None, 6: None}
+
+
+def test_tuner_never_launches_a_candidate_that_did_not_compile(tmp_path, monkeypatch):
+    """A candidate whose compile failed in the workers is recorded as such and never launched in
+    the tuner's own process (a compiler abort there would end the run): here the decode one."""
+    from rlk.kernels.gemm import launch
+
+    _tiny_tuner(monkeypatch)
+    real_compile, real_gemm = gemm_tune._compile_one, launch.gemm
+    monkeypatch.setattr(gemm_tune, "_compile_one",
+                        lambda job: "RuntimeError: PassManager::run failed" if job[2] == "decode" else real_compile(job))
+    launched = []
+
+    def spy(x, w, **kw):
+        launched.append(kw.get("schedule"))
+        return real_gemm(x, w, **kw)
+
+    monkeypatch.setattr(launch, "gemm", spy)
+    out = tmp_path / "tuned.json"
+    assert gemm_tune.main(["--out", str(out), "--workers", "1", "--no-rule"]) == 0
+    doc = json.loads(out.read_text())
+    assert "decode" not in launched and "prefill" in launched
+    assert len(doc["tuning"]["compile"]["errors"]) == 2  # one per shape (K differs)
+    for s in doc["tuning"]["shapes"].values():
+        for per in s["cands_us"].values():
+            dec = [v for k, v in per.items() if k.startswith("decode")]
+            assert dec == ["error: did not compile (tuning.compile.errors)"]
+    for entry in doc["shapes"].values():
+        assert all(b[1] == "prefill" for b in entry["buckets"])
+
+
 def test_tuner_end_to_end_smoke(tmp_path, monkeypatch):
     """The whole tuner (compile, per-shape buckets, default rule, holdout) on interpreter-sized
     shapes: it writes a table that schedule.py accepts and whose plans every M can launch."""

@@ -119,6 +119,10 @@ def _plan(M: int, K: int, N: int, arch: str, schedule: str | None, cpu: bool, co
             cfg[key] = int(cfg.get(key, 0))
         if cfg["WS"] and not cfg["FLAT"]:
             raise UnsupportedConfigError("gemm: WS (a warp-specialized K loop) needs FLAT=1 (one K loop)")
+        if cfg["WS"] and cfg["PERSISTENT"]:
+            # Triton 3.6 does not warp-specialize a loop inside the persistent tile loop (its
+            # NVGPUWarpSpecialization pass fails: "Other parent ops are not supported").
+            raise UnsupportedConfigError("gemm: WS (a warp-specialized K loop) needs PERSISTENT=0")
     return {"arch": arch, "contract": contract_id, "schedule": schedule, "split_k": split, "seg_chunks": seg_chunks,
             "seg_steps": seg_chunks * gemm_contract.CHUNK_K // cfg["BLOCK_K"], **cfg}
 

@@ -131,7 +131,6 @@ _SCHEDULE_FIELDS = {
     "FLAT": [0, 1],
     "PERSISTENT": [0, 1],
     "TMA": [0, 1],
-    "WS": [0, 1],
     "N_PROGS": "decode: 0 (tiles of BLOCK_N) or a program count along N (columns cut into ranges of "
                "cdiv(N, N_PROGS) rounded up to 8, each in one BLOCK_N tile)",
     "m_bucket": "per (K, N) or the table's default rule: M ranges select the schedule and its free fields, never the split",
@@ -150,8 +149,6 @@ _EVIDENCE = {
     "TMA": f"load path only (zero fill past the edges); {_TUNE}",
     "N_PROGS": f"which program sums which output columns: every column still summed by one program "
                f"with the same K walk; gemm_invariance_test.py (interpreter: ragged ranges, odd N) + {_TUNE}",
-    "WS": f"which warps issue the loads and the MMAs of the FLAT K loop (Triton's warp specialization); "
-          f"each element's chain of MMA k-steps and folds unchanged; {_TUNE}",
     "m_bucket": f"selects schedule and free fields only (each measured bit-neutral above); {_TUNE}",
 }
 _KERNELS = ("gemm.segment", "gemm.fold", "gemm.tiled")

@@ -123,10 +123,8 @@ def test_prefill_variants_identical(K, N):
     x, w = _rand(40, K, seed=11), _rand(N, K, seed=12)
     ref = gemm(x, w, out_dtype=torch.float32, schedule="prefill",
                config=dict(BLOCK_M=32, BLOCK_N=32, FLAT=0, PERSISTENT=0, TMA=0))
-    # WS (a warp-specialized K loop) only reaches the plumbing here: the interpreter runs tl.range
-    # as a plain loop; its GPU evidence is test_gpu_tuner_candidates_identical and the tuner.
-    for flat, pers, tma, ws in ((1, 0, 0, 0), (0, 1, 0, 0), (0, 0, 1, 0), (1, 1, 1, 0), (1, 0, 1, 1), (1, 0, 0, 1)):
-        cfg = dict(BLOCK_M=16, BLOCK_N=64, GROUP_M=2, FLAT=flat, PERSISTENT=pers, TMA=tma, WS=ws)
+    for flat, pers, tma in ((1, 0, 0), (0, 1, 0), (0, 0, 1), (1, 1, 1)):
+        cfg = dict(BLOCK_M=16, BLOCK_N=64, GROUP_M=2, FLAT=flat, PERSISTENT=pers, TMA=tma)
         for m in (1, 17, 40):
             y = gemm(x[:m], w, out_dtype=torch.float32, schedule="prefill", config=cfg)
             assert_bitwise_equal(y, ref[:m], f"K={K} N={N} M={m} {cfg}")
@@ -149,14 +147,6 @@ def test_decode_column_ranges_identical(K, N):
         for m in (1, 17, 40):
             y = gemm(x[:m], w, out_dtype=torch.float32, schedule="decode", config=dict(BLOCK_M=64, N_PROGS=n_progs))
             assert_bitwise_equal(y, ref[:m], f"K={K} N={N} M={m} N_PROGS={n_progs} COLS={p['COLS']}")
-
-
-def test_ws_needs_the_flat_non_persistent_loop():
-    x, w = _rand(3, 128, seed=1), _rand(16, 128, seed=2)
-    with pytest.raises(UnsupportedConfigError, match="WS .* needs FLAT=1"):
-        gemm(x, w, schedule="prefill", config=dict(FLAT=0, WS=1))
-    with pytest.raises(UnsupportedConfigError, match="WS .* needs PERSISTENT=0"):
-        gemm(x, w, schedule="prefill", config=dict(FLAT=1, PERSISTENT=1, WS=1))
 
 
 @pytest.mark.parametrize("K,N", [(520, 97), (128, 64)], ids=["split2_ragged", "split1"])

@@ -78,12 +78,6 @@ PREFILL_TILES = ((64, 32, 128, 4, 4, 0), (64, 64, 128, 4, 4, 0), (64, 64, 64, 4,
 # lists): TMA weight streams at decode batch sizes without computing 64-row tiles for M <= 32.
 SMALL_M_TILES = ((16, 16, 256, 4, 4, 0), (16, 32, 128, 4, 4, 0), (16, 32, 256, 4, 3, 0), (16, 64, 128, 4, 4, 0),
                  (16, 32, 128, 4, 4, 1), (32, 32, 128, 4, 4, 0), (32, 64, 128, 4, 4, 0), (32, 32, 256, 4, 3, 0))
-# TMA tiles tried with a warp-specialized K loop (WS=1). Triton 3.6 cross-compiled for sm_90
-# specializes 4-warp programs of 64 and 128 rows (a producer group and consumer groups, 12 warps,
-# setmaxnreg); it leaves 8-warp programs unchanged (so none is listed) and restructures 16/32-row
-# ones without register reallocation. None is persistent: launch refuses WS with PERSISTENT.
-WS_TILES = ((16, 32, 128, 4, 4, 0), (16, 64, 128, 4, 4, 0), (32, 64, 128, 4, 4, 0), (64, 32, 128, 4, 4, 0),
-            (64, 64, 128, 4, 4, 0), (128, 128, 64, 4, 3, 0), (128, 256, 64, 4, 3, 0))
 # Decode with N cut evenly over a program count instead of BLOCK_N tiles (one wave on 132 SMs, or
 # two or three programs per SM): (N_PROGS, BLOCK_K, warps, stages); BLOCK_N follows the range.
 RANGE_TILES = ((132, 128, 4, 4), (132, 256, 4, 3), (264, 128, 4, 4), (264, 256, 4, 3), (396, 128, 4, 4))
@@ -131,20 +125,16 @@ def _dec(bm, bn, bk, nw, ns):
     return ("decode", {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": nw, "num_stages": ns})
 
 
-def _pre(bm, bn, bk, nw, ns, pers, ws=0):
-    cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "num_warps": nw, "num_stages": ns,
-           "FLAT": 1, "PERSISTENT": pers, "TMA": 1}
-    if ws:
-        cfg["WS"] = 1
-    return ("prefill", cfg)
+def _pre(bm, bn, bk, nw, ns, pers):
+    return ("prefill", {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "num_warps": nw,
+                        "num_stages": ns, "FLAT": 1, "PERSISTENT": pers, "TMA": 1})
 
 
 def candidates(M: int) -> list:
     """(schedule, fields) tried at M: decode with a BLOCK_M covering M (16 or 64) up to M = 512;
     prefill tiles with BLOCK_M 16 / 32 covering M up to M = 32 (SMALL_M_TILES), with BLOCK_M 64 at
-    small M, all tiles at mid M, the large ones from M = 2048; the WS_TILES with a
-    warp-specialized K loop in the same regimes; up to M = 64 decode over N_PROGS column ranges
-    (RANGE_TILES)."""
+    small M, all tiles at mid M, the large ones from M = 2048; up to M = 64 decode over N_PROGS
+    column ranges (RANGE_TILES)."""
     out = []
     if M <= 512:
         for bm in ((16, 64) if M <= 16 else (64,)):
@@ -159,10 +149,6 @@ def candidates(M: int) -> list:
         bm = 16 if M <= 16 else 32 if M <= 32 else 64
         out += [("decode", {"BLOCK_M": bm, "BLOCK_K": bk, "num_warps": nw, "num_stages": ns, "N_PROGS": n})
                 for n, bk, nw, ns in RANGE_TILES]
-    for t in WS_TILES:
-        if ((t[0] < 64 and M <= t[0] and (t[0] == 16 or M > 16)) or (t[0] == 64 and M <= 64)
-                or (t[0] == 128 and M > 64)):
-            out.append(_pre(*t, ws=1))
     return out
 
 

@@ -115,14 +115,8 @@ def _plan(M: int, K: int, N: int, arch: str, schedule: str | None, cpu: bool, co
             cfg["BLOCK_N"] = max(16, 1 << (cols - 1).bit_length())
         cfg["COLS"] = cols
     if schedule == "prefill":
-        for key in ("FLAT", "PERSISTENT", "TMA", "WS"):
+        for key in ("FLAT", "PERSISTENT", "TMA"):
             cfg[key] = int(cfg.get(key, 0))
-        if cfg["WS"] and not cfg["FLAT"]:
-            raise UnsupportedConfigError("gemm: WS (a warp-specialized K loop) needs FLAT=1 (one K loop)")
-        if cfg["WS"] and cfg["PERSISTENT"]:
-            # Triton 3.6 does not warp-specialize a loop inside the persistent tile loop (its
-            # NVGPUWarpSpecialization pass fails: "Other parent ops are not supported").
-            raise UnsupportedConfigError("gemm: WS (a warp-specialized K loop) needs PERSISTENT=0")
     return {"arch": arch, "contract": contract_id, "schedule": schedule, "split_k": split, "seg_chunks": seg_chunks,
             "seg_steps": seg_chunks * gemm_contract.CHUNK_K // cfg["BLOCK_K"], **cfg}
 
@@ -234,7 +228,7 @@ def gemm(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfl
                 y, x, w, xd, wd, M, N, K,
                 x.stride(0), x.stride(1), w.stride(0), w.stride(1), y.stride(0), y.stride(1),
                 SPLIT_K=S, SEG_STEPS=p["seg_steps"], BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=p["GROUP_M"],
-                NUM_PROGS=nprog, FLAT=bool(p["FLAT"]), USE_TMA=use_tma, WS=bool(p["WS"]),
+                NUM_PROGS=nprog, FLAT=bool(p["FLAT"]), USE_TMA=use_tma,
                 X_T=use_tma and lx == "t", W_T=use_tma and lw == "t",
                 num_warps=p["num_warps"], num_stages=p["num_stages"], **flags, **opts))
     if _handles is not None:

@@ -449,9 +449,28 @@ def to_buckets(run: list, by_key: dict, open_tail=None) -> list:
     return bks
 
 
+def merge_buckets(tuned: list, base: list, max_m: int) -> list:
+    """``tuned`` buckets up to M = ``max_m`` (its open bucket closed there), then the ``base``
+    buckets that reach above ``max_m``: the table a partial tune leaves, measured where it ran
+    and unchanged elsewhere."""
+    out = []
+    for b in tuned:
+        hi = max_m if b[0] is None else min(b[0], max_m)
+        out.append([hi, b[1], b[2]])
+        if hi == max_m:
+            break
+    out += [list(b) for b in base if b[0] is None or b[0] > max_m]
+    return out
+
+
 def install(tuned: str, table_out: str, record_out: str) -> None:
     """Split a tuner output into the checked-in table (everything but the measurements, plus
-    the record's file name) and the measurement record (the tuner's file, unchanged)."""
+    the record's file name) and the measurement record (the tuner's file, unchanged).
+
+    A partial run (``--max-m`` below the largest M, ``--shapes``, or a budget that skipped shapes)
+    is merged into the table at ``table_out``: its shapes take the tuned buckets up to its largest
+    M and keep the table's above; shapes it did not tune, and the default rule, stay as they are.
+    The table then names both records (``tuning_record`` the new one, ``tuning_base`` what it kept)."""
     from rlk.kernels.gemm import contract  # noqa: PLC0415
 
     with open(tuned) as f:
@@ -462,13 +481,33 @@ def install(tuned: str, table_out: str, record_out: str) -> None:
     if tuned_for != contract.CONTRACT_ID:
         raise SystemExit(f"{tuned}: tuned for {tuned_for}; the checked-in table serves {contract.CONTRACT_ID} "
                          "(its split_k entries restate that contract's rule)")
-    table = {k: v for k, v in doc.items() if k != "tuning"}
+    m_list = doc["tuning"].get("m_list") or list(M_LIST)
+    # The default rule is fitted only by a run over every M (see main), so "rule" marks one.
+    whole = "rule" in doc["tuning"] and {f"{K}x{N}" for K, N in QWEN3_8B_GEMMS.values()} <= set(doc["shapes"])
+    if whole:
+        table = {k: v for k, v in doc.items() if k != "tuning"}
+        what = f"{len(table['shapes'])} shapes"
+    else:
+        with open(table_out) as f:
+            table = json.load(f)
+        max_m = max(m_list)
+        for key, entry in doc["shapes"].items():
+            base = table["shapes"].get(key, {})
+            base_bks = base.get("buckets") or table.get("default_buckets") or [[None, "prefill", None]]
+            table["shapes"][key] = {**base, "split_k": entry["split_k"],
+                                    "buckets": merge_buckets(entry["buckets"], base_bks, max_m)}
+        table["tuning_base"] = {"record": table.get("tuning_record"), "status": table.get("status"),
+                                **({"base": table["tuning_base"]} if "tuning_base" in table else {}),
+                                "kept": f"buckets above M = {max_m}, shapes other than "
+                                        f"{sorted(doc['shapes'])}, default_buckets"}
+        table["status"] = f"M <= {max_m} of {sorted(doc['shapes'])}: {doc['status']}"
+        what = f"{len(doc['shapes'])} shapes merged up to M = {max_m}"
     table["tuning_record"] = os.path.basename(record_out)
     with open(table_out, "w") as f:
         json.dump(table, f, indent=1)
         f.write("\n")
     shutil.copyfile(tuned, record_out)  # byte for byte: its sha256 is what provenance recorded
-    print(f"wrote {table_out} ({len(table['shapes'])} shapes) and {record_out}")
+    print(f"wrote {table_out} ({what}) and {record_out}")
 
 
 def main(argv=None) -> int:

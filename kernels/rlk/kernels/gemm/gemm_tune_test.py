@@ -340,3 +340,58 @@ def test_tables_and_tuner_candidates_stay_within_the_contract_schedule_fields():
     used += [(f"tuner {gemm_tune._key(c)}", c[1]) for c in cands]
     bad = [f"{where}: {k}={v}" for where, cfg in used for k, v in cfg.items() if k in allowed and v not in allowed[k]]
     assert not bad, bad[:10]
+
+
+def test_a_partial_tune_is_merged_into_the_table_below_its_largest_m(tmp_path, monkeypatch):
+    """--install of a --max-m / --shapes run: the tuned shapes take its buckets up to its largest
+    M (its open bucket closed there) and keep the table's above; other shapes and the default rule
+    stay; the table names both records and still loads. A whole run replaces the table."""
+    monkeypatch.setattr(gemm_tune, "M_LIST", (1, 3, 8, 64))
+    monkeypatch.setattr(gemm_tune, "QWEN3_8B_GEMMS", {"a": (128, 96), "b": (256, 40)})
+    dec = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64, "num_warps": 4, "num_stages": 3}
+    pre = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 3}
+    base = json.loads(open(schedule.table_path()).read())
+    base["shapes"] = {
+        "128x96": {"split_k": contract.split_rule(128, 96),
+                   "buckets": [[2, "decode", dec], [8, "decode", {**dec, "BLOCK_M": 64}], [None, "prefill", pre]]},
+        "256x40": {"split_k": contract.split_rule(256, 40), "buckets": [[None, "prefill", pre]]}}
+    base["tuning_record"] = "old.json"
+    table = tmp_path / "sm90.json"
+    table.write_text(json.dumps(base))
+    new_dec = {**dec, "BLOCK_K": 128, "num_stages": 4}
+    tuned = {"status": "tuned", "shapes": {"128x96": {"split_k": contract.split_rule(128, 96),
+                                                      "buckets": [[1, "decode", new_dec], [None, "decode", dec]]}},
+             "tuning": {"contract": contract.CONTRACT_ID, "m_list": [1, 3]}}
+    tuned_path = tmp_path / "tuned.json"
+    tuned_path.write_text(json.dumps(tuned))
+    gemm_tune.install(str(tuned_path), str(table), str(tmp_path / "new.json"))
+    got = json.loads(table.read_text())
+    assert got["shapes"]["128x96"]["buckets"] == [[1, "decode", new_dec], [3, "decode", dec],
+                                                  [8, "decode", {**dec, "BLOCK_M": 64}], [None, "prefill", pre]]
+    assert got["shapes"]["256x40"] == base["shapes"]["256x40"]
+    assert got["default_buckets"] == base["default_buckets"]
+    assert got["tuning_record"] == "new.json" and got["tuning_base"]["record"] == "old.json"
+    assert (tmp_path / "new.json").read_bytes() == tuned_path.read_bytes()
+    schedule._load_table_file(str(table))  # validates the merged buckets
+    # Every shape but no default rule (a --max-m run): still merged.
+    tuned["shapes"]["256x40"] = {"split_k": contract.split_rule(256, 40), "buckets": [[None, "decode", dec]]}
+    tuned_path.write_text(json.dumps(tuned))
+    gemm_tune.install(str(tuned_path), str(table), str(tmp_path / "newer.json"))
+    got = json.loads(table.read_text())
+    assert got["shapes"]["256x40"]["buckets"] == [[3, "decode", dec], [None, "prefill", pre]]
+    assert got["tuning_base"]["record"] == "new.json" and got["tuning_base"]["base"]["record"] == "old.json"
+    # A run over every M whose budget skipped a shape: merged (the skipped shape kept).
+    before = got["shapes"]["256x40"]
+    skipped = {**tuned, "shapes": {"128x96": tuned["shapes"]["128x96"]},
+               "tuning": {**tuned["tuning"], "m_list": [1, 3, 8, 64], "rule": {}}}
+    tuned_path.write_text(json.dumps(skipped))
+    gemm_tune.install(str(tuned_path), str(table), str(tmp_path / "newer.json"))
+    got = json.loads(table.read_text())
+    assert got["shapes"]["256x40"] == before and "tuning_base" in got
+    # A whole run (every shape and the rule, which only a run over every M fits) replaces the table.
+    tuned["tuning"].update(m_list=[1, 3, 8, 64], rule={})
+    tuned_path.write_text(json.dumps(tuned))
+    gemm_tune.install(str(tuned_path), str(table), str(tmp_path / "new.json"))
+    got = json.loads(table.read_text())
+    assert got["shapes"]["128x96"]["buckets"] == tuned["shapes"]["128x96"]["buckets"]
+    assert "tuning_base" not in got

@@ -71,3 +71,18 @@ def test_out_mb_and_budget_override():
     B._with_budget(lambda: seen.append(schedule.table("cpu-interpreter")["fused"]["ROWS_BUDGET_MB"]), 7.0)()
     assert seen == [7.0]
     assert schedule.table("cpu-interpreter")["fused"]["ROWS_BUDGET_MB"] != 7.0
+
+
+def test_variants_merge_fields_parse_and_refuse_bad_text(capsys):
+    """linear_logp_variants --merge-cfg: 'NAME=INT,...' strings become merge-entry overrides ('' the
+    table's own); a malformed one stops the command before any GPU work (exit status 2)."""
+    from rlk.kernels.linear_logp import linear_logp_variants as LV
+
+    assert LV.parse_fields("") == {}
+    assert LV.parse_fields("BLOCK=64, num_stages=3") == {"BLOCK": 64, "num_stages": 3}
+    for bad in ("BLOCK", "BLOCK=", "=3", "num_stages=three"):
+        with pytest.raises(ValueError, match="is not NAME=INT"):
+            LV.parse_fields(bad)
+    with pytest.raises(SystemExit) as e:
+        LV.main(["--out", "x.json", "--merge", "16", "--merge-cfg", "", "num_stages=x"])
+    assert e.value.code == 2 and "num_stages=x" in capsys.readouterr().err

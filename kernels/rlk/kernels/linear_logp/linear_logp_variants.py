@@ -137,14 +137,30 @@ def _pstats(fn, calls: int = 50, top: int = 40) -> dict:
     return out
 
 
-def run_merge(T_list, V, H, unrolls, log=print):
+def parse_fields(text: str) -> dict:
+    """``"BLOCK=64,num_stages=3"`` -> {"BLOCK": 64, "num_stages": 3} (integer launch fields of the
+    merge table entry); "" -> {} (the table as it is)."""
+    out = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, val = part.partition("=")
+        if not sep or not key.strip() or not val.strip().lstrip("-").isdigit():
+            raise ValueError(f"merge fields: {part!r} is not NAME=INT (in {text!r})")
+        out[key.strip()] = int(val)
+    return out
+
+
+def run_merge(T_list, V, H, unrolls, cfgs=("",), log=print):
     """merge_kernel alone (device time, CUDA-graph replay) for each ``config.MERGE_UNROLL`` in
-    ``unrolls`` on the statistics of one forward; logp/lse bytes compared with the first unroll's.
-    UNROLL is no bit field (merge_kernel's docstring): every row must come out identical."""
+    ``unrolls`` and each launch-field override of the merge entry in ``cfgs`` (``parse_fields``
+    strings; "" is the table's), on the statistics of one forward; logp/lse bytes compared with
+    the first combination's. Neither is a bit of the arithmetic (merge_kernel's docstring: each
+    row sees the segments in the same order with the same operations): every row must come out
+    identical."""
     from rlk.kernels.linear_logp import schedule
     from rlk.kernels.linear_logp import launch
     from rlk.testing.timing import cuda_graph_us
 
+    fields = [(c, parse_fields(c)) for c in cfgs]
     rows = []
     keep = schedule.MERGE_UNROLL
     for T in T_list:
@@ -155,25 +171,29 @@ def run_merge(T_list, V, H, unrolls, log=print):
         st, _ = launch.segment_stats(h, w, tg, validate_targets=False)
         base = None
         for u in unrolls:
-            schedule.MERGE_UNROLL = int(u)
-            try:
-                fn = lambda: launch.merge_segment_stats([st])  # noqa: E731
-                out = fn()
-                torch.cuda.synchronize()
-                us = cuda_graph_us(fn, calls=10, rep_ms=60)
-            except Exception as e:  # noqa: BLE001 - a variant that does not compile is reported
-                rows.append({"pass": "merge", "T": T, "V": V, "unroll": u, "error": repr(e)[:300]})
-                log(f"merge T={T} V={V} unroll={u}: ERROR {e!r}"[:300])
-                continue
-            finally:
-                schedule.MERGE_UNROLL = keep
-            if base is None:
-                base = out
-            r = {"pass": "merge", "T": T, "V": V, "segments": int(st.m.shape[0]), "unroll": int(u),
-                 "graph_us": us, "same_logp": _same(out[0], base[0]), "same_lse": _same(out[1], base[1])}
-            rows.append(r)
-            log(f"merge T={T:6d} V={V} S={r['segments']} unroll={u:3d} {us:9.2f} us "
-                f"same={r['same_logp'] and r['same_lse']}")
+            for text, f in fields:
+                schedule.MERGE_UNROLL = int(u)
+                try:
+                    with schedule.override("merge", **f):
+                        fn = lambda: launch.merge_segment_stats([st])  # noqa: E731
+                        out = fn()
+                        torch.cuda.synchronize()
+                        us = cuda_graph_us(fn, calls=10, rep_ms=60)
+                except Exception as e:  # noqa: BLE001 - a variant that does not compile is reported
+                    rows.append({"pass": "merge", "T": T, "V": V, "unroll": u, "merge_cfg": text,
+                                 "error": repr(e)[:300]})
+                    log(f"merge T={T} V={V} unroll={u} {text}: ERROR {e!r}"[:300])
+                    continue
+                finally:
+                    schedule.MERGE_UNROLL = keep
+                if base is None:
+                    base = out
+                r = {"pass": "merge", "T": T, "V": V, "segments": int(st.m.shape[0]), "unroll": int(u),
+                     "merge_cfg": text, "graph_us": us, "same_logp": _same(out[0], base[0]),
+                     "same_lse": _same(out[1], base[1])}
+                rows.append(r)
+                log(f"merge T={T:6d} V={V} S={r['segments']} unroll={u:3d} {text or 'table':28s} {us:9.2f} us "
+                    f"same={r['same_logp'] and r['same_lse']}")
     return rows
 
 
@@ -281,14 +301,22 @@ def main(argv=None):
     ap.add_argument("--merge", type=int, nargs="*", default=[],
                     help="merge_kernel alone for these MERGE_UNROLL values (CUDA-graph device time, bytes "
                          "compared with the first)")
+    ap.add_argument("--merge-cfg", nargs="*", default=[""], metavar="FIELDS",
+                    help="with --merge: launch-field overrides of the merge entry to time, e.g. "
+                         "'' 'num_stages=3' 'BLOCK=64,num_warps=2' ('' = the table's)")
     a = ap.parse_args(argv)
+    for c in a.merge_cfg:
+        try:
+            parse_fields(c)  # a bad one is refused before the GPU work
+        except ValueError as e:
+            ap.error(str(e))
     _GRAPH["on"] = a.graph
     if not torch.cuda.is_available():
         raise SystemExit("linear_logp_variants needs a GPU")
     rows = []
     for V in a.V:
         if a.merge:
-            rows += run_merge(a.T, V, a.H, a.merge)
+            rows += run_merge(a.T, V, a.H, a.merge, a.merge_cfg)
         rows += run(a.T, V, a.H, a.fwd, a.bwd)
     try:
         from rlk import provenance

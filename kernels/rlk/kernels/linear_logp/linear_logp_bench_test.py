@@ -78,7 +78,7 @@ def test_variants_merge_fields_parse_and_refuse_bad_text(capsys):
     table's own); a malformed one stops the command before any GPU work (exit status 2)."""
     from rlk.kernels.linear_logp import linear_logp_variants as LV
 
-    assert LV.parse_fields("") == {}
+    assert LV.parse_fields("") == {} and LV.parse_fields("table") == {}
     assert LV.parse_fields("BLOCK=64, num_stages=3") == {"BLOCK": 64, "num_stages": 3}
     for bad in ("BLOCK", "BLOCK=", "=3", "num_stages=three"):
         with pytest.raises(ValueError, match="is not NAME=INT"):

@@ -139,8 +139,10 @@ def _pstats(fn, calls: int = 50, top: int = 40) -> dict:
 
 def parse_fields(text: str) -> dict:
     """``"BLOCK=64,num_stages=3"`` -> {"BLOCK": 64, "num_stages": 3} (integer launch fields of the
-    merge table entry); "" -> {} (the table as it is)."""
+    merge table entry); "" or "table" -> {} (the table as it is)."""
     out = {}
+    if text.strip() == "table":
+        return out
     for part in filter(None, (p.strip() for p in text.split(","))):
         key, sep, val = part.partition("=")
         if not sep or not key.strip() or not val.strip().lstrip("-").isdigit():
@@ -301,9 +303,9 @@ def main(argv=None):
     ap.add_argument("--merge", type=int, nargs="*", default=[],
                     help="merge_kernel alone for these MERGE_UNROLL values (CUDA-graph device time, bytes "
                          "compared with the first)")
-    ap.add_argument("--merge-cfg", nargs="*", default=[""], metavar="FIELDS",
+    ap.add_argument("--merge-cfg", nargs="*", default=["table"], metavar="FIELDS",
                     help="with --merge: launch-field overrides of the merge entry to time, e.g. "
-                         "'' 'num_stages=3' 'BLOCK=64,num_warps=2' ('' = the table's)")
+                         "table num_stages=3 BLOCK=64,num_warps=2 ('table' or '' = the table's own)")
     a = ap.parse_args(argv)
     for c in a.merge_cfg:
         try:

@@ -263,14 +263,15 @@ def _compile_parallel(jobs: list, workers: int, compile_one=_compile_one) -> dic
 
     ctx = mp.get_context("spawn")
     out = {}
-    running = {}  # connection -> [process, remaining [(index, job)], index being compiled]
+    # connection -> [process, remaining [(index, job)], index being compiled, messages received]
+    running = {}
 
     def start(share):
         parent, child = ctx.Pipe(duplex=False)
         p = ctx.Process(target=_compile_worker, args=(child, share, compile_one), daemon=True)
         p.start()
         child.close()
-        running[parent] = [p, list(share), None]
+        running[parent] = [p, list(share), None, 0]
 
     indexed = list(enumerate(jobs))
     for i in range(workers):
@@ -285,12 +286,18 @@ def _compile_parallel(jobs: list, workers: int, compile_one=_compile_one) -> dic
                 del running[conn]
                 state[0].join()
                 rest = [(i, j) for i, j in state[1] if i not in out]
-                if state[0].exitcode != 0 and state[2] is not None and state[2] not in out:
-                    out[state[2]] = f"the compiling process died (exit code {state[0].exitcode})"
+                code = state[0].exitcode
+                if state[2] is not None and state[2] not in out:  # ended inside a job, whatever its code
+                    out[state[2]] = f"the compiling process died (exit code {code})"
                     rest = [(i, j) for i, j in rest if i != state[2]]
+                elif rest and state[3] == 0:  # ended before its first job: it would again
+                    for i, _ in rest:
+                        out[i] = f"the compiling process died before its first job (exit code {code})"
+                    rest = []
                 if rest:
                     start(rest)
                 continue
+            state[3] += 1
             if msg[0] == "start":
                 state[2] = msg[1]
             else:
@@ -309,10 +316,12 @@ def precompile(jobs: list, workers: int, contract_id: str | None = None,
 
     cid = contract_id or contract.CONTRACT_ID
     t0 = time.time()
-    # One compile per kernel: the code depends on (K, split) through SEG_STEPS, not on N.
+    # One compile per kernel: the code depends on (K, split) through SEG_STEPS, not on N, except
+    # for N_PROGS decode, whose tile width and column range follow N.
     groups = {}
     for K, N, s, c in jobs:
-        groups.setdefault(json.dumps([K, contract.segments(K, N, cid), s, c], sort_keys=True), []).append((K, N, s, c))
+        key = [K, contract.segments(K, N, cid), s, c, N if c.get("N_PROGS") else None]
+        groups.setdefault(json.dumps(key, sort_keys=True), []).append((K, N, s, c))
     reps = [(g[0][0], g[0][1], g[0][2], g[0][3], cid, out_fp32) for g in groups.values()]
     if workers <= 1 or len(reps) < 2:
         res = {i: _compile_one(j) for i, j in enumerate(reps)}
@@ -452,7 +461,9 @@ def to_buckets(run: list, by_key: dict, open_tail=None) -> list:
 def merge_buckets(tuned: list, base: list, max_m: int) -> list:
     """``tuned`` buckets up to M = ``max_m`` (its open bucket closed there), then the ``base``
     buckets that reach above ``max_m``: the table a partial tune leaves, measured where it ran
-    and unchanged elsewhere."""
+    and unchanged elsewhere (all of ``base`` when nothing was tuned)."""
+    if not tuned:
+        return [list(b) for b in base]
     out = []
     for b in tuned:
         hi = max_m if b[0] is None else min(b[0], max_m)
@@ -490,6 +501,13 @@ def install(tuned: str, table_out: str, record_out: str) -> None:
     else:
         with open(table_out) as f:
             table = json.load(f)
+        kept, node = [], table
+        while node:
+            kept.append(node.get("tuning_record") or node.get("record"))
+            node = node.get("tuning_base") or node.get("base")
+        if os.path.basename(record_out) in kept:
+            raise SystemExit(f"--record {record_out}: the merged table keeps buckets measured in "
+                             f"{os.path.basename(record_out)}; give the new record another name")
         max_m = max(m_list)
         for key, entry in doc["shapes"].items():
             base = table["shapes"].get(key, {})

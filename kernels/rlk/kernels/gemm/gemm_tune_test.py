@@ -149,16 +149,35 @@ def _fake_compile(job):
 
     if job == "die":
         os._exit(7)
+    if job == "exit0":
+        os._exit(0)
     return "ValueError: bad config" if job == "bad" else None
 
 
 def test_parallel_compile_pins_a_dying_process_on_its_job():
     """A process that dies while compiling (an LLVM abort, not an exception) is reported on the
     job it had started, and the jobs after it in its share are still compiled by a new process."""
-    jobs = ["ok", "die", "ok", "bad", "ok", "ok", "ok"]
+    jobs = ["ok", "die", "ok", "bad", "ok", "ok", "ok", "exit0", "ok"]
     out = gemm_tune._compile_parallel(jobs, 2, compile_one=_fake_compile)
     assert out == {0: None, 1: "the compiling process died (exit code 7)", 2: None,
-                   3: "ValueError: bad config", 4: None, 5: None, 6: None}
+                   3: "ValueError: bad config", 4: None, 5: None, 6: None,
+                   7: "the compiling process died (exit code 0)", 8: None}
+
+
+def test_precompile_compiles_n_progs_decode_once_per_n(monkeypatch):
+    """A kernel's code follows (K, split, fields), and for N_PROGS decode also N (its tile width
+    and column range): those are compiled per N, the others once for every N."""
+    seen = []
+    monkeypatch.setattr(gemm_tune, "_compile_one", lambda job: seen.append(job[:2]) or None)
+    plain = ("decode", {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64, "num_warps": 4, "num_stages": 2})
+    ranges = ("decode", {"BLOCK_M": 16, "BLOCK_K": 64, "num_warps": 4, "num_stages": 2, "N_PROGS": 3})
+    gemm_tune.precompile([(128, n, *c) for n in (40, 96) for c in (plain, ranges)], workers=1)
+    assert sorted(seen) == [(128, 40), (128, 40), (128, 96)]
+
+
+def test_merge_buckets_keeps_the_table_when_nothing_was_tuned():
+    base = [[8, "decode", None], [None, "prefill", None]]
+    assert gemm_tune.merge_buckets([], base, 64) == base
 
 
 def test_tuner_never_launches_a_candidate_that_did_not_compile(tmp_path, monkeypatch):
@@ -385,7 +404,9 @@ def test_a_partial_tune_is_merged_into_the_table_below_its_largest_m(tmp_path, m
     skipped = {**tuned, "shapes": {"128x96": tuned["shapes"]["128x96"]},
                "tuning": {**tuned["tuning"], "m_list": [1, 3, 8, 64], "rule": {}}}
     tuned_path.write_text(json.dumps(skipped))
-    gemm_tune.install(str(tuned_path), str(table), str(tmp_path / "newer.json"))
+    with pytest.raises(SystemExit, match="keeps buckets measured in old.json"):
+        gemm_tune.install(str(tuned_path), str(table), str(tmp_path / "old.json"))
+    gemm_tune.install(str(tuned_path), str(table), str(tmp_path / "newest.json"))
     got = json.loads(table.read_text())
     assert got["shapes"]["256x40"] == before and "tuning_base" in got
     # A whole run (every shape and the rule, which only a run over every M fits) replaces the table.

@@ -86,3 +86,6 @@ def test_variants_merge_fields_parse_and_refuse_bad_text(capsys):
     with pytest.raises(SystemExit) as e:
         LV.main(["--out", "x.json", "--merge", "16", "--merge-cfg", "", "num_stages=x"])
     assert e.value.code == 2 and "num_stages=x" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:  # a misspelt field would time the table under its label
+        LV.main(["--out", "x.json", "--merge", "16", "--merge-cfg", "num_stage=3"])
+    assert e.value.code == 2 and "not merge launch fields" in capsys.readouterr().err

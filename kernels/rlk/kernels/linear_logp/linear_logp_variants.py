@@ -137,6 +137,9 @@ def _pstats(fn, calls: int = 50, top: int = 40) -> dict:
     return out
 
 
+MERGE_FIELDS = {"BLOCK", "num_warps", "num_stages"}  # what merge_segment_stats reads of its entry
+
+
 def parse_fields(text: str) -> dict:
     """``"BLOCK=64,num_stages=3"`` -> {"BLOCK": 64, "num_stages": 3} (integer launch fields of the
     merge table entry); "" or "table" -> {} (the table as it is)."""
@@ -309,9 +312,11 @@ def main(argv=None):
     a = ap.parse_args(argv)
     for c in a.merge_cfg:
         try:
-            parse_fields(c)  # a bad one is refused before the GPU work
+            unknown = set(parse_fields(c)) - MERGE_FIELDS  # refused before the GPU work
         except ValueError as e:
             ap.error(str(e))
+        if unknown:
+            ap.error(f"--merge-cfg {c!r}: {sorted(unknown)} are not merge launch fields {sorted(MERGE_FIELDS)}")
     _GRAPH["on"] = a.graph
     if not torch.cuda.is_available():
         raise SystemExit("linear_logp_variants needs a GPU")

@@ -87,6 +87,8 @@ def main(argv=None) -> int:
                     help="also the other dense Qwen3 sizes' projections (CUDA graph timing)")
     ap.add_argument("--rep-ms", type=int, default=10, help="timing window per measurement (triton do_bench rep)")
     ap.add_argument("--shapes", default="", help="comma-separated shape names (default: all)")
+    ap.add_argument("--max-m", type=int, default=None,
+                    help="the forward rows: only the M of the list up to this (e.g. 512: the decode range)")
     ap.add_argument("--backward", action="store_true", help="the backward GEMMs (dx, dw) instead")
     ap.add_argument("--contract", default=CONTRACT_IDS[0],
                     help=f"contract of the strict arm of the forward rows: {', '.join(CONTRACT_IDS)}")
@@ -110,6 +112,10 @@ def main(argv=None) -> int:
     if not timings or set(timings) - set(TIMINGS):
         print(f"unknown timing {args.timing!r} (known: {', '.join(TIMINGS)})", file=sys.stderr)
         return 2
+    if args.max_m is not None and (args.backward or args.compare_contracts or args.max_m < 1):
+        print("--max-m (>= 1) selects the forward rows' M: not with --backward or --compare-contracts",
+              file=sys.stderr)
+        return 2
     if args.compare_contracts and args.dry_run:
         return compare_contracts(args, device=torch.device("cpu"))
     if not torch.cuda.is_available():
@@ -127,7 +133,7 @@ def main(argv=None) -> int:
     if bad:
         print(f"unknown shapes {bad} (known: {sorted(catalog)})", file=sys.stderr)
         return 2
-    m_list = QUICK_M if args.quick else M_LIST
+    m_list = tuple(m for m in (QUICK_M if args.quick else M_LIST) if args.max_m is None or m <= args.max_m)
     work = [(n, t) for t in timings for n in names]
     if args.other_sizes:
         work += [(n, "cudagraph") for n in QWEN3_OTHER_GEMMS if n not in names]

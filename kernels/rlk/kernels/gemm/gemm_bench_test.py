@@ -29,6 +29,8 @@ def test_compare_contracts_dry_run_writes_both_plans(tmp_path):
     (["--compare-contracts", "--dry-run", "--shapes", "nope"], "unknown shapes"),
     (["--timing", "cudagraph,hot"], "unknown timing 'cudagraph,hot'"),
     (["--timing", ""], "unknown timing ''"),
+    (["--max-m", "0"], "--max-m (>= 1)"),
+    (["--max-m", "512", "--backward"], "not with --backward"),
 ])
 def test_bad_arguments_exit_2(argv, err, tmp_path, capsys):
     assert gemm_bench.main([*argv, "--out", str(tmp_path / "x.json")]) == 2

@@ -399,7 +399,8 @@ class Tuner:
                 cub = bench_ms(lambda m=m: torch.matmul(x[:m], ring.next().T))
             times = {}
             for cand in cands_of_m(m):
-                times[_key(cand)] = self.time_cand(x, w, ref, cand, m, ring)
+                if self.launch.range_fits(N, *cand):  # N_PROGS ranges wider than any listed tile: not a candidate here
+                    times[_key(cand)] = self.time_cand(x, w, ref, cand, m, ring)
             res[m] = {"cublas": cub, "cands": times}
             ok = {k: v for k, v in times.items() if not isinstance(v, str)}
             best = min(ok.values()) if ok else float("nan")
@@ -600,7 +601,9 @@ def main(argv=None) -> int:
         with open(args.out, "w") as f:
             json.dump(doc, f, indent=1)
 
-    jobs = [(K, N, *c) for (K, N) in shapes8 for c in all_cands]
+    from rlk.kernels.gemm import launch  # noqa: PLC0415
+
+    jobs = [(K, N, *c) for (K, N) in shapes8 for c in all_cands if launch.range_fits(N, *c)]
     secs, errs, failed = precompile(jobs, args.workers, cid)
     tuner.failed |= failed
     for e in errs:
@@ -668,7 +671,8 @@ def rule(tuner: Tuner, doc: dict, contract, schedule, by_key: dict, workers: int
                 best = min(per.values())
                 for k, v in per.items():
                     scores.setdefault(k, []).append(v / best)
-        full = [k for k, v in scores.items() if len(v) == len(t_shapes)]
+        # The rule serves any N; N_PROGS ranges follow N and can outgrow the widest tile: not rule candidates.
+        full = [k for k, v in scores.items() if len(v) == len(t_shapes) and not by_key[k][1].get("N_PROGS")]
         pick[m] = sorted(full, key=lambda k: _geo(scores[k]))[:RULE_CANDS]
     tune_shapes = {n: kn for n, kn in QWEN3_OTHER_GEMMS.items() if n.split("_")[0] in QWEN3_RULE_TUNE_SIZES}
     hold_shapes = {n: kn for n, kn in QWEN3_OTHER_GEMMS.items() if n.split("_")[0] in QWEN3_RULE_HOLDOUT_SIZES}

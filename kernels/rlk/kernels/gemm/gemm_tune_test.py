@@ -416,3 +416,49 @@ def test_a_partial_tune_is_merged_into_the_table_below_its_largest_m(tmp_path, m
     got = json.loads(table.read_text())
     assert got["shapes"]["128x96"]["buckets"] == tuned["shapes"]["128x96"]["buckets"]
     assert "tuning_base" not in got
+
+
+def test_tuner_skips_column_ranges_wider_than_any_listed_tile(tmp_path, monkeypatch):
+    """An N_PROGS candidate whose column ranges at some N would need a tile wider than the
+    contract lists is neither compiled nor timed at that N (it is at an N where it fits), and the
+    default rule, which serves every N, never takes an N_PROGS candidate."""
+    from rlk.kernels.gemm import launch
+
+    _tiny_tuner(monkeypatch)
+    ranges = ("decode", {"BLOCK_M": 16, "BLOCK_K": 64, "num_warps": 4, "num_stages": 2, "N_PROGS": 1})
+    cands = [*gemm_tune.candidates(1), ranges]
+    monkeypatch.setattr(gemm_tune, "candidates", lambda m: cands)
+    monkeypatch.setattr(gemm_tune, "ALL_CANDIDATES", cands)
+    # One program over N: N=40 fits a 64-wide tile, N=96 would need 128.
+    monkeypatch.setattr(launch, "WIDEST_TILE", 64)
+    compiled = []
+    real_compile = gemm_tune._compile_one
+    monkeypatch.setattr(gemm_tune, "_compile_one", lambda job: compiled.append(job[:4]) or real_compile(job))
+    out = tmp_path / "tuned.json"
+    assert gemm_tune.main(["--out", str(out), "--workers", "1"]) == 0
+    doc = json.loads(out.read_text())
+    key = gemm_tune._key(ranges)
+    per_shape = {s: {k for per in v["cands_us"].values() for k in per} for s, v in doc["tuning"]["shapes"].items()}
+    assert key in per_shape["b"] and key not in per_shape["a"]
+    assert not [j for j in compiled if j[1] == 96 and j[3].get("N_PROGS")]
+    assert all(not (b[2] or {}).get("N_PROGS") for b in doc["default_buckets"])
+
+
+@pytest.mark.parametrize("N,n_progs,fits", [(37984, 132, False), (37984, 149, True), (24576, 132, True),
+                                             (4096, 1, False), (256, 1, True)])
+def test_plan_refuses_column_ranges_wider_than_the_widest_tile(N, n_progs, fits):
+    """N_PROGS decode puts cdiv(N, N_PROGS) columns (rounded up to 8) in one power-of-two tile: a
+    tile wider than the contract's widest (256; measured nowhere) is refused with the smallest
+    program count that fits; range_fits (the tuner's filter) agrees with the plan."""
+    import torch
+
+    from rlk.errors import UnsupportedConfigError
+    from rlk.kernels.gemm import launch
+
+    assert launch.range_fits(N, "decode", {"N_PROGS": n_progs}) is fits
+    if fits:
+        p = launch.plan(16, 256, N, torch.device("cpu"), "decode", {"N_PROGS": n_progs})
+        assert p["BLOCK_N"] <= 256 and p["COLS"] <= p["BLOCK_N"]
+    else:
+        with pytest.raises(UnsupportedConfigError, match=f"use N_PROGS >= {-(-N // 256)} or 0"):
+            launch.plan(16, 256, N, torch.device("cpu"), "decode", {"N_PROGS": n_progs})

@@ -111,14 +111,36 @@ def _plan(M: int, K: int, N: int, arch: str, schedule: str | None, cpu: bool, co
         if cfg["N_PROGS"]:
             # N cut evenly over N_PROGS programs (column ranges of a multiple of 8, the last one
             # shorter), each range in one tile of the next power of two (at least 16).
-            cols = -(-cdiv(N, cfg["N_PROGS"]) // 8) * 8
-            cfg["BLOCK_N"] = max(16, 1 << (cols - 1).bit_length())
+            cols, cfg["BLOCK_N"] = range_tile(N, cfg["N_PROGS"])
+            if cfg["BLOCK_N"] > WIDEST_TILE:
+                raise UnsupportedConfigError(
+                    f"gemm: N_PROGS={cfg['N_PROGS']} cuts N={N} into ranges of {cols} columns, wider than "
+                    f"the widest listed tile ({WIDEST_TILE}); use N_PROGS >= {cdiv(N, WIDEST_TILE)} or 0")
         cfg["COLS"] = cols
     if schedule == "prefill":
         for key in ("FLAT", "PERSISTENT", "TMA"):
             cfg[key] = int(cfg.get(key, 0))
     return {"arch": arch, "contract": contract_id, "schedule": schedule, "split_k": split, "seg_chunks": seg_chunks,
             "seg_steps": seg_chunks * gemm_contract.CHUNK_K // cfg["BLOCK_K"], **cfg}
+
+
+# The contract lists (and the invariance sweep measured) decode tiles up to this many columns.
+WIDEST_TILE = max(gemm_contract.CONTRACT.schedule_fields["BLOCK_N"])
+
+
+def range_tile(N: int, n_progs: int) -> tuple[int, int]:
+    """(columns per range, BLOCK_N) of decode with N cut over ``n_progs`` programs: ranges of
+    cdiv(N, n_progs) rounded up to a multiple of 8 (the last one shorter), each in one tile of the
+    next power of two, at least 16 wide."""
+    cols = -(-cdiv(N, n_progs) // 8) * 8
+    return cols, max(16, 1 << (cols - 1).bit_length())
+
+
+def range_fits(N: int, schedule: str, fields: dict) -> bool:
+    """Whether a (schedule, fields) candidate can run at this N: false only for N_PROGS decode whose
+    column ranges would need a tile wider than :data:`WIDEST_TILE`."""
+    n = int(fields.get("N_PROGS", 0) or 0) if schedule == "decode" else 0
+    return n <= 0 or range_tile(N, n)[1] <= WIDEST_TILE
 
 
 def num_progs(device: torch.device) -> int:

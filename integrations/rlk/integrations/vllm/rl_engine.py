@@ -51,6 +51,16 @@ def request_seed(seed: int, step: int, i: int) -> int:
     return (1_000_003 * seed + 7919 * step + i) % (2 ** 31 - 1)
 
 
+def engine_env(workdir: str) -> dict[str, str]:
+    """The variables an engine this module builds needs: those of the engine bench's rlk arm
+    (:func:`rlk.integrations.vllm.engine_bench.arm_env`: rlk's plugin only, the strict variables,
+    vLLM's V1 model runner, spawned engine processes since the trainer has initialized CUDA in this
+    one, no usage stats, offline hub), its worker counters under ``workdir``."""
+    from rlk.integrations.vllm.engine_bench import arm_env
+
+    return arm_env("rlk", os.path.join(workdir, "counters"))
+
+
 def write_model_dir(path: str, cfg, fused: dict[str, torch.Tensor]) -> str:
     """config.json (``cfg`` as a Hugging Face Qwen3 config), model.safetensors (``fused`` in HF
     naming, bf16) and a word-level tokenizer (``t<i>`` = token ``i``) into ``path``."""
@@ -99,6 +109,8 @@ class VllmRolloutEngine:
         self.cfg, self.lc, self.before_rpc = cfg, lc, before_rpc
         self.workdir = workdir or tempfile.mkdtemp(prefix="rlk-vllm-rl-")
         if llm is None:
+            # The engine's processes inherit this environment: set before vLLM reads it.
+            os.environ.update(engine_env(self.workdir))
             from rlk.integrations.vllm.plugin import strict_engine_kwargs
             from vllm import LLM
 

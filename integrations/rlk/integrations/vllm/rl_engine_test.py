@@ -88,3 +88,40 @@ def test_native_route_refused():
 
     with pytest.raises(UnsupportedConfigError, match="strict route"):
         VllmRolloutEngine(None, {}, "native", None, llm=object())
+
+
+def test_engine_built_here_starts_with_the_strict_arm_environment(tmp_path, monkeypatch):
+    """An engine the loop builds itself (``python -m rlk.rl --engine vllm``) is created after the
+    trainer has initialized the device: vLLM must see rlk's plugin, the strict variables, the V1
+    runner and spawned engine processes before it starts (a forked engine process cannot use
+    CUDA). A stand-in ``vllm.LLM`` records the environment it is created under."""
+    import os
+    import sys
+    import types
+
+    from rlk.integrations.vllm import plugin, rl_engine
+    from rlk.rl.loop import LoopConfig
+
+    seen = {}
+
+    class FakeLLM:
+        def __init__(self, **kw):
+            seen.update(env=dict(os.environ), kw=kw)
+
+        def collective_rpc(self, method, args=()):
+            return [1]
+
+    monkeypatch.setattr(os, "environ", dict(os.environ))
+    for k in ("VLLM_PLUGINS", "VLLM_WORKER_MULTIPROC_METHOD", "VLLM_USE_V2_MODEL_RUNNER"):
+        os.environ.pop(k, None)
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=FakeLLM))
+    monkeypatch.setattr(plugin, "strict_engine_kwargs", lambda **kw: kw)
+    monkeypatch.setattr(rl_engine, "write_model_dir", lambda path, cfg, fused: path)
+    lc = LoopConfig(steps=1, **LC)
+    cfg, _ = lc.weights()
+    eng = rl_engine.VllmRolloutEngine(cfg, {}, "strict", lc, workdir=str(tmp_path))
+    env = seen["env"]
+    assert env["VLLM_PLUGINS"] == "rlk" and env["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn", env
+    assert env["VLLM_USE_V2_MODEL_RUNNER"] == "0" and env["VLLM_NO_USAGE_STATS"] == "1"
+    assert env["RLK_VLLM_COUNTERS_DIR"].startswith(str(tmp_path))
+    assert eng.base == 1 and seen["kw"]["max_num_seqs"] == lc.prompts_per_step * lc.group_size

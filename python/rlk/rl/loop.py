@@ -298,6 +298,9 @@ def _sync(trainer_: Trainer, engine: RolloutEngine, hooks: Hooks, kind: str = "s
         if hooks.transport is not None:
             raise UnsupportedConfigError("hooks.transport replaces the in-place copy of the in-process engine; "
                                          f"{type(engine).__name__} has its own transport (receive)")
+        # The engine's processes load the new weights onto the same device (a transient second
+        # copy): the trainer's cached, unused blocks go back to the device first.
+        _release_memory()
         rec = sync.sync_remote(trainer_.w, engine, trainer_.generation, kind=kind)
     else:
         rec = sync.sync_weights(trainer_.w, engine, trainer_.generation, hooks.transport, kind=kind)
@@ -370,6 +373,7 @@ def run_arm(lc: LoopConfig, hooks: Hooks | None = None, on_step: Callable[[dict]
 
         t0 = time.perf_counter()
         grad_norm = actor.apply(grads)
+        del grads  # applied: not held through the sync and the next rollout
         sec["optimizer"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()

@@ -280,6 +280,11 @@ class RolloutEngine:
     def w(self) -> dict[str, torch.Tensor]:
         return self.model.w
 
+    def describe(self) -> dict:
+        """The engine in the report (every rollout engine offers it; see :func:`run_arm`)."""
+        return {"name": "rlk executor", "what": "rlk.replay.rollout.run_rollout (rlk's test harness), "
+                f"route {self.model.route}"}
+
     def generate(self, prompts: list[list[int]], step: int) -> rollout.RolloutResult:
         lc = self.lc
         reqs = [rollout.Request(prompt=p, max_new_tokens=lc.response_len) for p in prompts]
@@ -404,6 +409,7 @@ def run_arm(lc: LoopConfig, hooks: Hooks | None = None, on_step: Callable[[dict]
         if on_step is not None:
             on_step(rec)
     return {"route": lc.route, "config": lc.to_dict(), "task": task.to_dict(), "initial_sync": initial,
+            "engine": engine.describe() if hasattr(engine, "describe") else {"name": type(engine).__name__},
             "model": {"what": lc.describe_model(), "layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size,
                       "vocab": cfg.vocab_size, "parameters": _n_params(actor.w),
                       "setup_seconds": round(setup_s, 3)},
@@ -502,7 +508,7 @@ def run_and_report(lc: LoopConfig, routes: list[str], out_dir: str, on_step: Cal
     failures = strict_failures(arms["strict"]) if "strict" in arms else []
     report = {"arms": arms, "routes": list(routes), "passed": not failures, "failures": failures,
               "provenance": _provenance(lc, routes)}
-    png = rep.plot(arms, paths["png"], title=plot_title(lc), reward_rule=lc.task().reward_rule())
+    png = rep.plot(arms, paths["png"], title=plot_title(lc, engine_names(arms)), reward_rule=lc.task().reward_rule())
     report["files"] = {"json": paths["json"], "jsonl": paths["jsonl"],
                        "png": png or "not written: matplotlib is not importable"}
     rep.write_json(report, paths["json"])
@@ -520,8 +526,9 @@ def _memory() -> dict:
     return out
 
 
-def plot_title(lc: LoopConfig) -> str:
-    return (f"rlk RL loop on {lc.describe_model()}, reward: {lc.task().reward_rule()}, "
+def plot_title(lc: LoopConfig, engine: str | None = None) -> str:
+    return (f"rlk RL loop on {lc.describe_model()}{f', rollout engine: {engine}' if engine else ''}, "
+            f"reward: {lc.task().reward_rule()}, "
             f"{lc.prompts_per_step} prompt(s) x "
             f"{lc.group_size} samples x {lc.response_len} tokens, lr {lc.lr}, seed {lc.seed}")
 
@@ -536,8 +543,14 @@ def replot(json_path: str, png_path: str | None = None) -> str | None:
     cfg = dict(next(iter(arms.values()))["config"])
     cfg["betas"] = tuple(cfg.get("betas", LoopConfig.betas))
     lc = LoopConfig(**{k: v for k, v in cfg.items() if k in {f.name for f in dataclasses.fields(LoopConfig)}})
-    return rep.plot(arms, png_path or os.path.splitext(json_path)[0] + ".png", title=plot_title(lc),
+    return rep.plot(arms, png_path or os.path.splitext(json_path)[0] + ".png", title=plot_title(lc, engine_names(arms)),
                     reward_rule=lc.task().reward_rule())
+
+
+def engine_names(arms: dict) -> str | None:
+    """``route: engine`` of each arm that records its engine (None when none does)."""
+    named = [f"{route}: {arm['engine']['name']}" for route, arm in arms.items() if arm.get("engine")]
+    return "; ".join(named) or None
 
 
 def _release_memory() -> None:

@@ -33,6 +33,9 @@ def test_strict_steps_have_every_ratio_exactly_one(tmp_path):
         assert (digests[i + 1] != digests[i]) == moved, (i, [s["grad_norm"] for s in arm["steps"]])
     on_disk = json.load(open(rep["files"]["json"]))
     assert on_disk["passed"] and len(open(rep["files"]["jsonl"]).read().splitlines()) == 2
+    # The record says which engine rolled out (here rlk's own executor) and the plot title names it.
+    assert arm["engine"]["name"] == "rlk executor" and loop.engine_names(rep["arms"]) == "strict: rlk executor"
+    assert "rollout engine: strict: rlk executor" in loop.plot_title(lc, loop.engine_names(rep["arms"]))
 
 
 def test_engine_weight_changed_after_sync_makes_ratios_not_one():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 
 ROUTE_COLORS = {"strict": "tab:blue", "native": "tab:orange"}
@@ -54,6 +55,12 @@ def plot(arms: dict[str, dict], path: str, title: str = "", reward_rule: str = "
               ylabel="|ratio - 1|")
     ax[2].set_yscale("symlog", linthresh=1e-8)
     ax[3].set(title="sampling entropy (nats, mean over response tokens)", xlabel="step", ylabel="nats")
+    silent = [route for route, arm in arms.items()
+              if not any(math.isfinite(r.get("entropy_mean", float("nan"))) for r in arm["steps"])]
+    if silent:
+        # vLLM returns the sampled token's logp only: no entropy to draw for its arms.
+        ax[3].text(0.5, 0.5, f"not reported by the rollout engine ({', '.join(silent)})", ha="center",
+                   va="center", transform=ax[3].transAxes, fontsize=8)
     for a in ax:
         a.title.set_fontsize(10)
         a.grid(alpha=0.3)

@@ -118,19 +118,13 @@ def prepare(model_dir: str, config: str, seed: int, layers: int | None = None, r
 def arm_env(arm: str, counters_dir: str, model_runner: str | None = None) -> dict[str, str]:
     """Variables of one arm's processes. Only the rlk arm loads rlk's plugin (``VLLM_PLUGINS``): the
     baselines run vLLM as its users do, with no rlk code and no strict environment."""
-    env = {"VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_PLUGINS": "rlk" if arm == "rlk" else ""}
+    from rlk.integrations.vllm.plugin import BASE_ENGINE_ENV, strict_process_env
+
+    if arm == "rlk":
+        return strict_process_env(counters_dir, model_runner)
+    env = dict(BASE_ENGINE_ENV, VLLM_PLUGINS="")
     if arm == "batch_invariant":
         env["VLLM_BATCH_INVARIANT"] = "1"
-    if arm == "rlk":
-        from rlk.integrations.vllm.counters import ENV_DIR
-        from rlk.integrations.vllm.plugin import worker_env
-
-        env.update(worker_env(model_runner))
-        env[ENV_DIR] = counters_dir
-        # rlk's kernel modules query the device when imported (in this process too): the engine
-        # processes must then be spawned, not forked (CUDA cannot be re-initialized after fork).
-        env["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
     return env
 
 

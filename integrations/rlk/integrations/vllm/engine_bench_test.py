@@ -162,6 +162,28 @@ def test_report_over_process_repetitions_takes_medians_and_checks_the_checkpoint
         engine_report_bench.build([str(a), str(b), str(c)])
 
 
+def test_report_takes_only_the_named_arms_of_a_filtered_folder(tmp_path):
+    """``DIR:arm`` adds only that arm of an earlier folder (same checkpoint): its other arms stay
+    out of the medians, the report names the folder with its filter, and a named arm the folder
+    lacks, or a different checkpoint, is refused."""
+    new, old = tmp_path / "new" / "arms", tmp_path / "old" / "arms"
+    for d, rlk in ((new, 960.0), (old, 500.0)):
+        d.mkdir(parents=True)
+        _arm(d, "stock", {"W0": 1000.0})
+        _arm(d, "rlk", {"W0": rlk})
+        (d / "checkpoint.json").write_text(json.dumps({"sha256": "c" * 64}))
+    _arm(old, "batch_invariant", {"W0": 400.0})
+    rep = engine_report_bench.build([str(new), f"{old}:batch_invariant"])
+    w = rep["workloads"]["W0"]
+    assert w["per_process"] == {"stock": [1000.0], "rlk": [960.0], "batch_invariant": [400.0]}, w
+    assert w["rlk_vs_batch_invariant_tok_per_s"] == 2.4 and rep["results_dirs"] == ["arms", "old/arms:batch_invariant"]
+    with pytest.raises(ValueError, match="no arm_<arm>.json for"):
+        engine_report_bench.build([str(new), f"{old}:eager"])
+    (old / "checkpoint.json").write_text(json.dumps({"sha256": "d" * 64}))
+    with pytest.raises(ValueError, match="different checkpoints"):
+        engine_report_bench.build([str(new), f"{old}:batch_invariant"])
+
+
 def test_prepare_reuses_a_checkpoint_of_the_same_identity_only(tmp_path, monkeypatch):
     from rlk.models.qwen3 import checkpoint
 

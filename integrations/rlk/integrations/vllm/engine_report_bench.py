@@ -28,17 +28,26 @@ def build(results) -> dict:
 
     Several folders are process-level repetitions of the same arms on the same checkpoint (each
     arm ran in a fresh process per folder): tokens/s per arm and workload is the median over the
-    folders that ran it (``per_process`` lists each), and the ratios are ratios of medians. The
+    folders that ran it (``per_process`` lists each), and the ratios are ratios of medians. A
+    folder given as ``DIR:arm[,arm]`` contributes only those arms (``results_dirs`` names them). The
     comparison with the trainers, the statistics and the attribution come from the folders that
     hold them. Raises ``ValueError`` when the folders' checkpoints differ.
     """
-    dirs = [results] if isinstance(results, str) else list(results)
+    entries = [results] if isinstance(results, str) else list(results)
+    dirs, only = [], []
+    for e in entries:
+        d, want = split_entry(e)
+        dirs.append(d)
+        only.append(want)
     reps = []
-    for d in dirs:
+    for d, want in zip(dirs, only):
         arms_d = {}
         for p in sorted(glob.glob(os.path.join(d, "arm_*.json"))):
             a = _load(p)
-            arms_d[a["arm"]] = a
+            if want is None or a["arm"] in want:
+                arms_d[a["arm"]] = a
+        if want is not None and set(want) - set(arms_d):
+            raise ValueError(f"{d}: no arm_<arm>.json for {sorted(set(want) - set(arms_d))}")
         reps.append(arms_d)
     cmp, ck, cmp_dir = {}, {}, None
     for d in dirs:
@@ -110,8 +119,28 @@ def build(results) -> dict:
                                if isinstance(a.get("provenance"), dict)), None),
         "provenance": {a: arms[a].get("provenance") for a in arms},
         "raw": [{a: r[a]["workloads"] for a in r} for r in reps],
-        "results_dirs": [os.path.basename(os.path.normpath(d)) for d in dirs],
+        "results_dirs": [_label(d, want) for d, want in zip(dirs, only)],
     }
+
+
+def split_entry(entry: str) -> tuple[str, list[str] | None]:
+    """``DIR`` (every arm in it) or ``DIR:arm[,arm]`` (only those arms: e.g. an arm measured by an
+    earlier call on the same checkpoint and bundle, named in the report as such)."""
+    d, sep, arms = entry.rpartition(":")
+    if not sep or os.sep in arms:
+        return entry, None
+    want = [a for a in arms.split(",") if a]
+    if not want:
+        raise ValueError(f"{entry}: no arm named after ':'")
+    return d, want
+
+
+def _label(d: str, want) -> str:
+    """A folder's name in the report: its base name; a filtered folder also its parent and arms."""
+    d = os.path.normpath(d)
+    if want is None:
+        return os.path.basename(d)
+    return f"{os.path.basename(os.path.dirname(d))}/{os.path.basename(d)}:{','.join(want)}"
 
 
 def markdown(rep: dict) -> str:

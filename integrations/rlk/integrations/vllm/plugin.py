@@ -92,6 +92,26 @@ MODEL_RUNNER_ENV = "RLK_VLLM_MODEL_RUNNER"
 MODEL_RUNNERS = {"v1": "0", "v2": "1"}  # rlk's name -> VLLM_USE_V2_MODEL_RUNNER
 
 
+# What every engine process of the benchmarks and the loop runs with: no usage reports, no hub
+# access, vLLM's own sampler without FlashInfer (not on the device).
+BASE_ENGINE_ENV = {"VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+                   "VLLM_USE_FLASHINFER_SAMPLER": "0"}
+
+
+def strict_process_env(counters_dir: str, model_runner: str | None = None) -> dict[str, str]:
+    """The variables of an engine serving the strict model, set before vLLM starts: rlk's plugin
+    only, :func:`worker_env`, the worker counters' folder, and spawned engine processes (rlk's
+    kernel modules query the device when imported, and a trainer in the same process may have
+    initialized CUDA: a forked engine process cannot re-initialize it)."""
+    from rlk.integrations.vllm.counters import ENV_DIR
+
+    env = dict(BASE_ENGINE_ENV, VLLM_PLUGINS="rlk")
+    env.update(worker_env(model_runner))
+    env[ENV_DIR] = counters_dir
+    env["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
+    return env
+
+
 def worker_env(model_runner: str | None = None) -> dict[str, str]:
     """Environment an engine serving the strict model needs before vLLM starts (strict variables,
     the model runner; on CPU the Triton interpreter). Only the entries that differ from

@@ -52,13 +52,11 @@ def request_seed(seed: int, step: int, i: int) -> int:
 
 
 def engine_env(workdir: str) -> dict[str, str]:
-    """The variables an engine this module builds needs: those of the engine bench's rlk arm
-    (:func:`rlk.integrations.vllm.engine_bench.arm_env`: rlk's plugin only, the strict variables,
-    vLLM's V1 model runner, spawned engine processes since the trainer has initialized CUDA in this
-    one, no usage stats, offline hub), its worker counters under ``workdir``."""
-    from rlk.integrations.vllm.engine_bench import arm_env
+    """The variables an engine this module builds needs (the engine bench's rlk arm's:
+    :func:`rlk.integrations.vllm.plugin.strict_process_env`), its worker counters under ``workdir``."""
+    from rlk.integrations.vllm.plugin import strict_process_env
 
-    return arm_env("rlk", os.path.join(workdir, "counters"))
+    return strict_process_env(os.path.join(workdir, "counters"))
 
 
 def write_model_dir(path: str, cfg, fused: dict[str, torch.Tensor]) -> str:
@@ -119,7 +117,11 @@ class VllmRolloutEngine:
             kw = dict(model=model_dir, tokenizer=model_dir, seed=lc.seed, max_num_seqs=lc.max_batch or n,
                       max_model_len=min(cfg.max_position_embeddings, 4096))
             kw.update(engine_kwargs)
-            llm = LLM(**strict_engine_kwargs(**kw))
+            built = strict_engine_kwargs(**kw)
+            llm = LLM(**built)
+            self.kwargs = {k: v for k, v in built.items() if isinstance(v, (str, int, float, bool, dict))}
+        else:
+            self.kwargs = {}
         self.llm = llm
         self.base = self._one("rlk_generation")
         self.weight_generation: int | None = None  # set by the loop's sync (rlk.rl.sync.sync_remote)
@@ -131,6 +133,14 @@ class VllmRolloutEngine:
         if not out or any(o != out[0] for o in out):
             raise UnsupportedConfigError(f"vLLM workers answer {method} differently: {out}")
         return out[0]
+
+    def describe(self) -> dict:
+        """The engine in the loop's report: vLLM's version, rlk's strict plugin, the arguments this
+        object built it with (none when it was given an engine)."""
+        import vllm
+
+        return {"name": "vLLM + rlk strict plugin", "vllm_version": getattr(vllm, "__version__", None),
+                "architecture": "RlkStrictQwen3ForCausalLM", "engine_kwargs": self.kwargs}
 
     def engine_generation(self, generation: int) -> int:
         return self.base + 1 + int(generation)

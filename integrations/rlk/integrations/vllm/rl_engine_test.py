@@ -114,7 +114,7 @@ def test_engine_built_here_starts_with_the_strict_arm_environment(tmp_path, monk
     monkeypatch.setattr(os, "environ", dict(os.environ))
     for k in ("VLLM_PLUGINS", "VLLM_WORKER_MULTIPROC_METHOD", "VLLM_USE_V2_MODEL_RUNNER"):
         os.environ.pop(k, None)
-    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=FakeLLM))
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=FakeLLM, __version__="0.0-stand-in"))
     monkeypatch.setattr(plugin, "strict_engine_kwargs", lambda **kw: kw)
     monkeypatch.setattr(rl_engine, "write_model_dir", lambda path, cfg, fused: path)
     lc = LoopConfig(steps=1, **LC)
@@ -125,3 +125,5 @@ def test_engine_built_here_starts_with_the_strict_arm_environment(tmp_path, monk
     assert env["VLLM_USE_V2_MODEL_RUNNER"] == "0" and env["VLLM_NO_USAGE_STATS"] == "1"
     assert env["RLK_VLLM_COUNTERS_DIR"].startswith(str(tmp_path))
     assert eng.base == 1 and seen["kw"]["max_num_seqs"] == lc.prompts_per_step * lc.group_size
+    d = eng.describe()
+    assert d["name"] == "vLLM + rlk strict plugin" and d["engine_kwargs"]["max_num_seqs"] == seen["kw"]["max_num_seqs"]

@@ -14,7 +14,8 @@
 # runner stops before a pair that would not fit), PROD_RESULTS (default $R/production), PROD_ARGS (e.g. "--workload W1 --micro-tokens 16384";
 # "--profile" adds the attribution: every phase repeated once under the profiler, not counted;
 # "--profile --profile-pairs 1" profiles pair 1 only))
-# rl_loop_vllm (the GRPO loop, vLLM + plugin as rollout engine: RL_STEPS, RL_ENGINE_MEMORY),
+# rl_loop_vllm (the GRPO loop with vLLM as rollout engine: RL_ROUTE strict = vLLM + rlk's plugin,
+# native = stock vLLM, both = one arm after the other; RL_STEPS, RL_ENGINE_MEMORY),
 # gate (the release gate, profile h200, all levels; its L5 is one production pair).
 # Everything but stage1 needs the extracted bundle (ci/vllm_bundle.sh). The checkpoint ($CKPT)
 # and results ($R) live under /tmp/rlk_vllm, which survives between calls while the machine stays
@@ -68,10 +69,10 @@ PROD_R=${PROD_RESULTS:-$R/production}
 stage prod_pairs "$PROD_LIMIT" $PROD pairs --dir "$CKPT" --results "$PROD_R" --n "${PROD_PAIRS:-5}" \
   --budget-s "$((PROD_LIMIT - 30))" ${PROD_ARGS:-}
 stage prod_report 120 $PROD report --results "$PROD_R" --out "$PROD_R/e2e_production_h200.json"
-# The RL loop with vLLM + rlk's plugin as its rollout engine: Qwen3-8B shapes, strict
-# route, rlk's trainer with Adam on the host, vLLM taking RL_ENGINE_MEMORY of the GPU beside it;
+# The RL loop with vLLM as its rollout engine (strict route: rlk's plugin; native: stock vLLM):
+# Qwen3-8B shapes, rlk's trainer with Adam on the host, vLLM taking RL_ENGINE_MEMORY of the GPU beside it;
 # each step's weight sync goes through a safetensors file and collective_rpc (rlk.rl --engine vllm).
-stage rl_loop_vllm "${RL_LIMIT:-560}" python3 -m rlk.rl --engine vllm --route strict --device cuda --model qwen3-8b \
+stage rl_loop_vllm "${RL_LIMIT:-560}" python3 -m rlk.rl --engine vllm --route "${RL_ROUTE:-strict}" --device cuda --model qwen3-8b \
   --task token_class --optimizer-offload --prompts 4 --group-size 8 --response-len 128 --lr 1e-4 \
   --steps "${RL_STEPS:-5}" --engine-memory "${RL_ENGINE_MEMORY:-0.3}" --tag h200_vllm --quiet --out "$R/rl_loop_vllm"
 # The release gate, profile h200, all levels, in the bundle's environment (L5 is the production

@@ -18,8 +18,9 @@ G`` also fails a strict arm whose reward gain (mean of the last k steps minus th
 (``rlk.integrations.megatron.actor.RLTrainer``: megatron's DDP with fp32 main_grad buffers, its
 no-pipelining schedule and DistributedOptimizer Adam); the rollout engine is unchanged.
 
-``--engine vllm --route strict``: the rollout engine is vLLM serving rlk's strict plugin
-(``rlk.integrations.vllm.rl_engine.VllmRolloutEngine``; run with the vLLM venv's python); the
+``--engine vllm``: the rollout engine is vLLM (``rlk.integrations.vllm.rl_engine.VllmRolloutEngine``;
+run with the vLLM venv's python), serving rlk's strict plugin on the strict route and stock vLLM's
+Qwen3 on the native route (the native trainer stays rlk's torch route); the
 weight sync writes a safetensors file and the workers load it through ``collective_rpc`` by
 method name, answering with the fingerprint of what they hold. On one GPU the trainer shares the
 device with vLLM: ``--engine-memory`` sets vLLM's share (``gpu_memory_utilization``).
@@ -55,8 +56,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="the actor: rlk's own trainer, or megatron-core's GPTModel on rlk's strict spec "
                         "(megatron's DDP, schedule and Adam; strict route only)")
     p.add_argument("--engine", choices=("rlk", "vllm"), default="rlk",
-                   help="the rollout engine: rlk's replay executor, or vLLM with rlk's strict plugin "
-                        "(strict route only; needs vLLM installed)")
+                   help="the rollout engine: rlk's replay executor, or vLLM (strict route: with rlk's strict "
+                        "plugin; native route: stock vLLM; needs vLLM installed)")
     p.add_argument("--engine-memory", type=float, default=None, metavar="FRACTION",
                    help="--engine vllm: vLLM's gpu_memory_utilization (the share of the GPU vLLM takes for "
                         "weights and KV cache); leave room for the trainer on the same GPU")
@@ -162,8 +163,7 @@ def main(argv=None) -> int:
         make_trainer = RLTrainer
     make_engine = None
     if a.engine == "vllm":
-        if routes != ["strict"]:
-            parser.error("--engine vllm serves the strict route only: add --route strict")
+        # strict: vLLM + rlk's plugin; native: stock vLLM (rlk.integrations.vllm.rl_engine).
         from rlk import determinism
         from rlk.integrations.vllm import plugin
         from rlk.integrations.vllm.rl_engine import make_engine as vllm_engine

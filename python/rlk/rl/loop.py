@@ -346,7 +346,15 @@ def run_arm(lc: LoopConfig, hooks: Hooks | None = None, on_step: Callable[[dict]
     actor = (make_trainer or Trainer)(cfg, fused, lc.route, lc)
     engine = (make_engine or RolloutEngine)(cfg, fused, lc.route, lc)
     del fused  # both sides hold their own copies
-    setup_s = time.perf_counter() - t0
+    try:
+        return _run_steps(lc, hooks, on_step, task, cfg, actor, engine, time.perf_counter() - t0)
+    finally:
+        if hasattr(engine, "close"):  # an engine in other processes (vLLM) frees its GPU memory now
+            engine.close()
+
+
+def _run_steps(lc: LoopConfig, hooks: Hooks, on_step, task, cfg, actor, engine, setup_s: float) -> dict:
+    """:func:`run_arm`'s steps, once the trainer and the engine exist."""
     kind = lc.fingerprint_kind()
     initial = _sync(actor, engine, hooks, kind)
     records = []

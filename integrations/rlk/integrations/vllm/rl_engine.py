@@ -1,8 +1,10 @@
-"""vLLM with rlk's strict plugin as the RL loop's rollout engine (:func:`rlk.rl.loop.run_arm`'s
-``make_engine``).
+"""vLLM as the RL loop's rollout engine (:func:`rlk.rl.loop.run_arm`'s ``make_engine``): with
+rlk's strict plugin on the strict route, stock vLLM on the native route.
 
-:class:`VllmRolloutEngine` serves the strict architecture (``RlkStrictQwen3ForCausalLM``) in a
-vLLM ``LLM`` and offers what the loop needs of a rollout engine: ``generate(prompts, step)``
+:class:`VllmRolloutEngine` serves the strict architecture (``RlkStrictQwen3ForCausalLM``), or for
+the native route stock vLLM's own Qwen3 (no rlk code in its processes, its own kernels and
+sampler, ``logprobs_mode`` its default: the log-softmax of the raw logits), in a vLLM ``LLM``
+and offers what the loop needs of a rollout engine: ``generate(prompts, step)``
 (responses, each sampled token's logp as vLLM reports it: with ``logprobs_mode="raw_logits"`` and
 ``logprobs=0`` the value rlk's fused LM head computed, fp32) and ``receive(weights, generation,
 kind)``, the weight sync's transport (:func:`rlk.rl.sync.sync_remote`): the trainer's fused
@@ -16,12 +18,16 @@ Weight generations: vLLM's initial load is the strict model's generation 1 and e
 be newer, so trainer generation ``g`` is engine generation ``base + 1 + g`` (``base``: the
 generation the engine held when this object was made; an engine can serve several runs).
 
-Only the strict route: stock vLLM is not rlk's native route. vLLM reports no sampling entropy
+The native route's weight sync uses :class:`~rlk.integrations.vllm.worker_ext.StockWorkerExtension`
+(vLLM's own ``load_weights``; the fingerprint over the names the trainer sends, since vLLM's
+parameter names and row layouts are rlk's fused ones). The loop's native *trainer* stays rlk's
+torch route, a stand-in for megatron-core's native path. vLLM reports no sampling entropy
 (``entropy`` is None; the loop records NaN).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -57,6 +63,50 @@ def engine_env(workdir: str) -> dict[str, str]:
     from rlk.integrations.vllm.plugin import strict_process_env
 
     return strict_process_env(os.path.join(workdir, "counters"))
+
+
+ROUTES = ("strict", "native")
+
+
+def stock_engine_kwargs(**overrides) -> dict:
+    """Engine arguments of the native route's stock vLLM: its defaults (torch.compile and CUDA
+    graphs on the GPU, its attention backend and sampler), bf16, no prefix caching (as the strict
+    engine), and the stock worker extension for the weight sync."""
+    from rlk.integrations.vllm.worker_ext import STOCK_WORKER_EXT
+
+    kw = dict(dtype="bfloat16", enable_prefix_caching=False, worker_extension_cls=STOCK_WORKER_EXT)
+    kw.update(overrides)
+    return kw
+
+
+def stock_env() -> tuple[dict[str, str], list[str]]:
+    """(variables to set, variables to unset) while a stock engine starts: no plugin (rlk's code
+    stays out of its processes), spawned engine processes (the trainer has initialized CUDA),
+    none of the strict variables a strict arm of the same process exported."""
+    from rlk import determinism
+    from rlk.integrations.vllm.counters import ENV_DIR
+    from rlk.integrations.vllm.plugin import BASE_ENGINE_ENV
+
+    put = dict(BASE_ENGINE_ENV, VLLM_PLUGINS="", VLLM_WORKER_MULTIPROC_METHOD="spawn")
+    drop = [*determinism.STRICT_ENV, "VLLM_USE_V2_MODEL_RUNNER", ENV_DIR]
+    return put, drop
+
+
+@contextlib.contextmanager
+def scoped_env(put: dict[str, str], drop: list[str]):
+    """Sets ``put`` and removes ``drop`` from ``os.environ`` inside the block; restores after."""
+    saved = {k: os.environ.get(k) for k in [*put, *drop]}
+    try:
+        for k in drop:
+            os.environ.pop(k, None)
+        os.environ.update(put)
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def write_model_dir(path: str, cfg, fused: dict[str, torch.Tensor]) -> str:
@@ -101,15 +151,13 @@ class VllmRolloutEngine:
 
     def __init__(self, cfg, fused: dict[str, torch.Tensor], route: str, lc, llm=None, workdir: str | None = None,
                  before_rpc: Callable[[str], None] | None = None, **engine_kwargs):
-        if route != "strict":
-            raise UnsupportedConfigError(f"vLLM rollout engine: route {route!r}: only the strict route is served "
-                                         "(rlk's strict plugin; stock vLLM is not rlk's native route)")
-        self.cfg, self.lc, self.before_rpc = cfg, lc, before_rpc
+        if route not in ROUTES:
+            raise UnsupportedConfigError(f"vLLM rollout engine: route {route!r}: one of {ROUTES} (strict: rlk's "
+                                         "plugin; native: stock vLLM)")
+        self.cfg, self.lc, self.before_rpc, self.route = cfg, lc, before_rpc, route
         self.workdir = workdir or tempfile.mkdtemp(prefix="rlk-vllm-rl-")
+        self.owns_engine = llm is None  # built here: close() shuts it down
         if llm is None:
-            # The engine's processes inherit this environment: set before vLLM reads it.
-            os.environ.update(engine_env(self.workdir))
-            from rlk.integrations.vllm.plugin import strict_engine_kwargs
             from vllm import LLM
 
             model_dir = write_model_dir(os.path.join(self.workdir, "model"), cfg, fused)
@@ -117,8 +165,17 @@ class VllmRolloutEngine:
             kw = dict(model=model_dir, tokenizer=model_dir, seed=lc.seed, max_num_seqs=lc.max_batch or n,
                       max_model_len=min(cfg.max_position_embeddings, 4096))
             kw.update(engine_kwargs)
-            built = strict_engine_kwargs(**kw)
-            llm = LLM(**built)
+            if route == "strict":
+                from rlk.integrations.vllm.plugin import strict_engine_kwargs
+
+                # The engine's processes inherit this environment: set before vLLM reads it.
+                os.environ.update(engine_env(self.workdir))
+                built = strict_engine_kwargs(**kw)
+                llm = LLM(**built)
+            else:
+                built = stock_engine_kwargs(**kw)
+                with scoped_env(*stock_env()):  # only while the engine's processes start
+                    llm = LLM(**built)
             self.kwargs = {k: v for k, v in built.items() if isinstance(v, (str, int, float, bool, dict))}
         else:
             self.kwargs = {}
@@ -139,8 +196,14 @@ class VllmRolloutEngine:
         object built it with (none when it was given an engine)."""
         import vllm
 
-        return {"name": "vLLM + rlk strict plugin", "vllm_version": getattr(vllm, "__version__", None),
-                "architecture": "RlkStrictQwen3ForCausalLM", "engine_kwargs": self.kwargs}
+        if self.route == "strict":
+            return {"name": "vLLM + rlk strict plugin", "vllm_version": getattr(vllm, "__version__", None),
+                    "architecture": "RlkStrictQwen3ForCausalLM", "engine_kwargs": self.kwargs}
+        return {"name": "stock vLLM", "vllm_version": getattr(vllm, "__version__", None),
+                "architecture": "Qwen3ForCausalLM", "engine_kwargs": self.kwargs,
+                # held: the parameters' bytes; loaded: what the worker read (a platform that
+                # repacks weights, vLLM's CPU build, keeps no checkpoint-layout copy).
+                "fingerprint_basis": getattr(self, "fingerprint_basis", None)}
 
     def engine_generation(self, generation: int) -> int:
         return self.base + 1 + int(generation)
@@ -159,10 +222,25 @@ class VllmRolloutEngine:
         save_safetensors(fused_to_hf(self.cfg, weights), path)
         if self.before_rpc is not None:
             self.before_rpc(path)
-        held = self._one("rlk_load_weights", path, self.engine_generation(generation), kind)
+        args = (path, self.engine_generation(generation), kind)
+        if self.route == "native":  # the stock worker fingerprints the names the trainer sent
+            args += (sorted(weights),)
+        held = self._one("rlk_load_weights", *args)
+        if self.route == "native":
+            self.fingerprint_basis = self._one("rlk_fingerprint_basis")
         self.llm.reset_prefix_cache()  # no KV of older weights (prefix caching is off in strict mode anyway)
         shutil.rmtree(d, ignore_errors=True)
         return held
+
+    def close(self) -> None:
+        """Shuts down an engine this object built (its processes and GPU memory go before the
+        loop's next arm starts another); an engine it was given stays up."""
+        if not self.owns_engine or self.llm is None:
+            return
+        core = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
+        if core is not None and hasattr(core, "shutdown"):
+            core.shutdown()
+        self.llm = None
 
     def fingerprint(self, kind: str = "sha256") -> str:
         return self._one("rlk_fingerprint", kind)

@@ -82,12 +82,12 @@ def test_corrupted_transport_raises_weight_sync_error(engine):
         eng.generate([[1, 2]], 0)
 
 
-def test_native_route_refused():
+def test_unknown_route_refused():
     from rlk.errors import UnsupportedConfigError
     from rlk.integrations.vllm.rl_engine import VllmRolloutEngine
 
-    with pytest.raises(UnsupportedConfigError, match="strict route"):
-        VllmRolloutEngine(None, {}, "native", None, llm=object())
+    with pytest.raises(UnsupportedConfigError, match="one of"):
+        VllmRolloutEngine(None, {}, "fast", None, llm=object())
 
 
 def test_engine_built_here_starts_with_the_strict_arm_environment(tmp_path, monkeypatch):
@@ -127,3 +127,50 @@ def test_engine_built_here_starts_with_the_strict_arm_environment(tmp_path, monk
     assert eng.base == 1 and seen["kw"]["max_num_seqs"] == lc.prompts_per_step * lc.group_size
     d = eng.describe()
     assert d["name"] == "vLLM + rlk strict plugin" and d["engine_kwargs"]["max_num_seqs"] == seen["kw"]["max_num_seqs"]
+
+
+def test_native_route_on_stock_vllm_syncs_and_reports_the_ratio(vllm_workdir, tmp_path):
+    """The native route's rollout engine is stock vLLM (its own Qwen3, no rlk code in its
+    processes): every sync loads through vLLM's in-place reload and the stock worker's
+    fingerprint over the trainer's names equals the trainer's, a stale generation is refused, each
+    step reports the ratio's distribution against rlk's native trainer, and the engine is shut
+    down when the arm ends."""
+    from rlk.integrations.vllm.rl_engine import VllmRolloutEngine, make_engine
+    from rlk.rl.loop import Hooks, LoopConfig, run_arm
+
+    lc = LoopConfig(steps=2, **dict(LC, route="native"))
+    # fp32: the CPU build's bf16 kernels end the worker process on the CI machines (the engine
+    # dies at its first step, with or without rlk); the GPU runs stock vLLM in bf16.
+    kw = dict(workdir=str(tmp_path), enforce_eager=True, max_model_len=256, max_num_batched_tokens=256,
+              dtype="float32")
+    engines = []
+
+    def build(cfg, fused, route, lc_):
+        engines.append(VllmRolloutEngine(cfg, fused, route, lc_, **kw))
+        return engines[-1]
+
+    seen = {}
+
+    def after_sync(generation, engine):
+        # While the engine is up: the held-bytes fingerprint is refused on the CPU build (it
+        # repacks its linear weights), and a generation not newer than the held one is refused
+        # before any file is read.
+        if generation == 1:
+            with pytest.raises(Exception, match="repacked"):
+                engine.fingerprint()
+            held_gen = engine._one("rlk_generation")
+            with pytest.raises(Exception, match="stale"):
+                engine._one("rlk_load_weights", "not-read", held_gen, "sha256", [])
+            seen["checked"] = held_gen
+
+    arm = run_arm(lc, hooks=Hooks(after_sync=after_sync), make_engine=build)
+    eng = engines[0]
+    assert seen["checked"] == eng.base + 2 and eng.llm is None  # checked mid-run; closed after the arm
+    assert arm["engine"]["name"] == "stock vLLM" and arm["engine"]["architecture"] == "Qwen3ForCausalLM"
+    # vLLM's CPU build keeps no checkpoint-layout copy: the workers fingerprint what they loaded, and say so.
+    assert arm["engine"]["fingerprint_basis"] == "loaded", arm["engine"]
+    s = arm["summary"]
+    assert s["syncs_verified"] == 3 and arm["initial_sync"]["match"] and s["tokens"] == 2 * 4 * 3, s
+    for r in arm["steps"]:
+        assert r["sync"]["match"] and {"max", "p50", "p99"} <= set(r["abs_dev"]), r
+    assert callable(make_engine())

@@ -70,3 +70,92 @@ class RlkWorkerExtension:
 
     def rlk_generation(self) -> int:
         return int(self._rlk_model().rlk_weight_generation)
+
+
+STOCK_WORKER_EXT = "rlk.integrations.vllm.worker_ext.StockWorkerExtension"
+_TIED = ("lm_head.weight", "model.embed_tokens.weight")
+
+
+def stock_held_weights(model, vocab: int) -> dict:
+    """A stock vLLM Qwen3 model's weights under rlk's fused names: vLLM's own parameter names
+    (``qkv_proj`` = [Q|K|V] rows, ``gate_up_proj`` = [gate|up] rows, as rlk's fused layout),
+    embedding rows past the vocabulary (vLLM pads it) cut off, and ``lm_head.weight`` the embedding
+    when the two are tied (rlk's trainer names both)."""
+    held = {}
+    for name, p in model.named_parameters():
+        t = p.detach()
+        if name in _TIED and t.shape[0] > vocab:
+            t = t[:vocab]
+        held[name] = t
+    if _TIED[0] not in held and _TIED[1] in held:
+        held[_TIED[0]] = held[_TIED[1]]
+    return held
+
+
+class StockWorkerExtension:
+    """The weight-sync methods of :class:`RlkWorkerExtension` for **stock** vLLM serving Qwen3
+    (the RL loop's native arm: vLLM as its users run it, no rlk code in the model).
+
+    Loading: vLLM's in-place reload (``reload_weights(weights_iterator=...)``, which re-runs the
+    platform's weight processing) where the worker offers it, else the model's own
+    ``load_weights`` (vLLM's loader; Hugging Face names in). Fingerprint: over the names the
+    trainer sends, of the parameters the model holds when they are in checkpoint layout (CUDA,
+    unquantized bf16); a platform that repacks them for its kernels (vLLM's CPU build) leaves no
+    held bytes to compare, and the fingerprint then covers the tensors the worker loaded
+    (:meth:`rlk_fingerprint_basis` says which). The weight generation is kept here (stock models
+    have none): the initial load is generation 1, and an update must be newer."""
+
+    def _stock_state(self):
+        return self.get_model(), int(self.model_config.hf_config.vocab_size)
+
+    def rlk_load_weights(self, path: str, generation: int, kind: str = "sha256", names=None) -> str:
+        import inspect
+
+        from safetensors.torch import load_file
+
+        from rlk.rl import sync
+
+        held_gen = self.rlk_generation()
+        if int(generation) <= held_gen:
+            raise ValueError(f"stale weight generation {generation}: the engine holds {held_gen}")
+        model, vocab = self._stock_state()
+        dev = next(model.parameters()).device
+        loaded = load_file(str(path), device=str(dev))
+        runner = getattr(self, "model_runner", None)
+        reload = getattr(runner, "reload_weights", None)
+        if reload is not None and "weights_iterator" in inspect.signature(reload).parameters:
+            self.reload_weights(weights_iterator=iter(list(loaded.items())), is_checkpoint_format=True)
+        else:
+            model.load_weights(iter(list(loaded.items())))
+        self._rlk_stock_generation = int(generation)
+        if self.rlk_fingerprint_basis() == "held":
+            return self.rlk_fingerprint(kind, names)
+        from rlk.models.qwen3.config import Qwen3Config
+        from rlk.models.qwen3.layouts import hf_to_fused
+
+        cfg = Qwen3Config.from_dict(self.model_config.hf_config.to_dict())
+        fused = hf_to_fused(cfg, loaded)
+        return sync.fingerprint({n: fused[n] for n in names} if names is not None else fused, str(kind))
+
+    def rlk_fingerprint_basis(self) -> str:
+        """``held`` when every parameter is in checkpoint layout (its bytes are what the model
+        computes with), ``loaded`` when the platform repacked some (empty placeholders remain)."""
+        model, _ = self._stock_state()
+        return "held" if all(p.numel() for p in model.parameters()) else "loaded"
+
+    def rlk_fingerprint(self, kind: str = "sha256", names=None) -> str:
+        from rlk.rl import sync
+
+        if self.rlk_fingerprint_basis() != "held":
+            raise ValueError("stock vLLM on this platform repacked its weights: no held bytes to fingerprint")
+        model, vocab = self._stock_state()
+        held = stock_held_weights(model, vocab)
+        if names is not None:
+            missing = [n for n in names if n not in held]
+            if missing:
+                raise ValueError(f"stock vLLM model holds no {missing[:4]} ({len(missing)} names)")
+            held = {n: held[n] for n in names}
+        return sync.fingerprint(held, str(kind))
+
+    def rlk_generation(self) -> int:
+        return int(getattr(self, "_rlk_stock_generation", 1))

@@ -55,8 +55,8 @@ def plot(arms: dict[str, dict], path: str, title: str = "", reward_rule: str = "
               ylabel="|ratio - 1|")
     ax[2].set_yscale("symlog", linthresh=1e-8)
     ax[3].set(title="sampling entropy (nats, mean over response tokens)", xlabel="step", ylabel="nats")
-    silent = [route for route, arm in arms.items()
-              if not any(math.isfinite(r.get("entropy_mean", float("nan"))) for r in arm["steps"])]
+    silent = [route for route, arm in arms.items() if arm["steps"]
+              and not any(math.isfinite(r.get("entropy_mean", float("nan"))) for r in arm["steps"])]
     if silent:
         # vLLM returns the sampled token's logp only: no entropy to draw for its arms.
         ax[3].text(0.5, 0.5, f"not reported by the rollout engine ({', '.join(silent)})", ha="center",

@@ -173,12 +173,21 @@ def test_report_takes_only_the_named_arms_of_a_filtered_folder(tmp_path):
         _arm(d, "rlk", {"W0": rlk})
         (d / "checkpoint.json").write_text(json.dumps({"sha256": "c" * 64}))
     _arm(old, "batch_invariant", {"W0": 400.0})
-    rep = engine_report_bench.build([str(new), f"{old}:batch_invariant"])
+    _cmp(old, 0)  # the old folder's comparison scored its own rlk arm, which the filter leaves out
+    rep = engine_report_bench.build([f"{old}:batch_invariant", str(new)])
+    assert rep["bitwise"] == {} and rep["bitwise_from"] is None and "rlk_bitwise_rlk_trainer" not in rep["targets"]
+    _cmp(new, 1)
+    rep = engine_report_bench.build([f"{old}:batch_invariant", str(new)])
+    assert rep["bitwise_from"] == "arms" and rep["targets"]["rlk_bitwise_rlk_trainer"] is False
     w = rep["workloads"]["W0"]
     assert w["per_process"] == {"stock": [1000.0], "rlk": [960.0], "batch_invariant": [400.0]}, w
-    assert w["rlk_vs_batch_invariant_tok_per_s"] == 2.4 and rep["results_dirs"] == ["arms", "old/arms:batch_invariant"]
+    assert w["rlk_vs_batch_invariant_tok_per_s"] == 2.4 and rep["results_dirs"] == ["old/arms:batch_invariant", "arms"]
     with pytest.raises(ValueError, match="no arm_<arm>.json for"):
         engine_report_bench.build([str(new), f"{old}:eager"])
+    colon = tmp_path / "at_12:30"  # a folder name with ':' is a folder
+    colon.mkdir()
+    _arm(colon, "stock", {"W0": 1000.0})
+    assert engine_report_bench.split_entry(str(colon)) == (str(colon), None)
     (old / "checkpoint.json").write_text(json.dumps({"sha256": "d" * 64}))
     with pytest.raises(ValueError, match="different checkpoints"):
         engine_report_bench.build([str(new), f"{old}:batch_invariant"])

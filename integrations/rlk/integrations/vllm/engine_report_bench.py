@@ -50,15 +50,20 @@ def build(results) -> dict:
             raise ValueError(f"{d}: no arm_<arm>.json for {sorted(set(want) - set(arms_d))}")
         reps.append(arms_d)
     cmp, ck, cmp_dir = {}, {}, None
-    for d in dirs:
+    for d, want in zip(dirs, only):
         cp, kp = os.path.join(d, "compare.json"), os.path.join(d, "checkpoint.json")
-        if os.path.exists(cp) and not cmp:
-            cmp, cmp_dir = _load(cp), os.path.basename(os.path.normpath(d))
+        # A filtered folder lends arms only: its comparison scored tokens of arms left out.
+        if os.path.exists(cp) and not cmp and want is None:
+            cmp, cmp_dir = _load(cp), _label(d, want)
         if os.path.exists(kp):
             k = _load(kp)
             if ck and k.get("sha256") != ck.get("sha256"):
                 raise ValueError(f"results folders hold different checkpoints: {ck.get('sha256')} vs {k.get('sha256')}")
             ck = ck or k
+    bundles = {a.get("provenance", {}).get("extra", {}).get("bundle_sha256")
+               for r in reps for a in r.values() if isinstance(a.get("provenance"), dict)} - {None}
+    if len(bundles) > 1:
+        raise ValueError(f"results folders ran different vLLM bundles: {sorted(bundles)}")
     arms = {}  # the first record of each arm (engine settings, provenance, attribution)
     for arms_d in reps:
         for a, rec in arms_d.items():
@@ -126,6 +131,8 @@ def build(results) -> dict:
 def split_entry(entry: str) -> tuple[str, list[str] | None]:
     """``DIR`` (every arm in it) or ``DIR:arm[,arm]`` (only those arms: e.g. an arm measured by an
     earlier call on the same checkpoint and bundle, named in the report as such)."""
+    if os.path.isdir(entry):  # a folder whose name holds ':' is a folder, not a filter
+        return entry, None
     d, sep, arms = entry.rpartition(":")
     if not sep or os.sep in arms:
         return entry, None
@@ -137,7 +144,7 @@ def split_entry(entry: str) -> tuple[str, list[str] | None]:
 
 def _label(d: str, want) -> str:
     """A folder's name in the report: its base name; a filtered folder also its parent and arms."""
-    d = os.path.normpath(d)
+    d = os.path.normpath(os.path.abspath(d))
     if want is None:
         return os.path.basename(d)
     return f"{os.path.basename(os.path.dirname(d))}/{os.path.basename(d)}:{','.join(want)}"

@@ -2,8 +2,8 @@
 rlk's strict plugin on the strict route, stock vLLM on the native route.
 
 :class:`VllmRolloutEngine` serves the strict architecture (``RlkStrictQwen3ForCausalLM``), or for
-the native route stock vLLM's own Qwen3 (no rlk code in its processes, its own kernels and
-sampler, ``logprobs_mode`` its default: the log-softmax of the raw logits), in a vLLM ``LLM``
+the native route stock vLLM's own Qwen3 (no rlk model code: vLLM's model, kernels and
+sampler; only the weight-sync methods of its workers are rlk's, ``logprobs_mode`` its default: the log-softmax of the raw logits), in a vLLM ``LLM``
 and offers what the loop needs of a rollout engine: ``generate(prompts, step)``
 (responses, each sampled token's logp as vLLM reports it: with ``logprobs_mode="raw_logits"`` and
 ``logprobs=0`` the value rlk's fused LM head computed, fp32) and ``receive(weights, generation,
@@ -80,9 +80,10 @@ def stock_engine_kwargs(**overrides) -> dict:
 
 
 def stock_env() -> tuple[dict[str, str], list[str]]:
-    """(variables to set, variables to unset) while a stock engine starts: no plugin (rlk's code
-    stays out of its processes), spawned engine processes (the trainer has initialized CUDA),
-    none of the strict variables a strict arm of the same process exported."""
+    """(variables to set, variables to unset) while a stock engine starts: no plugin (rlk's model
+    and kernels stay out of its processes), spawned engine processes (the trainer has initialized
+    CUDA), none of the strict variables a strict arm of the same process exported. On a CPU the
+    interpreter and device variables stay (the CPU build needs ``VLLM_TARGET_DEVICE``)."""
     from rlk import determinism
     from rlk.integrations.vllm.counters import ENV_DIR
     from rlk.integrations.vllm.plugin import BASE_ENGINE_ENV
@@ -136,14 +137,17 @@ def _write_tokenizer(path: str, vocab: int) -> None:
 
 
 class VllmRolloutEngine:
-    """The loop's rollout engine on vLLM + rlk's strict plugin.
+    """The loop's rollout engine on vLLM: rlk's strict plugin on the strict route, stock vLLM on
+    the native route.
 
     Args:
       cfg, fused, route, lc: as :class:`rlk.rl.loop.RolloutEngine` (``fused``: the initial weights,
         written into the engine's checkpoint when ``llm`` is None).
-      llm: an engine already built with :func:`rlk.integrations.vllm.plugin.strict_engine_kwargs`
-        (worker extension included) serving ``cfg``; None builds one on ``workdir``.
-      workdir: where the checkpoint and the sync files go (default: a new temporary folder).
+      llm: an engine already built for ``route`` (:func:`rlk.integrations.vllm.plugin.strict_engine_kwargs`
+        or :func:`stock_engine_kwargs`, worker extension included) serving ``cfg``; None builds one
+        on ``workdir``. :meth:`close` shuts down only an engine built here.
+      workdir: where the checkpoint and the sync files go (default: a new temporary folder, removed
+        by :meth:`close`).
       before_rpc: ``before_rpc(path)`` runs on each written weight file before the workers load it
         (fault injection in tests).
       engine_kwargs: more ``LLM`` arguments when ``llm`` is None.
@@ -157,6 +161,7 @@ class VllmRolloutEngine:
         self.cfg, self.lc, self.before_rpc, self.route = cfg, lc, before_rpc, route
         self.workdir = workdir or tempfile.mkdtemp(prefix="rlk-vllm-rl-")
         self.owns_engine = llm is None  # built here: close() shuts it down
+        self.owns_workdir = workdir is None  # a temporary folder (checkpoint, sync files): close() removes it
         if llm is None:
             from vllm import LLM
 
@@ -241,6 +246,8 @@ class VllmRolloutEngine:
         if core is not None and hasattr(core, "shutdown"):
             core.shutdown()
         self.llm = None
+        if self.owns_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
 
     def fingerprint(self, kind: str = "sha256") -> str:
         return self._one("rlk_fingerprint", kind)

@@ -168,9 +168,54 @@ def test_native_route_on_stock_vllm_syncs_and_reports_the_ratio(vllm_workdir, tm
     assert seen["checked"] == eng.base + 2 and eng.llm is None  # checked mid-run; closed after the arm
     assert arm["engine"]["name"] == "stock vLLM" and arm["engine"]["architecture"] == "Qwen3ForCausalLM"
     # vLLM's CPU build keeps no checkpoint-layout copy: the workers fingerprint what they loaded, and say so.
-    assert arm["engine"]["fingerprint_basis"] == "loaded", arm["engine"]
+    import re
+
+    basis = re.fullmatch(r"loaded; (\d+) of (\d+) tensors compared equal to the held parameters \(via (\w+)\)",
+                         arm["engine"]["fingerprint_basis"])
+    # The embedding and norms keep their layout on the CPU build: those held bytes were compared.
+    assert basis and int(basis.group(1)) > 0 and basis.group(3) == "reload_weights", arm["engine"]
     s = arm["summary"]
     assert s["syncs_verified"] == 3 and arm["initial_sync"]["match"] and s["tokens"] == 2 * 4 * 3, s
     for r in arm["steps"]:
         assert r["sync"]["match"] and {"max", "p50", "p99"} <= set(r["abs_dev"]), r
     assert callable(make_engine())
+
+
+def test_stock_engine_built_here_starts_without_rlk_and_strict_variables(tmp_path, monkeypatch):
+    """The native route's stock engine starts with no plugin (``VLLM_PLUGINS`` empty), spawned
+    processes, and none of the strict arm's variables, even after a strict arm of the same process
+    exported them; they are back once it has started. ``close`` shuts it down and removes the
+    temporary folder it made. A stand-in ``vllm.LLM`` records the environment it is created under."""
+    import os
+    import sys
+    import types
+
+    from rlk import determinism
+    from rlk.integrations.vllm import rl_engine
+    from rlk.rl.loop import LoopConfig
+
+    seen, shut = {}, []
+
+    class FakeLLM:
+        def __init__(self, **kw):
+            seen.update(env=dict(os.environ), kw=kw)
+            self.llm_engine = types.SimpleNamespace(engine_core=types.SimpleNamespace(shutdown=lambda: shut.append(1)))
+
+        def collective_rpc(self, method, args=()):
+            return [1]
+
+    monkeypatch.setattr(os, "environ", dict(os.environ))
+    os.environ.update({"VLLM_PLUGINS": "rlk", "VLLM_USE_V2_MODEL_RUNNER": "0", **determinism.STRICT_ENV})
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=FakeLLM, __version__="0.0-stand-in"))
+    monkeypatch.setattr(rl_engine, "write_model_dir", lambda path, cfg, fused: path)
+    lc = LoopConfig(steps=1, **dict(LC, route="native"))
+    cfg, _ = lc.weights()
+    eng = rl_engine.VllmRolloutEngine(cfg, {}, "native", lc)
+    env = seen["env"]
+    assert env["VLLM_PLUGINS"] == "" and env["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn", env
+    assert not set(determinism.STRICT_ENV) & set(env) and "VLLM_USE_V2_MODEL_RUNNER" not in env
+    assert seen["kw"]["worker_extension_cls"].endswith("StockWorkerExtension") and seen["kw"]["dtype"] == "bfloat16"
+    assert os.environ["VLLM_PLUGINS"] == "rlk" and os.environ["VLLM_USE_V2_MODEL_RUNNER"] == "0"
+    assert eng.describe()["name"] == "stock vLLM" and os.path.isdir(eng.workdir)
+    eng.close()
+    assert shut == [1] and eng.llm is None and not os.path.exists(eng.workdir)

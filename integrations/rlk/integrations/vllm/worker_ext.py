@@ -94,23 +94,23 @@ def stock_held_weights(model, vocab: int) -> dict:
 
 class StockWorkerExtension:
     """The weight-sync methods of :class:`RlkWorkerExtension` for **stock** vLLM serving Qwen3
-    (the RL loop's native arm: vLLM as its users run it, no rlk code in the model).
+    (the RL loop's native arm: vLLM's own model and kernels; only these sync methods are rlk's).
 
     Loading: vLLM's in-place reload (``reload_weights(weights_iterator=...)``, which re-runs the
-    platform's weight processing) where the worker offers it, else the model's own
-    ``load_weights`` (vLLM's loader; Hugging Face names in). Fingerprint: over the names the
-    trainer sends, of the parameters the model holds when they are in checkpoint layout (CUDA,
-    unquantized bf16); a platform that repacks them for its kernels (vLLM's CPU build) leaves no
-    held bytes to compare, and the fingerprint then covers the tensors the worker loaded
-    (:meth:`rlk_fingerprint_basis` says which). The weight generation is kept here (stock models
-    have none): the initial load is generation 1, and an update must be newer."""
+    platform's weight processing) where the worker takes one, else the model's own
+    ``load_weights`` (vLLM's loader; Hugging Face names in); :meth:`rlk_fingerprint_basis` names
+    the path taken. Fingerprint, over the names the trainer sends: of the parameters the model
+    holds, when all are in checkpoint layout (CUDA, unquantized bf16: ``held``). A platform that
+    repacks some for its kernels (vLLM's CPU build) keeps no bytes of those to compare; then every
+    parameter still in checkpoint layout must equal what was loaded (exactly, in its own dtype),
+    and the fingerprint covers the loaded tensors (``loaded``). The weight generation is kept
+    here (stock models have none): the initial load is generation 1, and an update must be newer."""
 
     def _stock_state(self):
         return self.get_model(), int(self.model_config.hf_config.vocab_size)
 
     def rlk_load_weights(self, path: str, generation: int, kind: str = "sha256", names=None) -> str:
-        import inspect
-
+        import torch
         from safetensors.torch import load_file
 
         from rlk.rl import sync
@@ -121,34 +121,47 @@ class StockWorkerExtension:
         model, vocab = self._stock_state()
         dev = next(model.parameters()).device
         loaded = load_file(str(path), device=str(dev))
-        runner = getattr(self, "model_runner", None)
-        reload = getattr(runner, "reload_weights", None)
-        if reload is not None and "weights_iterator" in inspect.signature(reload).parameters:
+        try:
             self.reload_weights(weights_iterator=iter(list(loaded.items())), is_checkpoint_format=True)
-        else:
+            self._rlk_stock_path = "reload_weights"
+        except (AttributeError, TypeError):  # a worker without the in-place reload of this form
             model.load_weights(iter(list(loaded.items())))
+            self._rlk_stock_path = "load_weights"
         self._rlk_stock_generation = int(generation)
-        if self.rlk_fingerprint_basis() == "held":
+        if all(p.numel() for p in model.parameters()):
             return self.rlk_fingerprint(kind, names)
         from rlk.models.qwen3.config import Qwen3Config
         from rlk.models.qwen3.layouts import hf_to_fused
 
-        cfg = Qwen3Config.from_dict(self.model_config.hf_config.to_dict())
-        fused = hf_to_fused(cfg, loaded)
+        fused = hf_to_fused(Qwen3Config.from_dict(self.model_config.hf_config.to_dict()), loaded)
+        held = stock_held_weights(model, vocab)
+        checked = 0
+        for n, t in fused.items():
+            h = held.get(n)
+            if h is None or not h.numel() or h.shape != t.shape:
+                continue  # repacked by the platform: no checkpoint-layout bytes held
+            if not torch.equal(h, t.to(h.dtype)):
+                raise ValueError(f"stock vLLM holds other values than it loaded for {n}")
+            checked += 1
+        self._rlk_stock_checked = (checked, len(fused))
         return sync.fingerprint({n: fused[n] for n in names} if names is not None else fused, str(kind))
 
     def rlk_fingerprint_basis(self) -> str:
-        """``held`` when every parameter is in checkpoint layout (its bytes are what the model
-        computes with), ``loaded`` when the platform repacked some (empty placeholders remain)."""
+        """``held`` (every parameter in checkpoint layout: its bytes are what the model computes
+        with) or ``loaded; K of N compared held`` (the platform repacked some), with the load path."""
         model, _ = self._stock_state()
-        return "held" if all(p.numel() for p in model.parameters()) else "loaded"
+        path = getattr(self, "_rlk_stock_path", "initial load")
+        if all(p.numel() for p in model.parameters()):
+            return f"held (via {path})"
+        k, n = getattr(self, "_rlk_stock_checked", (0, 0))
+        return f"loaded; {k} of {n} tensors compared equal to the held parameters (via {path})"
 
     def rlk_fingerprint(self, kind: str = "sha256", names=None) -> str:
         from rlk.rl import sync
 
-        if self.rlk_fingerprint_basis() != "held":
-            raise ValueError("stock vLLM on this platform repacked its weights: no held bytes to fingerprint")
         model, vocab = self._stock_state()
+        if not all(p.numel() for p in model.parameters()):
+            raise ValueError("stock vLLM on this platform repacked its weights: no held bytes to fingerprint")
         held = stock_held_weights(model, vocab)
         if names is not None:
             missing = [n for n in names if n not in held]

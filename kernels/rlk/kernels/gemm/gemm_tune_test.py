@@ -462,3 +462,20 @@ def test_plan_refuses_column_ranges_wider_than_the_widest_tile(N, n_progs, fits)
     else:
         with pytest.raises(UnsupportedConfigError, match=f"use N_PROGS >= {-(-N // 256)} or 0"):
             launch.plan(16, 256, N, torch.device("cpu"), "decode", {"N_PROGS": n_progs})
+
+
+def test_default_rule_never_takes_column_ranges(tmp_path, monkeypatch):
+    """An N_PROGS candidate that fits every tuned shape is timed there, but the default rule,
+    which serves shapes nobody tuned (where the ranges may outgrow the widest tile), never lists it."""
+    _tiny_tuner(monkeypatch)
+    ranges = ("decode", {"BLOCK_M": 16, "BLOCK_K": 64, "num_warps": 4, "num_stages": 2, "N_PROGS": 1})
+    cands = [*gemm_tune.candidates(1), ranges]
+    monkeypatch.setattr(gemm_tune, "candidates", lambda m: cands)
+    monkeypatch.setattr(gemm_tune, "ALL_CANDIDATES", cands)
+    out = tmp_path / "tuned.json"
+    assert gemm_tune.main(["--out", str(out), "--workers", "1"]) == 0
+    doc = json.loads(out.read_text())
+    key = gemm_tune._key(ranges)
+    assert all(key in {k for per in v["cands_us"].values() for k in per} for v in doc["tuning"]["shapes"].values())
+    listed = {k for ks in doc["tuning"]["rule"]["candidates"].values() for k in ks}
+    assert listed and key not in listed, listed

@@ -7,6 +7,7 @@ first (conftest, Bazel test env, the release gate's ``cpu`` profile).
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 # Variables strict mode needs, with the value it needs. Checked by validate().
@@ -67,6 +68,29 @@ def export(variables: dict[str, str]) -> dict[str, str]:
             raise ValueError(f"{k}={v!r} contradicts the pinned fp_fusion={FP_FUSION}")
     os.environ.update(variables)
     return dict(variables)
+
+
+def unset(names) -> dict[str, str]:
+    """Removes ``names`` from this process's environment (e.g. a baseline engine that must start
+    without strict mode's variables); returns the values it removed."""
+    return {k: os.environ.pop(k) for k in list(names) if k in os.environ}
+
+
+@contextlib.contextmanager
+def scoped(put: dict[str, str], drop=()):
+    """Inside the block ``put`` is exported (:func:`export`'s checks) and ``drop`` unset, for
+    processes started there to inherit (a baseline engine's); the previous values come back after."""
+    saved = {k: os.environ.get(k) for k in [*put, *drop]}
+    try:
+        unset(drop)
+        export(put)
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def apply_strict_env() -> dict[str, str]:

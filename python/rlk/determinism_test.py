@@ -43,3 +43,20 @@ def test_interpret_flag_is_read_once_and_cdiv_matches_triton(monkeypatch):
     for a in (0, 1, 63, 64, 65, 151936, 2**40 + 3):
         for b in (1, 7, 64, 256):
             assert common.cdiv(a, b) == triton.cdiv(a, b)
+
+
+def test_scoped_sets_and_drops_then_restores(monkeypatch):
+    """Inside ``scoped`` the variables to put are set (with export's checks) and those to drop are
+    gone; afterwards each is back as it was, set or unset."""
+    monkeypatch.setenv("RLK_TEST_KEEP", "old")
+    monkeypatch.setenv("RLK_TEST_DROP", "here")
+    monkeypatch.delenv("RLK_TEST_NEW", raising=False)
+    with determinism.scoped({"RLK_TEST_KEEP": "new", "RLK_TEST_NEW": "1"}, ["RLK_TEST_DROP"]):
+        assert os.environ["RLK_TEST_KEEP"] == "new" and os.environ["RLK_TEST_NEW"] == "1"
+        assert "RLK_TEST_DROP" not in os.environ
+    assert os.environ["RLK_TEST_KEEP"] == "old" and os.environ["RLK_TEST_DROP"] == "here"
+    assert "RLK_TEST_NEW" not in os.environ
+    with pytest.raises(ValueError, match="NCCL_NVLS_ENABLE"):
+        with determinism.scoped({"NCCL_NVLS_ENABLE": "1"}):
+            pass
+    assert determinism.unset(["RLK_TEST_DROP", "RLK_TEST_ABSENT"]) == {"RLK_TEST_DROP": "here"}

@@ -151,8 +151,7 @@ def enter_arm_env(arm: str, counters_dir: str, model_runner: str | None = None) 
     from rlk import determinism
 
     if arm != "rlk":
-        for k in determinism.STRICT_ENV:
-            os.environ.pop(k, None)
+        determinism.unset(determinism.STRICT_ENV)
     determinism.export(arm_env(arm, counters_dir, model_runner))
 
 

@@ -27,7 +27,6 @@ torch route, a stand-in for megatron-core's native path. vLLM reports no samplin
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
@@ -38,6 +37,7 @@ from typing import Callable
 
 import torch
 
+from rlk import determinism
 from rlk.errors import UnsupportedConfigError
 
 
@@ -91,23 +91,6 @@ def stock_env() -> tuple[dict[str, str], list[str]]:
     put = dict(BASE_ENGINE_ENV, VLLM_PLUGINS="", VLLM_WORKER_MULTIPROC_METHOD="spawn")
     drop = [*determinism.STRICT_ENV, "VLLM_USE_V2_MODEL_RUNNER", ENV_DIR]
     return put, drop
-
-
-@contextlib.contextmanager
-def scoped_env(put: dict[str, str], drop: list[str]):
-    """Sets ``put`` and removes ``drop`` from ``os.environ`` inside the block; restores after."""
-    saved = {k: os.environ.get(k) for k in [*put, *drop]}
-    try:
-        for k in drop:
-            os.environ.pop(k, None)
-        os.environ.update(put)
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def write_model_dir(path: str, cfg, fused: dict[str, torch.Tensor]) -> str:
@@ -174,12 +157,12 @@ class VllmRolloutEngine:
                 from rlk.integrations.vllm.plugin import strict_engine_kwargs
 
                 # The engine's processes inherit this environment: set before vLLM reads it.
-                os.environ.update(engine_env(self.workdir))
+                determinism.export(engine_env(self.workdir))
                 built = strict_engine_kwargs(**kw)
                 llm = LLM(**built)
             else:
                 built = stock_engine_kwargs(**kw)
-                with scoped_env(*stock_env()):  # only while the engine's processes start
+                with determinism.scoped(*stock_env()):  # only while the engine's processes start
                     llm = LLM(**built)
             self.kwargs = {k: v for k, v in built.items() if isinstance(v, (str, int, float, bool, dict))}
         else:

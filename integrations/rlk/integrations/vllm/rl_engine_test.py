@@ -111,9 +111,12 @@ def test_engine_built_here_starts_with_the_strict_arm_environment(tmp_path, monk
         def collective_rpc(self, method, args=()):
             return [1]
 
-    monkeypatch.setattr(os, "environ", dict(os.environ))
-    for k in ("VLLM_PLUGINS", "VLLM_WORKER_MULTIPROC_METHOD", "VLLM_USE_V2_MODEL_RUNNER"):
-        os.environ.pop(k, None)
+    from rlk import determinism
+
+    # Every variable the engine may set is restored after the test (delenv records its prior state).
+    for k in {*plugin.strict_process_env(str(tmp_path)), *determinism.STRICT_ENV, "TRITON_INTERPRET",
+              "VLLM_TARGET_DEVICE", "VLLM_USE_V2_MODEL_RUNNER"}:
+        monkeypatch.delenv(k, raising=False)
     monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=FakeLLM, __version__="0.0-stand-in"))
     monkeypatch.setattr(plugin, "strict_engine_kwargs", lambda **kw: kw)
     monkeypatch.setattr(rl_engine, "write_model_dir", lambda path, cfg, fused: path)
@@ -204,8 +207,9 @@ def test_stock_engine_built_here_starts_without_rlk_and_strict_variables(tmp_pat
         def collective_rpc(self, method, args=()):
             return [1]
 
-    monkeypatch.setattr(os, "environ", dict(os.environ))
-    os.environ.update({"VLLM_PLUGINS": "rlk", "VLLM_USE_V2_MODEL_RUNNER": "0", **determinism.STRICT_ENV})
+    # As after a strict arm of the same process.
+    for k, v in {"VLLM_PLUGINS": "rlk", "VLLM_USE_V2_MODEL_RUNNER": "0", **determinism.STRICT_ENV}.items():
+        monkeypatch.setenv(k, v)
     monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=FakeLLM, __version__="0.0-stand-in"))
     monkeypatch.setattr(rl_engine, "write_model_dir", lambda path, cfg, fused: path)
     lc = LoopConfig(steps=1, **dict(LC, route="native"))

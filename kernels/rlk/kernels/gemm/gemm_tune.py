@@ -45,12 +45,14 @@ import json
 import math
 import multiprocessing as mp
 import os
-import shutil
 import sys
 import time
 
 import torch
 
+from rlk.kernels.gemm.gemm_compile import _dev, _key, _sync, precompile
+from rlk.kernels.gemm import gemm_table
+from rlk.kernels.gemm.gemm_table import merge_buckets  # noqa: F401  (tests)
 from rlk.testing.shapes import (QWEN3_8B_GEMMS, QWEN3_OTHER_GEMMS, QWEN3_RULE_HOLDOUT_SIZES,
                                 QWEN3_RULE_TUNE_SIZES)
 
@@ -167,16 +169,6 @@ def split_candidates(M: int) -> list:
     return [_dec(bm, *t) for bm in ((16, 64) if M <= 16 else (64,)) for t in SPLIT_DECODE_TILES]
 
 
-def _key(cand) -> str:
-    sched, cfg = cand
-    return sched + ":" + ",".join(f"{k}={cfg[k]}" for k in sorted(cfg))
-
-
-def _dev() -> str:
-    """CUDA; the CPU only under the Triton interpreter (the tuner's own smoke test)."""
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 def bench_ms(fn, budget_ms: float = 2.0) -> float:
     """Median per-call time of ``fn`` replayed from a CUDA graph of back-to-back calls (on the
     CPU, for the smoke test only: wall time of one call)."""
@@ -213,127 +205,8 @@ def bench_ms(fn, budget_ms: float = 2.0) -> float:
     return sorted(times)[1]
 
 
-def _sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
 def _geo(vals) -> float:
     return math.exp(sum(math.log(v) for v in vals) / len(vals))
-
-
-# ----------------------------------------------------------------------------- parallel compile
-_WEIGHTS = {}  # (K, N) -> a zero weight (one per worker process)
-
-
-def _compile_one(job) -> str | None:
-    """Launch (K, N, schedule, cfg, contract, fp32 output) once at M = 1 (fills Triton's disk
-    cache); the error text, or None."""
-    from rlk.kernels.gemm import launch  # noqa: PLC0415
-
-    K, N, sched, cfg, cid, fp32 = job
-    try:
-        if (K, N) not in _WEIGHTS:
-            _WEIGHTS.clear()
-            _WEIGHTS[(K, N)] = torch.zeros(N, K, device=_dev(), dtype=torch.bfloat16)
-        x = torch.zeros(1, K, device=_dev(), dtype=torch.bfloat16)
-        launch.gemm(x, _WEIGHTS[(K, N)], schedule=sched, config=cfg, contract=cid,
-                    out_dtype=torch.float32 if fp32 else torch.bfloat16)
-        _sync()
-        return None
-    except Exception as e:  # noqa: BLE001 (a config that does not compile is reported, not fatal)
-        return f"{type(e).__name__}: {str(e)[:120]}"
-
-
-def _compile_worker(conn, jobs: list, compile_one=_compile_one) -> None:
-    """Worker: compile ``jobs`` [(index, job)] in order, saying on ``conn`` which one starts
-    before it starts (``conn.send`` writes at once), so that a compiler that aborts the process
-    (an LLVM ``UNREACHABLE``, not a Python exception) is pinned on its job."""
-    for idx, job in jobs:
-        conn.send(("start", idx))
-        conn.send(("done", idx, compile_one(job)))
-    conn.close()
-
-
-def _compile_parallel(jobs: list, workers: int, compile_one=_compile_one) -> dict:
-    """{index: error text or None} of ``jobs`` compiled by ``compile_one`` (a module-level
-    function) in ``workers`` processes. A process that dies takes down only the job it was
-    compiling (reported with its exit code); the rest of its share goes on in a new process."""
-    from multiprocessing.connection import wait  # noqa: PLC0415
-
-    ctx = mp.get_context("spawn")
-    out = {}
-    # connection -> [process, remaining [(index, job)], index being compiled, messages received]
-    running = {}
-
-    def start(share):
-        parent, child = ctx.Pipe(duplex=False)
-        p = ctx.Process(target=_compile_worker, args=(child, share, compile_one), daemon=True)
-        p.start()
-        child.close()
-        running[parent] = [p, list(share), None, 0]
-
-    indexed = list(enumerate(jobs))
-    for i in range(workers):
-        if indexed[i::workers]:
-            start(indexed[i::workers])
-    while running:
-        for conn in wait(list(running)):
-            state = running[conn]
-            try:
-                msg = conn.recv()
-            except EOFError:  # the worker finished or died
-                del running[conn]
-                state[0].join()
-                rest = [(i, j) for i, j in state[1] if i not in out]
-                code = state[0].exitcode
-                if state[2] is not None and state[2] not in out:  # ended inside a job, whatever its code
-                    out[state[2]] = f"the compiling process died (exit code {code})"
-                    rest = [(i, j) for i, j in rest if i != state[2]]
-                elif rest and state[3] == 0:  # ended before its first job: it would again
-                    for i, _ in rest:
-                        out[i] = f"the compiling process died before its first job (exit code {code})"
-                    rest = []
-                if rest:
-                    start(rest)
-                continue
-            state[3] += 1
-            if msg[0] == "start":
-                state[2] = msg[1]
-            else:
-                out[msg[1]] = msg[2]
-                state[2] = None
-    return out
-
-
-def precompile(jobs: list, workers: int, contract_id: str | None = None,
-               out_fp32: bool = False) -> tuple[float, list, set]:
-    """Compile ``jobs`` [(K, N, schedule, fields)] under ``contract_id`` (default gemm.bf16.v1), with
-    bf16 (or, ``out_fp32``, fp32) outputs, in ``workers`` processes; (seconds, error lines, the
-    (K, N, candidate key) of every job that did not compile). Callers must not launch those in
-    their own process: a compiler abort would end it."""
-    from rlk.kernels.gemm import contract  # noqa: PLC0415
-
-    cid = contract_id or contract.CONTRACT_ID
-    t0 = time.time()
-    # One compile per kernel: the code depends on (K, split) through SEG_STEPS, not on N, except
-    # for N_PROGS decode, whose tile width and column range follow N.
-    groups = {}
-    for K, N, s, c in jobs:
-        key = [K, contract.segments(K, N, cid), s, c, N if c.get("N_PROGS") else None]
-        groups.setdefault(json.dumps(key, sort_keys=True), []).append((K, N, s, c))
-    reps = [(g[0][0], g[0][1], g[0][2], g[0][3], cid, out_fp32) for g in groups.values()]
-    if workers <= 1 or len(reps) < 2:
-        res = {i: _compile_one(j) for i, j in enumerate(reps)}
-    else:
-        res = _compile_parallel(reps, min(workers, len(reps)))
-    errors, failed = [], set()
-    for i, members in enumerate(groups.values()):
-        if res.get(i) is not None:
-            K, N, s, c = members[0]
-            errors.append(f"{K}x{N} {_key((s, c))}: {res[i]}")
-            failed.update((k, n, _key((ss, cc))) for k, n, ss, cc in members)
-    return time.time() - t0, errors, failed
 
 
 # ----------------------------------------------------------------------------- measurement
@@ -459,74 +332,9 @@ def to_buckets(run: list, by_key: dict, open_tail=None) -> list:
     return bks
 
 
-def merge_buckets(tuned: list, base: list, max_m: int) -> list:
-    """``tuned`` buckets up to M = ``max_m`` (its open bucket closed there), then the ``base``
-    buckets that reach above ``max_m``: the table a partial tune leaves, measured where it ran
-    and unchanged elsewhere (all of ``base`` when nothing was tuned)."""
-    if not tuned:
-        return [list(b) for b in base]
-    out = []
-    for b in tuned:
-        hi = max_m if b[0] is None else min(b[0], max_m)
-        out.append([hi, b[1], b[2]])
-        if hi == max_m:
-            break
-    out += [list(b) for b in base if b[0] is None or b[0] > max_m]
-    return out
-
-
 def install(tuned: str, table_out: str, record_out: str) -> None:
-    """Split a tuner output into the checked-in table (everything but the measurements, plus
-    the record's file name) and the measurement record (the tuner's file, unchanged).
-
-    A partial run (``--max-m`` below the largest M, ``--shapes``, or a budget that skipped shapes)
-    is merged into the table at ``table_out``: its shapes take the tuned buckets up to its largest
-    M and keep the table's above; shapes it did not tune, and the default rule, stay as they are.
-    The table then names both records (``tuning_record`` the new one, ``tuning_base`` what it kept)."""
-    from rlk.kernels.gemm import contract  # noqa: PLC0415
-
-    with open(tuned) as f:
-        doc = json.load(f)
-    if "shapes" not in doc or "tuning" not in doc:
-        raise SystemExit(f"{tuned}: not a gemm_tune output (no 'shapes' / 'tuning')")
-    tuned_for = doc["tuning"].get("contract", contract.CONTRACT_ID)
-    if tuned_for != contract.CONTRACT_ID:
-        raise SystemExit(f"{tuned}: tuned for {tuned_for}; the checked-in table serves {contract.CONTRACT_ID} "
-                         "(its split_k entries restate that contract's rule)")
-    m_list = doc["tuning"].get("m_list") or list(M_LIST)
-    # The default rule is fitted only by a run over every M (see main), so "rule" marks one.
-    whole = "rule" in doc["tuning"] and {f"{K}x{N}" for K, N in QWEN3_8B_GEMMS.values()} <= set(doc["shapes"])
-    if whole:
-        table = {k: v for k, v in doc.items() if k != "tuning"}
-        what = f"{len(table['shapes'])} shapes"
-    else:
-        with open(table_out) as f:
-            table = json.load(f)
-        kept, node = [], table
-        while node:
-            kept.append(node.get("tuning_record") or node.get("record"))
-            node = node.get("tuning_base") or node.get("base")
-        if os.path.basename(record_out) in kept:
-            raise SystemExit(f"--record {record_out}: the merged table keeps buckets measured in "
-                             f"{os.path.basename(record_out)}; give the new record another name")
-        max_m = max(m_list)
-        for key, entry in doc["shapes"].items():
-            base = table["shapes"].get(key, {})
-            base_bks = base.get("buckets") or table.get("default_buckets") or [[None, "prefill", None]]
-            table["shapes"][key] = {**base, "split_k": entry["split_k"],
-                                    "buckets": merge_buckets(entry["buckets"], base_bks, max_m)}
-        table["tuning_base"] = {"record": table.get("tuning_record"), "status": table.get("status"),
-                                **({"base": table["tuning_base"]} if "tuning_base" in table else {}),
-                                "kept": f"buckets above M = {max_m}, shapes other than "
-                                        f"{sorted(doc['shapes'])}, default_buckets"}
-        table["status"] = f"M <= {max_m} of {sorted(doc['shapes'])}: {doc['status']}"
-        what = f"{len(doc['shapes'])} shapes merged up to M = {max_m}"
-    table["tuning_record"] = os.path.basename(record_out)
-    with open(table_out, "w") as f:
-        json.dump(table, f, indent=1)
-        f.write("\n")
-    shutil.copyfile(tuned, record_out)  # byte for byte: its sha256 is what provenance recorded
-    print(f"wrote {table_out} ({what}) and {record_out}")
+    """:func:`rlk.kernels.gemm.gemm_table.install` with this tuner's M list and shapes."""
+    gemm_table.install(tuned, table_out, record_out, M_LIST, QWEN3_8B_GEMMS)
 
 
 def main(argv=None) -> int:

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from rlk.errors import UnsupportedConfigError
-from rlk.kernels.gemm import contract, gemm_tune, schedule
+from rlk.kernels.gemm import contract, gemm_compile, gemm_tune, schedule
 
 
 def test_choose_run_keeps_config_within_tie_and_jumps_when_needed():
@@ -158,7 +158,7 @@ def test_parallel_compile_pins_a_dying_process_on_its_job():
     """A process that dies while compiling (an LLVM abort, not an exception) is reported on the
     job it had started, and the jobs after it in its share are still compiled by a new process."""
     jobs = ["ok", "die", "ok", "bad", "ok", "ok", "ok", "exit0", "ok"]
-    out = gemm_tune._compile_parallel(jobs, 2, compile_one=_fake_compile)
+    out = gemm_compile._compile_parallel(jobs, 2, compile_one=_fake_compile)
     assert out == {0: None, 1: "the compiling process died (exit code 7)", 2: None,
                    3: "ValueError: bad config", 4: None, 5: None, 6: None,
                    7: "the compiling process died (exit code 0)", 8: None}
@@ -168,7 +168,7 @@ def test_precompile_compiles_n_progs_decode_once_per_n(monkeypatch):
     """A kernel's code follows (K, split, fields), and for N_PROGS decode also N (its tile width
     and column range): those are compiled per N, the others once for every N."""
     seen = []
-    monkeypatch.setattr(gemm_tune, "_compile_one", lambda job: seen.append(job[:2]) or None)
+    monkeypatch.setattr(gemm_compile, "_compile_one", lambda job: seen.append(job[:2]) or None)
     plain = ("decode", {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64, "num_warps": 4, "num_stages": 2})
     ranges = ("decode", {"BLOCK_M": 16, "BLOCK_K": 64, "num_warps": 4, "num_stages": 2, "N_PROGS": 3})
     gemm_tune.precompile([(128, n, *c) for n in (40, 96) for c in (plain, ranges)], workers=1)
@@ -186,8 +186,8 @@ def test_tuner_never_launches_a_candidate_that_did_not_compile(tmp_path, monkeyp
     from rlk.kernels.gemm import launch
 
     _tiny_tuner(monkeypatch)
-    real_compile, real_gemm = gemm_tune._compile_one, launch.gemm
-    monkeypatch.setattr(gemm_tune, "_compile_one",
+    real_compile, real_gemm = gemm_compile._compile_one, launch.gemm
+    monkeypatch.setattr(gemm_compile, "_compile_one",
                         lambda job: "RuntimeError: PassManager::run failed" if job[2] == "decode" else real_compile(job))
     launched = []
 
@@ -432,8 +432,8 @@ def test_tuner_skips_column_ranges_wider_than_any_listed_tile(tmp_path, monkeypa
     # One program over N: N=40 fits a 64-wide tile, N=96 would need 128.
     monkeypatch.setattr(launch, "WIDEST_TILE", 64)
     compiled = []
-    real_compile = gemm_tune._compile_one
-    monkeypatch.setattr(gemm_tune, "_compile_one", lambda job: compiled.append(job[:4]) or real_compile(job))
+    real_compile = gemm_compile._compile_one
+    monkeypatch.setattr(gemm_compile, "_compile_one", lambda job: compiled.append(job[:4]) or real_compile(job))
     out = tmp_path / "tuned.json"
     assert gemm_tune.main(["--out", str(out), "--workers", "1"]) == 0
     doc = json.loads(out.read_text())

@@ -163,12 +163,10 @@ def main(argv=None) -> int:
         make_trainer = RLTrainer
     make_engine = None
     if a.engine == "vllm":
-        # strict: vLLM + rlk's plugin; native: stock vLLM (rlk.integrations.vllm.rl_engine).
-        from rlk import determinism
-        from rlk.integrations.vllm import plugin
+        # strict: vLLM + rlk's plugin; native: stock vLLM. Each engine sets the environment its
+        # processes start with (rlk.integrations.vllm.rl_engine).
         from rlk.integrations.vllm.rl_engine import make_engine as vllm_engine
 
-        determinism.export(plugin.worker_env())  # the engine's processes inherit it
         make_engine = vllm_engine(**engine_kwargs(a, parser))
     try:
         for r in routes:

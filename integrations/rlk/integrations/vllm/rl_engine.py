@@ -84,7 +84,6 @@ def stock_env() -> tuple[dict[str, str], list[str]]:
     and kernels stay out of its processes), spawned engine processes (the trainer has initialized
     CUDA), none of the strict variables a strict arm of the same process exported. On a CPU the
     interpreter and device variables stay (the CPU build needs ``VLLM_TARGET_DEVICE``)."""
-    from rlk import determinism
     from rlk.integrations.vllm.counters import ENV_DIR
     from rlk.integrations.vllm.plugin import BASE_ENGINE_ENV
 

@@ -24,6 +24,10 @@ Qwen3 on the native route (the native trainer stays rlk's torch route); the
 weight sync writes a safetensors file and the workers load it through ``collective_rpc`` by
 method name, answering with the fingerprint of what they hold. On one GPU the trainer shares the
 device with vLLM: ``--engine-memory`` sets vLLM's share (``gpu_memory_utilization``).
+
+``--merge A.json,B.json --out DIR [--tag T]``: one report (JSON + PNG) of arms that ran in separate
+processes, e.g. the strict and the native arm of the 8B loop (one device call each); refused when
+the arms' settings, model, device or toolchain differ (``rlk.rl.loop.merge_reports``).
 """
 
 from __future__ import annotations
@@ -64,6 +68,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--out", help="report folder (required unless --replot)")
     p.add_argument("--replot", metavar="REPORT_JSON", help="only draw the PNG of a written report again")
+    p.add_argument("--merge", metavar="A.json,B.json",
+                   help="write one report of the arms of these reports (separate processes) to --out")
     p.add_argument("--model", default=d.model,
                    help="a named config (Qwen3Config NAMED, e.g. qwen3-8b): its trained checkpoint when it "
                         "has one (tiny, tiny-hd64) and no --recipe is given, else seeded weights")
@@ -143,6 +149,16 @@ def main(argv=None) -> int:
         return 0
     if not a.out:
         parser.error("--out is required")
+    if a.merge:
+        from rlk.errors import UnsupportedConfigError
+        from rlk.rl.loop import merge_reports
+
+        try:
+            report = merge_reports([p for p in a.merge.split(",") if p], a.out, tag=a.tag)
+        except (UnsupportedConfigError, OSError, ValueError) as e:
+            parser.error(str(e))
+        print(f"merged {', '.join(report['routes'])}: passed {report['passed']}; {report['files']}", file=sys.stderr)
+        return 0 if report["passed"] else 1
     if len(a.target) != 1 or ord(a.target) > 255:
         parser.error(f"--target must be one byte-valued character (got {a.target!r})")
     _setup_env()

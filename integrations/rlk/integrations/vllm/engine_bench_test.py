@@ -92,6 +92,19 @@ def test_report_ratios_and_targets(tmp_path):
     assert sum(line.startswith("| W0 | 2 | 10 | 1000.0 | 500.0 | 960.0 | 0.96 | 1.92 |") for line in md.splitlines()) == 1
 
 
+def test_report_attribution_names_its_workload(tmp_path):
+    _arm(tmp_path, "stock", {"W2": 1000.0})
+    _arm(tmp_path, "rlk", {"W2": 900.0})
+    _cmp(tmp_path, 0)
+    rec = json.loads((tmp_path / "arm_rlk.json").read_text())
+    rec["attribution"] = {"span_s": 2.0, "device_s": {"gemm": 1.5}, "what": "W2 prompts, 128 tokens each, profiled"}
+    (tmp_path / "arm_rlk.json").write_text(json.dumps(rec))
+    engine_report_bench.write(str(tmp_path), str(tmp_path / "out" / "vllm_h200.json"))
+    md = (tmp_path / "out" / "vllm_h200.md").read_text()
+    assert "Attribution (one profiled generate per arm: W2 prompts, 128 tokens each, profiled;" in md
+    assert "| rlk | None | 2.0 | None | 1.5 |" in md
+
+
 def test_report_targets_fail_on_slow_arm_or_one_mismatch(tmp_path):
     _arm(tmp_path, "stock", {"W0": 1000.0})
     _arm(tmp_path, "batch_invariant", {"W0": 990.0})

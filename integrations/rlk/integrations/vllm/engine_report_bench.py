@@ -174,8 +174,9 @@ def markdown(rep: dict) -> str:
     att = rep.get("attribution") or {}
     if att:
         classes = sorted({c for a in att.values() for c in a.get("device_s", {})})
-        lines += ["", "Attribution (one profiled generate per arm; seconds of device time per kernel class, "
-                      "host idle = kernel span minus busy time):", "",
+        what = sorted({a["what"] for a in att.values() if a.get("what")})
+        lines += ["", "Attribution (one profiled generate per arm" + (f": {'; '.join(what)}" if what else "")
+                  + "; seconds of device time per kernel class, host idle = kernel span minus busy time):", "",
                   "| arm | wall | span | host idle | " + " | ".join(classes) + " |",
                   "| --- | --- | --- | --- | " + " | ".join("---" for _ in classes) + " |"]
         for arm, a in att.items():

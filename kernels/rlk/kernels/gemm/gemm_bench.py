@@ -12,7 +12,7 @@ Run on the H200 (not in CI):
 replays) at the Qwen3-8B shapes for M in COMPARE_M (1-512); per row each contract's split and
 schedule, ``v2_rows_invariant`` (the M rows equal the same rows of the largest-M v2 call, both
 schedules where M <= 256) and ``v1_v2_same_bytes`` (False where their segments differ).
-``--v2-variants`` also times the bit-neutral decode tiles V2_DECODE_VARIANTS under v2 at M <= 128
+``--v2-variants`` also times the bit-neutral decode tiles V2_DECODE_VARIANTS under v2 at M <= 256
 (the tables were tuned for v1's splits) and reports the fastest. ``--dry-run`` writes the plans
 only (no timing; on CPU, so they are the interpreter's plans: BLOCK_K 64, the rest as on sm_90).
 
@@ -57,7 +57,7 @@ COMPARE_M = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 # Decode tiles timed under v2 with --v2-variants (all bit-neutral: free fields of the decode schedule).
 V2_DECODE_VARIANTS = {f"bn{bn}_bk{bk}_w{nw}": {"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": nw, "num_stages": 4}
                       for bn in (32, 64, 128) for bk in (64, 128) for nw in (4,)}
-V2_VARIANT_MAX_M = 128
+V2_VARIANT_MAX_M = 256  # the rollout's decode batches reach 256 sequences
 
 
 def _provenance(contract_ids=("gemm.bf16.v1",)) -> dict:
@@ -95,7 +95,7 @@ def main(argv=None) -> int:
     ap.add_argument("--compare-contracts", action="store_true",
                     help="v1 vs v2 vs cuBLAS at the Qwen3-8B shapes, M in COMPARE_M (CUDA graph timing)")
     ap.add_argument("--v2-variants", action="store_true",
-                    help="with --compare-contracts: also time V2_DECODE_VARIANTS under v2 at M <= 128")
+                    help="with --compare-contracts: also time V2_DECODE_VARIANTS under v2 at M <= 256")
     ap.add_argument("--dry-run", action="store_true",
                     help="with --compare-contracts: write the launch plans only (no timing; CPU is fine)")
     args = ap.parse_args(argv)

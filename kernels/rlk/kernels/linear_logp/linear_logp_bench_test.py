@@ -89,3 +89,14 @@ def test_variants_merge_fields_parse_and_refuse_bad_text(capsys):
     with pytest.raises(SystemExit) as e:  # a misspelt field would time the table under its label
         LV.main(["--out", "x.json", "--merge", "16", "--merge-cfg", "num_stage=3"])
     assert e.value.code == 2 and "not merge launch fields" in capsys.readouterr().err
+
+
+def test_variants_merge_line_reports_both_byte_checks():
+    """The merge rows' log line (it once read keys the merge rows do not have and stopped the run)."""
+    from rlk.kernels.linear_logp.linear_logp_variants import merge_line
+
+    row = {"pass": "merge", "T": 256, "V": 151936, "segments": 594, "unroll": 16, "merge_cfg": "num_stages=3",
+           "graph_us": 41.5, "same_logp": True, "same_lse": False}
+    line = merge_line(row)
+    assert "T=   256" in line and "S=594" in line and "num_stages=3" in line and line.endswith("same=False")
+    assert " table " in merge_line(dict(row, merge_cfg="", same_lse=True))

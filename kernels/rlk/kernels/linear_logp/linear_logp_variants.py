@@ -154,6 +154,12 @@ def parse_fields(text: str) -> dict:
     return out
 
 
+def merge_line(r: dict) -> str:
+    """The log line of one merge row of :func:`run_merge`."""
+    return (f"merge T={r['T']:6d} V={r['V']} S={r['segments']} unroll={r['unroll']:3d} "
+            f"{r['merge_cfg'] or 'table':28s} {r['graph_us']:9.2f} us same={r['same_logp'] and r['same_lse']}")
+
+
 def run_merge(T_list, V, H, unrolls, cfgs=("",), log=print):
     """merge_kernel alone (device time, CUDA-graph replay) for each ``config.MERGE_UNROLL`` in
     ``unrolls`` and each launch-field override of the merge entry in ``cfgs`` (``parse_fields``
@@ -197,8 +203,7 @@ def run_merge(T_list, V, H, unrolls, cfgs=("",), log=print):
                      "merge_cfg": text, "graph_us": us, "same_logp": _same(out[0], base[0]),
                      "same_lse": _same(out[1], base[1])}
                 rows.append(r)
-                log(f"merge T={T:6d} V={V} S={r['segments']} unroll={u:3d} {text or 'table':28s} {us:9.2f} us "
-                    f"same={r['same_logp'] and r['same_lse']}")
+                log(merge_line(r))
     return rows
 
 
@@ -287,7 +292,7 @@ def run(T_list, V, H, fwd_names, bwd_names, log=print):
                  "peak_mb": peak, "same_dh": _same(out[0], bbase[0]), "same_dw": _same(out[1], bbase[1])}
             rows.append(r)
             log(f"bwd T={T:6d} {name:28s} {us:10.1f} us {r['tflops']:6.1f} TF/s peak={peak:.0f}MB "
-                f"same={r['same_dh'] and r['same_dw']}")
+                    f"same={r['same_logp'] and r['same_lse']}")
     return rows
 
 

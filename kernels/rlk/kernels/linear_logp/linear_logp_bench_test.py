@@ -91,9 +91,14 @@ def test_variants_merge_fields_parse_and_refuse_bad_text(capsys):
     assert e.value.code == 2 and "not merge launch fields" in capsys.readouterr().err
 
 
-def test_variants_merge_line_reports_both_byte_checks():
-    """The merge rows' log line (it once read keys the merge rows do not have and stopped the run)."""
-    from rlk.kernels.linear_logp.linear_logp_variants import merge_line
+def test_variants_log_lines_report_their_rows_byte_checks():
+    """The merge and backward rows' log lines read the keys of their own rows (a line reading the
+    other pass's keys stops the run at its first row)."""
+    from rlk.kernels.linear_logp.linear_logp_variants import bwd_line, merge_line
+
+    bwd = {"pass": "bwd", "T": 64, "V": 37984, "variant": "table", "us": 812.4, "tflops": 70.2, "peak_mb": 310.0,
+           "same_dh": True, "same_dw": False}
+    assert bwd_line(bwd).startswith("bwd T=    64 table") and bwd_line(bwd).endswith("same=False")
 
     row = {"pass": "merge", "T": 256, "V": 151936, "segments": 594, "unroll": 16, "merge_cfg": "num_stages=3",
            "graph_us": 41.5, "same_logp": True, "same_lse": False}

@@ -160,6 +160,12 @@ def merge_line(r: dict) -> str:
             f"{r['merge_cfg'] or 'table':28s} {r['graph_us']:9.2f} us same={r['same_logp'] and r['same_lse']}")
 
 
+def bwd_line(r: dict) -> str:
+    """The log line of one backward row of :func:`run`."""
+    return (f"bwd T={r['T']:6d} {r['variant']:28s} {r['us']:10.1f} us {r['tflops']:6.1f} TF/s "
+            f"peak={r['peak_mb']:.0f}MB same={r['same_dh'] and r['same_dw']}")
+
+
 def run_merge(T_list, V, H, unrolls, cfgs=("",), log=print):
     """merge_kernel alone (device time, CUDA-graph replay) for each ``config.MERGE_UNROLL`` in
     ``unrolls`` and each launch-field override of the merge entry in ``cfgs`` (``parse_fields``
@@ -291,8 +297,7 @@ def run(T_list, V, H, fwd_names, bwd_names, log=print):
             r = {"pass": "bwd", "T": T, "V": V, "variant": name, "us": us, "tflops": 6 * T * V * H / us / 1e6,
                  "peak_mb": peak, "same_dh": _same(out[0], bbase[0]), "same_dw": _same(out[1], bbase[1])}
             rows.append(r)
-            log(f"bwd T={T:6d} {name:28s} {us:10.1f} us {r['tflops']:6.1f} TF/s peak={peak:.0f}MB "
-                    f"same={r['same_logp'] and r['same_lse']}")
+            log(bwd_line(r))
     return rows
 
 

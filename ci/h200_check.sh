@@ -68,6 +68,8 @@ stage rl_loop ${RL_LIMIT:-560} python3 -m rlk.rl --device cuda --model qwen3-8b 
   --optimizer-offload --prompts 4 --group-size 8 --response-len 128 --lr 1e-4 --steps 6 --tag h200 --quiet \
   --out "$R/rl_loop" ${RL_ARGS:-}
 # Only when named: megatron-core actor steps, strict spec vs megatron's native (local) spec (carry .whl/: megatron-core).
+# Full depth: MACTOR_ARGS="--layers 36 --optimizer-offload 0.85 --skip-rlk-reference" (megatron's CPU optimizer
+# offload for both arms; fraction 1 needs ~122 GiB of host; rlk's own trainer does not fit 36 layers x 32k tokens).
 stage megatron_actor ${MACTOR_LIMIT:-540} python3 -m rlk.integrations.megatron.actor_bench --out "$R/megatron_actor" \
   ${MACTOR_ARGS:-}
 stage e2e ${E2E_LIMIT:-540} python3 -m rlk.bench e2e --out "$R/e2e" ${E2E_ARGS:-}

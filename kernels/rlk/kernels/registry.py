@@ -25,8 +25,6 @@ class KernelEntry:
     configs: each a mapping of constexpr values plus ``num_warps``/``num_stages`` as launched
       on GPU (the ``DOT_DTYPE``-style constexprs take their GPU value).
     expects_mma: whether the compiled code must contain the contract's MMA form.
-    mma_form_of: the kernel whose entry of the contract's ``mma_form`` this one is held to (a
-      kernel that runs another's k-step, e.g. ``gemm.streamk`` runs ``gemm.tiled``'s); None: its own.
     """
 
     name: str
@@ -35,7 +33,6 @@ class KernelEntry:
     signature: Mapping[str, str]
     configs: tuple[Mapping[str, Any], ...]
     expects_mma: bool = False
-    mma_form_of: str | None = None
 
     def source_sha256(self) -> str:
         fn = getattr(self.fn, "fn", self.fn)

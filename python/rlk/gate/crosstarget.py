@@ -164,12 +164,6 @@ def fingerprint_compiled(compiled, target: str = "sm_90") -> str:
     return fingerprint_asm(compiled.asm[ASM_KEY[target]], target)
 
 
-def mma_form_key(entry) -> str:
-    """The kernel name whose entry of the contract's ``mma_form`` ``entry`` is held to: its
-    ``mma_form_of`` (a kernel running another's k-step), else its own name."""
-    return entry.mma_form_of or entry.name
-
-
 def expected_mma_forms(bit_fields: Mapping[str, Any], kernel: str, target: str, expects_mma: bool):
     """Forms the contract names for ``kernel`` on ``target``; None when it names none."""
     spec = bit_fields.get("mma_form")
@@ -264,7 +258,7 @@ def _check_one(entry, contract, config, target, launch_opts) -> dict:
         rec["float_atomics"].append("tt.atomic_rmw fadd (TTIR)")
     if rec["float_atomics"]:
         probs.append(f"floating-point atomics in the {target} code: {rec['float_atomics']}")
-    want = expected_mma_forms(bits, mma_form_key(entry), target, entry.expects_mma)
+    want = expected_mma_forms(bits, entry.name, target, entry.expects_mma)
     rec["expected_mma_form"] = None if want is None else (",".join(want) if want else "none")
     if want is None and rec["claimed"]:  # a target the contract does not claim need not be named
         probs.append(

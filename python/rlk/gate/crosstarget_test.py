@@ -221,20 +221,6 @@ def test_expected_mma_vocabulary():
     assert ct.expected_mma_forms({"mma_form": "none"}, "k", "gfx942", True) == []
 
 
-def test_streamk_kernel_is_held_to_the_tiled_kernels_mma_form():
-    from rlk.kernels import registry
-    from rlk.kernels.gemm import contract
-    from rlk.kernels.gemm import schedule  # noqa: F401 (registers the GEMM kernels)
-
-    bits = contract.CONTRACT.bit_fields
-    e = registry.get_kernel("gemm.streamk")
-    assert ct.mma_form_key(e) == "gemm.tiled"
-    want = ct.expected_mma_forms(bits, ct.mma_form_key(e), "sm_90", e.expects_mma)
-    assert want == sorted(contract.CONTRACT.bit_fields["mma_form"]["gemm.tiled"]["sm_90"])
-    # Under its own name the contract names no form: without the alias the gate would fail it.
-    assert ct.expected_mma_forms(bits, e.name, "sm_90", e.expects_mma) is None
-
-
 LAUNCHER = '''
 import triton
 from rlk.kernels.common import launch_options

@@ -24,19 +24,9 @@ trainer): the schedule runs with ``calculate_per_token_loss=True`` (no division 
 count) and the gradients are not rescaled by a token count afterwards, so the backward's
 grad_out is exactly 1 and micro-batches add up in order.
 
-**CPU.** megatron-core 0.19.2's DDP and optimizers assume a CUDA device in a few host-side
-spots that carry no arithmetic: ``_ParamAndGradBuffer`` allocates its grad (and, with the
-distributed optimizer, param) buffer with ``device=torch.cuda.current_device()``;
-``start_grad_sync`` reads ``torch.cuda.current_stream()`` (only to wait on CUDA-graph events);
-``Float16OptimizerWithFloat16Params`` / ``DistributedOptimizer`` accept a parameter only when
-``param.type()`` is ``torch.cuda.BFloat16Tensor`` and create their unit loss scale with
-``device='cuda'``; the schedule creates its token counter with ``device="cuda"``; activation
-recompute (``tensor_parallel.checkpoint``) saves the CUDA RNG state with
-``torch.cuda.random.get_rng_state``. On a machine without CUDA, :func:`cuda_names_on_cpu`
-answers exactly those queries with the CPU (device ``"cuda"`` -> ``"cpu"``, a CPU tensor's
-``type()`` -> the CUDA type name, no current stream, an empty CUDA RNG state: no CUDA generator
-exists and nothing here draws random numbers) while megatron's own DDP, schedule, recompute and
-optimizer code runs unmodified. It is never used when CUDA is available.
+**CPU.** megatron's DDP, schedule and optimizers run on a machine without CUDA through
+:func:`rlk.integrations.megatron.host_emulation.cuda_names_on_cpu` (never used when CUDA is
+available); optimizer offload: :mod:`rlk.integrations.megatron.offload`.
 
 Activation recompute (``recompute="full"``: every layer, megatron's uniform method, one layer
 per checkpoint; ``"selective"``: the core attention) re-runs the same rlk modules in backward:
@@ -46,56 +36,20 @@ Not covered: TP > 1 (the fused LM head + loss path is single-shard), ``overlap_g
 (its bucket readiness needs a ``.grad`` on every parameter; the fused LM head gives none), and
 the forward dispatch audit (``audit.forward_audit``): the per-token loss runs inside the
 model call (the output processor), and its torch arithmetic is the caller's, which the audit
-would flag; the forward without the loss is audited by ``megatron_test`` on the same spec.
+would flag; the forward without the loss is audited by ``megatron_test`` on the same spec. With
+``optimizer_offload``: only the distributed optimizer (megatron's precision-aware path, which
+keeps no fp32 main parameter on the device, requires it).
 """
 
 from __future__ import annotations
 
-import contextlib
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 import torch
 
 from rlk.errors import UnsupportedConfigError
-
-_CUDA_TYPE_NAMES = {torch.bfloat16: "torch.cuda.BFloat16Tensor", torch.float16: "torch.cuda.HalfTensor",
-                    torch.float32: "torch.cuda.FloatTensor"}
-
-
-class _CudaNamesOnCpu(torch.overrides.TorchFunctionMode):
-    """Factory calls asking for ``device="cuda"`` get the CPU; a CPU tensor's ``type()`` (no
-    arguments) reports the CUDA type name megatron's optimizers test for."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = dict(kwargs or {})
-        if func is torch.Tensor.type and len(args) == 1 and not kwargs and args[0].device.type == "cpu" \
-                and args[0].dtype in _CUDA_TYPE_NAMES:
-            return _CUDA_TYPE_NAMES[args[0].dtype]
-        dev = kwargs.get("device")
-        if dev is not None and torch.device(dev).type == "cuda":
-            kwargs["device"] = "cpu"
-        return func(*args, **kwargs)
-
-
-@contextlib.contextmanager
-def cuda_names_on_cpu():
-    """Runs megatron's DDP / schedule / optimizer host code on a machine without CUDA (module
-    docstring lists every query it answers). A no-op when CUDA is available."""
-    if torch.cuda.is_available():
-        yield
-        return
-    saved = torch.cuda.current_device, torch.cuda.current_stream, torch.cuda.random.get_rng_state
-    torch.cuda.current_device = lambda: "cpu"
-    torch.cuda.current_stream = lambda *a, **k: None
-    # No CUDA generator exists, so there is no state to save (megatron's restore of it is queued
-    # by torch for a CUDA initialization that never comes).
-    torch.cuda.random.get_rng_state = lambda *a, **k: torch.empty((0,), dtype=torch.uint8)
-    try:
-        with _CudaNamesOnCpu():
-            yield
-    finally:
-        torch.cuda.current_device, torch.cuda.current_stream, torch.cuda.random.get_rng_state = saved
-
+from rlk.integrations.megatron.host_emulation import cuda_names_on_cpu
+from rlk.integrations.megatron.offload import _configure_offload, check_offload, optimizer_placement, optimizer_step
 
 # TransformerConfig fields of each recompute choice.
 _RECOMPUTE = {None: {}, "full": dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1),
@@ -103,7 +57,8 @@ _RECOMPUTE = {None: {}, "full": dict(recompute_granularity="full", recompute_met
 
 
 def training_wrappers(module: torch.nn.Module, config, *, lr: float, betas: tuple[float, float], eps: float,
-                      distributed_optimizer: bool = True, optimizer: bool = True):
+                      distributed_optimizer: bool = True, optimizer: bool = True,
+                      optimizer_offload: Union[bool, float] = False):
     """megatron's ``DistributedDataParallel`` (``grad_reduce_in_fp32``: fp32 ``main_grad``
     buffers) around ``module`` and its Adam optimizer (bf16 params, fp32 main parameters,
     ``weight_decay=0``, no clipping), as :class:`MegatronActor` uses them; also sets
@@ -112,22 +67,44 @@ def training_wrappers(module: torch.nn.Module, config, *, lr: float, betas: tupl
 
     ``optimizer=False``: DDP and its ``main_grad`` buffers only; ``opt_config`` and ``optimizer``
     are None (no fp32 main parameters or Adam states: 12 of the 18 bytes per parameter, which
-    is what keeps a full-depth 8B model's forward + backward on one GPU)."""
+    is what keeps a full-depth 8B model's forward + backward on one GPU).
+
+    ``optimizer_offload`` (True = 1.0, or a fraction of the parameters, in their order): megatron's
+    own CPU offload, ``OptimizerConfig(optimizer_cpu_offload=True, optimizer_offload_fraction=f,
+    use_precision_aware_optimizer=True)`` with the distributed optimizer. megatron then builds a
+    ``HybridDeviceOptimizer`` over the bf16 parameter shards: for an offloaded parameter it keeps
+    an fp32 main parameter (the exact widening of the bf16 one), both Adam moments and a copy of
+    the fp32 gradient on the host (16 bytes per parameter), copies ``main_grad`` there at each
+    step, runs torch's AdamW on the host and writes the result back rounded to bf16 (round to
+    nearest even, as the device copy does); the rest keep fp32 main parameters and moments on the
+    device (12 bytes per parameter) and torch's AdamW there. The device holds no fp32 main
+    parameter of an offloaded tensor: 6 bytes per parameter (bf16 + fp32 ``main_grad``).
+    Choices made here: ``pin_cpu_grads=False`` (torch's page-locked allocator rounds each block
+    up to a power of two, e.g. 4 GiB for an LM head's 2.3 GiB fp32 gradient), no D2H/H2D overlap
+    streams, and torch's AdamW kernel choice (``_HOST_ADAM_FUSED``)."""
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.distributed.finalize_model_grads import finalize_model_grads
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
+    fraction = check_offload(optimizer_offload, optimizer=optimizer, distributed_optimizer=distributed_optimizer)
     # Without an optimizer, plain DDP: the distributed optimizer's bf16 parameter buffer has no use.
     distributed_optimizer = distributed_optimizer and optimizer
     ddp_config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=distributed_optimizer)
+    offload = dict(optimizer_cpu_offload=True, optimizer_offload_fraction=fraction, use_precision_aware_optimizer=True,
+                   overlap_cpu_optimizer_d2h_h2d=False, pin_cpu_grads=False) if fraction > 0 else {}
     opt_config = OptimizerConfig(
         optimizer="adam", lr=float(lr), min_lr=float(lr), weight_decay=0.0, adam_beta1=float(betas[0]),
         adam_beta2=float(betas[1]), adam_eps=float(eps), bf16=True, params_dtype=torch.bfloat16,
-        use_distributed_optimizer=distributed_optimizer, clip_grad=0.0)
+        use_distributed_optimizer=distributed_optimizer, clip_grad=0.0, **offload)
     with cuda_names_on_cpu():
         ddp = DistributedDataParallel(config, ddp_config, module=module)
-        opt = get_megatron_optimizer(opt_config, [ddp]) if optimizer else None
+    opt = None
+    if optimizer:
+        with cuda_names_on_cpu(placement=True):
+            opt = get_megatron_optimizer(opt_config, [ddp])
+        if fraction > 0:
+            _configure_offload(opt, fraction)
     config.finalize_model_grads_func = (
         lambda chunks, num_tokens=None, **kw: finalize_model_grads(chunks, None, **kw))
     return ddp_config, (opt_config if optimizer else None), ddp, opt
@@ -143,18 +120,24 @@ class MegatronActor:
         ``Float16OptimizerWithFloat16Params`` (False); both keep fp32 main parameters.
       recompute: None, ``"full"`` or ``"selective"`` activation recompute (module docstring).
       optimizer: False builds no optimizer (DDP ``main_grad`` buffers only; :meth:`step` refuses).
+      optimizer_offload: megatron's CPU offload of the fp32 main parameters and Adam moments
+        (True = all; a float: that fraction of the parameters); :func:`training_wrappers`.
       device: ``"cuda"``: parameters allocated on the GPU without an init, then loaded; None or
         ``"cpu"``: built on the host (megatron's DDP moves them to its buffers' device).
     """
 
     def __init__(self, cfg, hf: dict[str, torch.Tensor], *, lr: float = 1e-3,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, distributed_optimizer: bool = True,
-                 recompute: Optional[str] = None, device: Optional[str] = None, optimizer: bool = True):
+                 recompute: Optional[str] = None, device: Optional[str] = None, optimizer: bool = True,
+                 optimizer_offload: Union[bool, float] = False):
         from megatron.core import parallel_state as ps
 
         from rlk.integrations.megatron import spec, weights
 
         self.cfg = cfg
+        # Refused before anything is built.
+        self.optimizer_offload = check_offload(optimizer_offload, optimizer=optimizer,
+                                               distributed_optimizer=distributed_optimizer)
         spec.init_parallel(1)
         if ps.get_data_parallel_world_size() != 1:
             raise UnsupportedConfigError("MegatronActor: data parallel size must be 1 (one process at TP=1)")
@@ -174,7 +157,7 @@ class MegatronActor:
         self.model = model
         self.ddp_config, self.opt_config, self.ddp, self.optimizer = training_wrappers(
             model, model.config, lr=lr, betas=betas, eps=eps, distributed_optimizer=distributed_optimizer,
-            optimizer=optimizer)
+            optimizer=optimizer, optimizer_offload=optimizer_offload)
         self.steps = 0
 
     # ---- one training step ---------------------------------------------------------------------
@@ -226,14 +209,17 @@ class MegatronActor:
         """megatron's optimizer step (fp32 main parameters updated, copied back to bf16)."""
         if self.optimizer is None:
             raise UnsupportedConfigError("MegatronActor was built with optimizer=False: no optimizer step")
-        with cuda_names_on_cpu():
-            ok, grad_norm, zeros = self.optimizer.step()
+        ok, grad_norm, zeros = optimizer_step(self.optimizer)
         if not ok:
             raise UnsupportedConfigError("megatron optimizer step skipped (found inf/nan in the gradients)")
         self.steps += 1
         return {"grad_norm": None if grad_norm is None else float(grad_norm)}
 
     # ---- state --------------------------------------------------------------------------------
+    def optimizer_placement(self) -> dict:
+        """Where the optimizer's fp32 main parameters and Adam moments live (:func:`optimizer_placement`)."""
+        return optimizer_placement(self.optimizer)
+
     def main_grads(self) -> dict[str, torch.Tensor]:
         """Every parameter's fp32 ``main_grad`` (clones), by megatron name."""
         return {k: p.main_grad.detach().clone() for k, p in self.model.named_parameters()}

@@ -3,7 +3,7 @@ megatron-core's own native local (no TransformerEngine, no Apex) GPT model, on o
 
     python -m rlk.integrations.megatron.actor_bench --out DIR [--config qwen3-8b] [--layers 8] \\
         [--seqs 16] [--seq-len 2048] [--recompute full] [--recipe calibrated.v1] [--seed 0] \\
-        [--skip-native] [--device cuda] [--tag h200]
+        [--optimizer-offload [FRACTION]] [--skip-rlk-reference] [--skip-native] [--device cuda] [--tag h200]
 
 Writes ``DIR/megatron_actor_<tag>.json`` (tag ``h200`` on CUDA, ``cpu`` on the CPU), one progress
 line per phase on stderr; exit status 1 when a check fails.
@@ -13,17 +13,22 @@ second half response), packed; ``Qwen3Config.named(config)`` with ``num_hidden_l
 bf16 Hugging Face weights from ``rlk.models.qwen3.random_weights(cfg, seed, recipe=...)``; GRPO's
 clipped per-token loss (``rlk.rl.grpo``, clip 0.2, old logp = rlk's strict forward, advantages
 seeded as in ``actor_probe``). A step is megatron's forward_backward (no-pipelining schedule,
-DDP fp32 ``main_grad``) + its DistributedOptimizer Adam step (lr 1e-5).
+DDP fp32 ``main_grad``) + its DistributedOptimizer Adam step (lr 1e-5). ``--optimizer-offload``
+(all parameters, or the FRACTION given) builds both arms' optimizers with megatron's CPU offload
+(``actor.training_wrappers``: fp32 main parameters and Adam moments on the host); the record's
+``spec`` says so and where the states live, each arm its optimizer's placement.
 
 * ``strict``: :class:`rlk.integrations.megatron.actor.MegatronActor`. Step 1 (Triton compiles
   included) is fingerprinted; step 2 is timed per phase (``torch.cuda.synchronize`` around each)
-  with its peak memory (``max_memory_allocated`` / ``max_memory_reserved``, reset before it).
+  with its peak memory (``max_memory_allocated`` / ``max_memory_reserved``, reset before it) and
+  the process's peak host RSS so far (``getrusage`` ``ru_maxrss``: it cannot be reset).
 * ``run_to_run``: step 1 again in a fresh process (``--worker``): per-tensor fingerprints of the
   logp, every main_grad after forward_backward and every bf16 weight after the optimizer step.
 * ``vs_rlk_trainer``: rlk's own trainer (``Qwen3.trainer_logp``, strict, same loss) against step
   1's main_grads, as ``actor_probe``: logp bitwise; every main_grad but the LM head bitwise equal
   to rlk's bf16 gradient widened to fp32; the LM head's main_grad (fp32-accumulated by the fused
-  LM head + loss) rounded to bf16 equal to rlk's.
+  LM head + loss) rounded to bf16 equal to rlk's. Compared tensor by tensor on the device (one
+  fp32 widening at a time); ``--skip-rlk-reference`` leaves it out (see Memory).
 * ``native``: megatron's ``GPTModel`` with ``get_gpt_layer_local_spec(qk_layernorm=True,
   normalization="RMSNorm")`` (torch RMSNorm, local ``DotProductAttention`` on ``[b, s]`` with a
   causal mask: it takes no packed THD), RoPE (``rope_theta``), SwiGLU, fusions that need Apex or
@@ -37,6 +42,22 @@ fp32 main params + two fp32 Adam states = 18 bytes/param = 147 GB of model state
 one H200's 139 GiB; ``--layers`` (default 8: 2.8B parameters, ~50 GB of state) keeps every
 tensor's shape and the LM head of the real model.
 
+Memory at full depth (estimates, 8.19B parameters, 32k tokens, full recompute):
+
+* ``--optimizer-offload``: the GPU holds bf16 params + fp32 main_grad (6 bytes/param, 49 GB) +
+  activations; megatron's HybridDeviceOptimizer holds on the host the fp32 main params, both
+  moments and an fp32 copy of each gradient (16 bytes/param: 131 GB = 122 GiB), and the host
+  AdamW's two temporaries of the largest tensor (4.6 GiB for the LM head): more than a 128 GiB
+  machine leaves (the H100 / H200 machines report ~126 GiB MemTotal). A fraction below 1 keeps the
+  last parameters in megatron's order (the embedding, the first layers, the norms) on the GPU at
+  12 bytes/param: ``--optimizer-offload 0.85`` offloads the LM head, layers 35..4 and most of 3
+  (6.97B parameters): ~104 GiB host + temporaries, ~14 GiB more GPU.
+* rlk's trainer (``vs_rlk_trainer``) saves every layer's activations (no recompute): ~141 KB per
+  token and layer at Qwen3-8B widths, ~167 GB at 36 x 32k tokens, beyond one H200 however the
+  optimizer is placed; at full depth pass ``--skip-rlk-reference`` or at most ~12k tokens.
+* the comparisons hold no second copy of the gradients: run to run and native compare device
+  fingerprints, the rlk comparison widens one tensor at a time.
+
 Fingerprints (:func:`rlk.rl.sync.tensor_fingerprint`) are exact integer hashes computed on the
 device (no 30 GB host copy): integer sums modulo a prime are exact in any reduction order.
 """
@@ -48,6 +69,7 @@ import contextlib
 import gc
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -63,6 +85,9 @@ LM_HEAD = "output_layer.weight"
 LR = 1e-5
 REASON_REDUCED_DEPTH = ("full Qwen3-8B (36 layers, 8.2B params) needs 18 bytes/param (bf16 param, fp32 main_grad, "
                         "fp32 main param, 2 fp32 Adam states) = 147 GB > one H200's 139 GiB")
+REASON_DEPTH_OFFLOAD = ("--optimizer-offload: the GPU holds 6 bytes/param (bf16 param, fp32 main_grad; 49 GB at full "
+                        "Qwen3-8B depth), the host 16 bytes/param of offloaded state (fp32 main param, 2 fp32 Adam "
+                        "states, fp32 gradient copy; 131 GB at full depth, fraction 1)")
 _T0 = time.perf_counter()
 
 
@@ -146,7 +171,14 @@ def _timed(fwd_bwd, opt_step, device) -> dict:
     if cuda:
         out.update(peak_allocated_gib=round(torch.cuda.max_memory_allocated() / 2**30, 3),
                    peak_reserved_gib=round(torch.cuda.max_memory_reserved() / 2**30, 3))
+    out["peak_host_rss_gib"] = _host_rss_peak_gib()
     return out
+
+
+def _host_rss_peak_gib(who: int = resource.RUSAGE_SELF) -> float:
+    """The peak resident set of this process (or its largest waited-for child) since it started,
+    GiB (Linux reports ``ru_maxrss`` in KiB)."""
+    return round(resource.getrusage(who).ru_maxrss / 2**20, 3)
 
 
 def _free(device) -> None:
@@ -162,7 +194,7 @@ def _strict(cfg, hf, pk, loss, a, on_grads=None):
     from rlk.integrations.megatron.actor import MegatronActor
     from rlk.kernels.common import host_validated
 
-    actor = MegatronActor(cfg, hf, lr=LR, recompute=a.recompute, device=a.device)
+    actor = MegatronActor(cfg, hf, lr=LR, recompute=a.recompute, device=a.device, optimizer_offload=a.optimizer_offload)
     params = dict(actor.model.named_parameters())
     loaded = {k: _fingerprint(p) for k, p in params.items()}
     with host_validated():
@@ -260,6 +292,9 @@ class _NativeActor:
         from rlk.integrations.megatron import spec, weights
         from rlk.integrations.megatron.actor import cuda_names_on_cpu, training_wrappers
 
+        # --optimizer-offload applies to both arms (other callers' namespaces may not carry it).
+        self.optimizer_offload = getattr(a, "optimizer_offload", 0.0) if optimizer else 0.0
+
         spec.init_parallel(1)
         self.on_gpu = torch.device(a.device).type == "cuda"
         if self.on_gpu:  # local DotProductAttention forks megatron's model-parallel CUDA RNG (dropout)
@@ -268,8 +303,9 @@ class _NativeActor:
             self.f16, tc = _native_model(cfg, a, core_attention)
         self.model = self.f16.module
         weights.load_into(self.model, _native_state(cfg, hf))  # fail closed: every parameter covered
-        _, _, self.ddp, self.optimizer = training_wrappers(self.f16, tc, lr=LR, betas=(0.9, 0.999), eps=1e-8,
-                                                           optimizer=optimizer)
+        _, _, self.ddp, self.optimizer = training_wrappers(
+            self.f16, tc, lr=LR, betas=(0.9, 0.999), eps=1e-8, optimizer=optimizer,
+            optimizer_offload=self.optimizer_offload)
 
     def forward_backward(self, pk, loss, seqs: int) -> torch.Tensor:
         from megatron.core.pipeline_parallel.schedules import forward_backward_no_pipelining
@@ -318,41 +354,51 @@ class _NativeActor:
             del tracker.fork
 
     def step(self) -> None:
-        from rlk.integrations.megatron.actor import cuda_names_on_cpu
+        from rlk.integrations.megatron.offload import optimizer_step
 
         if self.optimizer is None:
             raise RuntimeError("native actor built with optimizer=False: no optimizer step")
-        with cuda_names_on_cpu():
-            ok, _, _ = self.optimizer.step()
+        ok, _, _ = optimizer_step(self.optimizer)
         if not ok:
             raise RuntimeError("native optimizer step skipped (inf/nan gradients)")
 
 
 # ---- the run -----------------------------------------------------------------------------------
 def run(a) -> dict:
+    from rlk.integrations.megatron.offload import optimizer_placement
+
     failures: list[str] = []
     checks: dict[str, bool] = {}
     _say(f"run to run: step 1 in a fresh process ({a.config}, {a.layers} layers, {a.seqs}x{a.seq_len}, {a.device})")
     other = _run_worker(a)
-    _say("rlk trainer: reference logp and gradients")
+    worker_rss = _host_rss_peak_gib(resource.RUSAGE_CHILDREN)
     cfg, hf, pk, loss, m = _setup(a)
-    lp_rlk, ref = _rlk_reference(cfg, m, pk, loss)
+    lp_rlk = ref = None
+    if not a.skip_rlk_reference:
+        _say("rlk trainer: reference logp and gradients")
+        lp_rlk, ref = _rlk_reference(cfg, m, pk, loss)
     del m
     _free(a.device)
-    _say("strict: step 1 (compiles) and comparison with rlk's trainer")
+    _say("strict: step 1 (compiles)" + ("" if ref is None else " and comparison with rlk's trainer"))
     actor, fps, (strict_logp, vs), loaded = _strict(
-        cfg, hf, pk, loss, a, on_grads=lambda lp, g: (lp.clone(), _vs_rlk(lp, g, lp_rlk, ref)))
+        cfg, hf, pk, loss, a,
+        on_grads=lambda lp, g: (lp.clone(), None if ref is None else _vs_rlk(lp, g, lp_rlk, ref)))
+    if vs is None:
+        vs = {"skipped": "--skip-rlk-reference (rlk's trainer keeps every layer's activations: module docstring, "
+                         "Memory)"}
     del hf, ref, lp_rlk
     _say("strict: step 2 (timed)")
     strict = _timed(lambda: actor.forward_backward([(pk, loss)]), actor.step, a.device)
+    strict["optimizer"] = actor.optimizer_placement()
     del actor
     _free(a.device)
     diff_names = sorted(k for k in fps if other.get(k) != fps[k]) + sorted(set(other) - set(fps))
     rtr = {"tensors": len(fps), "differing_tensors": len(diff_names), "differing": diff_names[:20]}
     checks["run_to_run_equal"] = not diff_names
-    checks["logp_equal_rlk"] = vs["logp"]["differ"] == 0
-    checks["grads_equal_rlk"] = vs["grads"]["differing_tensors"] == 0
-    checks["lm_head_bf16_rounding_equal_rlk"] = vs["lm_head_bf16_rounding"]["differ"] == 0
+    if "skipped" not in vs:
+        checks["logp_equal_rlk"] = vs["logp"]["differ"] == 0
+        checks["grads_equal_rlk"] = vs["grads"]["differing_tensors"] == 0
+        checks["lm_head_bf16_rounding_equal_rlk"] = vs["lm_head_bf16_rounding"]["differ"] == 0
     native, ratios, nvs = {"skipped": "--skip-native"}, None, None
     if not a.skip_native:
         _say("native: build megatron-core local-spec GPTModel, step 1")
@@ -371,6 +417,7 @@ def run(a) -> dict:
             checks["native_logp_close_to_strict"] = bool(torch.isfinite(lp).all()) and nvs["mean_abs_diff"] < 0.5
             _say("native: step 2 (timed)")
             native = _timed(lambda: nat.forward_backward(pk, loss, a.seqs), nat.step, a.device)
+            native["optimizer"] = optimizer_placement(nat.optimizer)
             del nat
         except Exception as e:  # reported, not raised: the strict results are still written
             import traceback
@@ -389,13 +436,25 @@ def run(a) -> dict:
     return {"spec": {"config": a.config, "layers": a.layers, "seqs": a.seqs, "seq_len": a.seq_len,
                      "tokens": int(pk.ids.shape[0]), "prompt_len": a.seq_len // 2, "recompute": a.recompute,
                      "recipe": a.recipe, "seed": a.seed, "device": a.device, "lr": LR,
-                     "reason_reduced_depth": REASON_REDUCED_DEPTH, "model_config": cfg.to_dict()},
+                     "reason_reduced_depth": REASON_DEPTH_OFFLOAD if a.optimizer_offload else REASON_REDUCED_DEPTH,
+                     "optimizer_offload": a.optimizer_offload, "optimizer_states": _states_at(a),
+                     "rlk_reference": not a.skip_rlk_reference, "model_config": cfg.to_dict()},
             "strict": strict, "native": native, "strict_vs_native": ratios,
             "strict_vs_native_note": "ratios are strict / native (> 1: strict slower or larger)",
             "native_vs_strict_logp": nvs,
             "run_to_run": rtr, "vs_rlk_trainer": vs, "checks": checks, "passed": not failures,
+            "peak_host_rss_gib": {"main": _host_rss_peak_gib(), "worker": worker_rss},
             "failures": failures, "provenance": _provenance(a), "versions": _versions(),
             "seconds_total": round(time.perf_counter() - _T0, 1)}
+
+
+def _states_at(a) -> str:
+    """Where both arms keep the fp32 main parameters and Adam moments."""
+    if not a.optimizer_offload:
+        return "device (megatron DistributedOptimizer, torch AdamW)"
+    where = ("host" if a.optimizer_offload >= 1.0
+             else f"host for {a.optimizer_offload:g} of the parameters, device for the rest")
+    return f"{where} (megatron HybridDeviceOptimizer under the DistributedOptimizer, torch AdamW)"
 
 
 def _provenance(a) -> dict:
@@ -443,6 +502,10 @@ def _parser():
     ap.add_argument("--recompute", default="full", choices=["full", "selective", "none"])
     ap.add_argument("--recipe", default="calibrated.v1")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--optimizer-offload", type=float, nargs="?", const=1.0, default=0.0, metavar="FRACTION",
+                    help="megatron's CPU offload of the fp32 main params and Adam moments, both arms (no value: all)")
+    ap.add_argument("--skip-rlk-reference", action="store_true",
+                    help="leave out the comparison with rlk's trainer (it does not fit at full depth and 32k tokens)")
     ap.add_argument("--skip-native", action="store_true")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--tag")
@@ -453,13 +516,16 @@ def _parser():
 
 def _args_of(a) -> list[str]:
     return ["--config", a.config, "--layers", str(a.layers), "--seqs", str(a.seqs), "--seq-len", str(a.seq_len),
-            "--recompute", a.recompute or "none", "--recipe", a.recipe, "--seed", str(a.seed), "--device", a.device]
+            "--recompute", a.recompute or "none", "--recipe", a.recipe, "--seed", str(a.seed), "--device", a.device,
+            "--optimizer-offload", repr(a.optimizer_offload)]
 
 
 def main(argv=None) -> int:
     ap = _parser()
     a = ap.parse_args(argv)
     a.recompute = None if a.recompute == "none" else a.recompute
+    if not 0.0 <= a.optimizer_offload <= 1.0:
+        ap.error(f"--optimizer-offload {a.optimizer_offload}: a fraction in (0, 1] (no value: 1)")
     if a.worker:
         fps = _worker_fingerprints(a)
         with open(a.worker, "w") as f:

@@ -5,7 +5,10 @@
 * the whole CLI runs (fresh-process worker, rlk's trainer, strict and native megatron-core steps)
   and every check passes;
 * a broken input fails the named checks: one bit of one rlk gradient (``grads_equal_rlk``) and one
-  worker fingerprint (``run_to_run_equal``).
+  worker fingerprint (``run_to_run_equal``);
+* ``--optimizer-offload`` reaches both arms and the run-to-run worker (megatron's
+  HybridDeviceOptimizer holds the states on the host) and is recorded, with the host RSS peaks;
+  ``--skip-rlk-reference`` leaves the rlk checks out.
 
 megatron-core 0.19.2 is required (``CI`` set: the tests fail when it is missing).
 """
@@ -24,7 +27,10 @@ ARGS = ["--config", "tiny", "--layers", "2", "--seqs", "2", "--seq-len", "16", "
 
 def test_cli_runs_and_passes(tmp_path):
     require_megatron()
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    # A fresh single process picks its own rendezvous port: one this pytest process set (an earlier
+    # test that started torch.distributed here) is taken.
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     p = subprocess.run([sys.executable, "-m", "rlk.integrations.megatron.actor_bench", "--out", str(tmp_path)] + ARGS,
                        env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-4000:]
@@ -69,3 +75,35 @@ def test_a_broken_input_fails_the_named_checks(tmp_path, monkeypatch):
     assert r["vs_rlk_trainer"]["grads"]["differing_elements"] == 1
     assert r["run_to_run"]["differing"] == ["weight/decoder.final_layernorm.weight"]
     assert r["native"] == {"skipped": "--skip-native"}
+
+
+def test_optimizer_offload_reaches_both_arms_and_the_worker(tmp_path, monkeypatch):
+    require_megatron()
+    from rlk.integrations.megatron import actor_bench as B
+
+    worker_argv = []
+
+    def in_process_worker(a):
+        # The worker's command line, parsed as the worker parses it, then run in this process.
+        argv = B._args_of(a)
+        worker_argv.append(argv)
+        w = B._parser().parse_args(argv)
+        w.recompute = None if w.recompute == "none" else w.recompute
+        return B._worker_fingerprints(w)
+
+    monkeypatch.setattr(B, "_run_worker", in_process_worker)
+    assert B.main(["--out", str(tmp_path), "--optimizer-offload", "--skip-rlk-reference"] + ARGS) == 0
+    r = json.loads((tmp_path / "megatron_actor_cpu.json").read_text())
+    assert r["passed"] and set(r["checks"]) == {"run_to_run_equal", "native_weights_equal_strict",
+                                                "native_logp_close_to_strict"}, r["checks"]
+    assert worker_argv[0][worker_argv[0].index("--optimizer-offload") + 1] == "1.0"
+    spec = r["spec"]
+    assert spec["optimizer_offload"] == 1.0 and spec["optimizer_states"].startswith("host (megatron HybridDevice")
+    assert "reason_reduced_depth" in spec and spec["rlk_reference"] is False
+    assert "skipped" in r["vs_rlk_trainer"]
+    for arm in ("strict", "native"):
+        where = r[arm]["optimizer"]
+        assert where["inner"] == "megatron HybridDeviceOptimizer" and where["main_params"] == "host", (arm, where)
+        assert where["offloaded_tensors"] == where["tensors"] == 19 and where["device_state_bytes"] == 0, where
+        assert r[arm]["peak_host_rss_gib"] > 0
+    assert r["peak_host_rss_gib"]["main"] > 0

@@ -131,7 +131,6 @@ _SCHEDULE_FIELDS = {
     "FLAT": [0, 1],
     "PERSISTENT": [0, 1],
     "TMA": [0, 1],
-    "STREAMK": [0, 1],
     "N_PROGS": "decode: 0 (tiles of BLOCK_N) or a program count along N (columns cut into ranges of "
                "cdiv(N, N_PROGS) rounded up to 8, each in one BLOCK_N tile)",
     "m_bucket": "per (K, N) or the table's default rule: M ranges select the schedule and its free fields, never the split",
@@ -148,16 +147,11 @@ _EVIDENCE = {
     "FLAT": f"same operation sequence (interpreter tests); {_TUNE}",
     "PERSISTENT": f"tile walk order only (no cross-program sum); {_TUNE}",
     "TMA": f"load path only (zero fill past the edges); {_TUNE}",
-    "STREAMK": ("k-steps of the tiles shared out over a persistent grid: a tile cut between two programs "
-                "keeps one ascending chain, its fp32 accumulator and fold total passed exactly through "
-                "memory (kernel_streamk); gemm_streamk_test.py (interpreter: cuts inside and at segment "
-                "ends, split 1 and 2, odd M; sm_90 on an H100: 20 Qwen3-8B cases at M 96-511 identical to "
-                f"the tile walk); {_TUNE} (H100: 9,180 outputs, STREAMK candidates included, 0 differ)"),
     "N_PROGS": f"which program sums which output columns: every column still summed by one program "
                f"with the same K walk; gemm_invariance_test.py (interpreter: ragged ranges, odd N) + {_TUNE}",
     "m_bucket": f"selects schedule and free fields only (each measured bit-neutral above); {_TUNE}",
 }
-_KERNELS = ("gemm.segment", "gemm.fold", "gemm.tiled", "gemm.streamk")
+_KERNELS = ("gemm.segment", "gemm.fold", "gemm.tiled")
 
 CONTRACT = contracts.register(contracts.Contract(
     id=CONTRACT_ID,

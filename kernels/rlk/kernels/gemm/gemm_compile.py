@@ -35,10 +35,8 @@ _WEIGHTS = {}  # (K, N) -> a zero weight (one per worker process)
 
 
 def _compile_one(job) -> str | None:
-    """Launch (K, N, schedule, cfg, contract, fp32 output) once (fills Triton's disk cache); the
-    error text, or None. At M = 1, or for the stream-K walk at the smallest M with a tile per
-    program (below that the launcher takes the tile walk; M is not a compile-time value)."""
-    from rlk.kernels.common import cdiv  # noqa: PLC0415
+    """Launch (K, N, schedule, cfg, contract, fp32 output) once at M = 1 (fills Triton's disk
+    cache); the error text, or None."""
     from rlk.kernels.gemm import launch  # noqa: PLC0415
 
     K, N, sched, cfg, cid, fp32 = job
@@ -46,10 +44,7 @@ def _compile_one(job) -> str | None:
         if (K, N) not in _WEIGHTS:
             _WEIGHTS.clear()
             _WEIGHTS[(K, N)] = torch.zeros(N, K, device=_dev(), dtype=torch.bfloat16)
-        m = 1
-        if cfg.get("STREAMK"):
-            m = cfg["BLOCK_M"] * cdiv(launch.num_progs(torch.device(_dev())), cdiv(N, cfg["BLOCK_N"]))
-        x = torch.zeros(m, K, device=_dev(), dtype=torch.bfloat16)
+        x = torch.zeros(1, K, device=_dev(), dtype=torch.bfloat16)
         launch.gemm(x, _WEIGHTS[(K, N)], schedule=sched, config=cfg, contract=cid,
                     out_dtype=torch.float32 if fp32 else torch.bfloat16)
         _sync()

@@ -83,11 +83,6 @@ SMALL_M_TILES = ((16, 16, 256, 4, 4, 0), (16, 32, 128, 4, 4, 0), (16, 32, 256, 4
 # Decode with N cut evenly over a program count instead of BLOCK_N tiles (one wave on 132 SMs, or
 # two or three programs per SM): (N_PROGS, BLOCK_K, warps, stages); BLOCK_N follows the range.
 RANGE_TILES = ((132, 128, 4, 4), (132, 256, 4, 3), (264, 128, 4, 4), (264, 256, 4, 3), (396, 128, 4, 4))
-# The prefill kernel's stream-K walk (k-steps shared out over one program per SM), from M = 65 to
-# 1024, where a tile count just past a multiple of the SM count leaves a last wave part empty:
-# (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages).
-STREAMK_TILES = ((64, 64, 64, 4, 5), (64, 64, 128, 4, 4), (64, 128, 64, 4, 4), (128, 64, 64, 4, 4),
-                 (128, 128, 64, 8, 4), (128, 256, 64, 8, 3))
 COLD_FACTOR = 4  # a weight ring's bytes are at least this many times the L2 cache
 
 
@@ -132,19 +127,16 @@ def _dec(bm, bn, bk, nw, ns):
     return ("decode", {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": nw, "num_stages": ns})
 
 
-def _pre(bm, bn, bk, nw, ns, pers, streamk=0):
-    fields = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "num_warps": nw,
-              "num_stages": ns, "FLAT": 1, "PERSISTENT": pers, "TMA": 1}
-    if streamk:
-        fields["STREAMK"] = 1
-    return ("prefill", fields)
+def _pre(bm, bn, bk, nw, ns, pers):
+    return ("prefill", {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "num_warps": nw,
+                        "num_stages": ns, "FLAT": 1, "PERSISTENT": pers, "TMA": 1})
 
 
 def candidates(M: int) -> list:
     """(schedule, fields) tried at M: decode with a BLOCK_M covering M (16 or 64) up to M = 512;
     prefill tiles with BLOCK_M 16 / 32 covering M up to M = 32 (SMALL_M_TILES), with BLOCK_M 64 at
-    small M, all tiles at mid M, the large ones from M = 2048; from M = 65 to 1024 the stream-K walk
-    (STREAMK_TILES); up to M = 64 decode over N_PROGS column ranges (RANGE_TILES)."""
+    small M, all tiles at mid M, the large ones from M = 2048; up to M = 64 decode over N_PROGS
+    column ranges (RANGE_TILES)."""
     out = []
     if M <= 512:
         for bm in ((16, 64) if M <= 16 else (64,)):
@@ -155,8 +147,6 @@ def candidates(M: int) -> list:
     for t in PREFILL_TILES:
         if (M <= 64 and t[0] == 64) or 64 < M <= 1024 or (M > 1024 and (t[0] == 128 or t[1] == 256)):
             out.append(_pre(*t))
-    if 64 < M <= 1024:
-        out += [_pre(*t, 0, streamk=1) for t in STREAMK_TILES]
     if M <= 64:
         bm = 16 if M <= 16 else 32 if M <= 32 else 64
         out += [("decode", {"BLOCK_M": bm, "BLOCK_K": bk, "num_warps": nw, "num_stages": ns, "N_PROGS": n})

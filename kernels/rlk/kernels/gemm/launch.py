@@ -15,7 +15,7 @@ from rlk.kernels import plans
 from rlk.kernels.common import arch_of, cdiv, dot_dtype_for, interpret_flag, launch_options, sm_count
 # The module is gemm_contract here: ``contract`` is the contract-ID argument of gemm() and plan().
 from rlk.kernels.gemm import contract as gemm_contract
-from rlk.kernels.gemm import kernel, kernel_streamk, kernel_tiled
+from rlk.kernels.gemm import kernel, kernel_tiled
 from rlk.kernels.gemm import schedule as gemm_schedule
 from rlk.kernels.launcher import launch
 
@@ -118,7 +118,7 @@ def _plan(M: int, K: int, N: int, arch: str, schedule: str | None, cpu: bool, co
                     f"the widest listed tile ({WIDEST_TILE}); use N_PROGS >= {cdiv(N, WIDEST_TILE)} or 0")
         cfg["COLS"] = cols
     if schedule == "prefill":
-        for key in ("FLAT", "PERSISTENT", "TMA", "STREAMK"):
+        for key in ("FLAT", "PERSISTENT", "TMA"):
             cfg[key] = int(cfg.get(key, 0))
     return {"arch": arch, "contract": contract_id, "schedule": schedule, "split_k": split, "seg_chunks": seg_chunks,
             "seg_steps": seg_chunks * gemm_contract.CHUNK_K // cfg["BLOCK_K"], **cfg}
@@ -148,31 +148,6 @@ def num_progs(device: torch.device) -> int:
     if device.type == "cpu":
         return 3
     return sm_count(device)
-
-
-# The stream-K schedule's handoff flags, per (device, stream): int32 zeros, left zero by every
-# launch (kernel_streamk). One launch at a time per stream uses them.
-_SK_FLAGS: dict = {}
-
-
-def _streamk_flags(device: torch.device, tiles: int):
-    """The flags of a stream-K launch on ``device``'s current stream (one per program: the SM
-    count, or the interpreter's 3), or None when the schedule cannot run and the launch takes the
-    one-program-per-tile walk instead (same bytes): fewer tiles than programs (a share must hold a
-    whole tile's k-steps), or no flags yet while a CUDA graph is being captured (a buffer
-    allocated inside a capture belongs to the graph's pool; engines warm every plan up before
-    they capture, ``warm_up``)."""
-    nprog = num_progs(device)
-    if tiles < nprog:
-        return None
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    key = (str(device), stream)
-    f = _SK_FLAGS.get(key)
-    if f is None:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return None
-        f = _SK_FLAGS[key] = torch.zeros(nprog, dtype=torch.int32, device=device)
-    return f
 
 
 def tma_ok(t: torch.Tensor) -> bool:
@@ -262,18 +237,6 @@ def gemm(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfl
                     y, out, M, N, y.stride(0), y.stride(1), M * N,
                     SPLIT_K=S, BLOCK_M=f["BLOCK_M"], BLOCK_N=f["BLOCK_N"], OUT_FP32=flags["OUT_FP32"],
                     INTERPRET=flags["INTERPRET"], num_warps=f["num_warps"], **opts))
-        elif p["STREAMK"] and (flags_sk := _streamk_flags(x.device, cdiv(M, bm) * cdiv(N, bn))) is not None:
-            nprog = flags_sk.numel()
-            lx, lw = tma_layout(x), tma_layout(w)
-            use_tma = bool(p["TMA"]) and lx == "row" and lw == "row"
-            xd, wd = ((_descriptor(x, lx, bm, bk), _descriptor(w, lw, bn, bk)) if use_tma else (None, None))
-            carry = torch.empty((nprog, 2, bm, bn), dtype=torch.float32, device=x.device)
-            handles.append(launch(kernel_streamk.gemm_streamk_kernel, (nprog,),
-                y, x, w, xd, wd, carry, flags_sk, M, N, K,
-                x.stride(0), x.stride(1), w.stride(0), w.stride(1), y.stride(0), y.stride(1),
-                SPLIT_K=S, SEG_STEPS=p["seg_steps"], BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=p["GROUP_M"],
-                NUM_PROGS=nprog, USE_TMA=use_tma,
-                num_warps=p["num_warps"], num_stages=p["num_stages"], **flags, **opts))
         else:
             tiles = cdiv(M, bm) * cdiv(N, bn)
             nprog = num_progs(x.device) if p["PERSISTENT"] else 0

@@ -2,7 +2,7 @@
 
 Free (measured bit-neutral, see the contract's evidence): decode vs prefill kernel, BLOCK_M,
 BLOCK_N, BLOCK_K (a multiple of 64), GROUP_M, num_warps, num_stages, the MMA instruction form,
-FLAT / PERSISTENT / TMA / STREAMK variants of the prefill kernel. Tables are keyed by (K, N); M buckets may
+FLAT / PERSISTENT / TMA variants of the prefill kernel. Tables are keyed by (K, N); M buckets may
 select the schedule and its free fields (bit-neutral), never the split. An entry's ``split_k``
 restates ``gemm.bf16.v1``'s ``contract.split_rule`` (checked at load); it is documentation only:
 ``launch.plan`` takes every split from the contract in use, so a ``gemm.bf16.v2`` plan reuses the
@@ -23,14 +23,14 @@ import os
 from rlk.errors import UnsupportedConfigError
 from rlk.kernels import common, registry
 from rlk.kernels.common import CPU_ARCH
-from rlk.kernels.gemm import kernel, kernel_streamk, kernel_tiled
+from rlk.kernels.gemm import kernel, kernel_tiled
 from rlk.kernels.gemm.contract import CONTRACT_ID, SCHEDULES, split_rule
 
 # Free fields per schedule (what a table entry or a config override may set).
 SCHEDULE_KEYS = {
     "decode": ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages", "N_PROGS"),
     "prefill": ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "FLAT",
-                "PERSISTENT", "TMA", "STREAMK"),
+                "PERSISTENT", "TMA"),
 }
 DECODE_BLOCK_M = (16, 32, 64)  # auto decode BLOCK_M: the smallest that covers M (max 64)
 
@@ -215,17 +215,6 @@ def _register_kernels() -> None:
                   "NUM_PROGS": 0, "FLAT": bool(bwd.get("FLAT", 1)), "USE_TMA": True, "X_T": True, "W_T": True,
                   **gpu, "num_warps": bwd["num_warps"], "num_stages": bwd["num_stages"]}),
         expects_mma=True))
-    registry.register_kernel(registry.KernelEntry(
-        name="gemm.streamk", contract_id=CONTRACT_ID, fn=kernel_streamk.gemm_streamk_kernel,
-        signature={"y_ptr": "*bf16", "x_ptr": "*bf16", "w_ptr": "*bf16", "x_desc": "constexpr",
-                   "w_desc": "constexpr", "carry_ptr": "*fp32", "flag_ptr": "*i32", **common,
-                   "stride_ym": "i32", "stride_yn": "i32", "SPLIT_K": "constexpr", "SEG_STEPS": "constexpr",
-                   "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr",
-                   "GROUP_M": "constexpr", "NUM_PROGS": "constexpr", "USE_TMA": "constexpr", **flags},
-        configs=({"x_desc": None, "w_desc": None, "SPLIT_K": 2, "SEG_STEPS": 32,
-                  "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8, "NUM_PROGS": 132, "USE_TMA": False,
-                  **gpu, "num_warps": 4, "num_stages": 4},),
-        expects_mma=True, mma_form_of="gemm.tiled"))
 
 
 _register_kernels()

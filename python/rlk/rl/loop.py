@@ -567,8 +567,9 @@ def merge_reports(json_paths: list[str], out_dir: str, tag: str | None = None) -
 
     Refuses (:class:`UnsupportedConfigError`) a route that appears twice, arms whose configs differ
     in anything but the route, models that differ, and sources measured on another device or
-    toolchain. The merged report keeps every source's provenance (``provenance.sources``, each
-    with its file name and routes), recomputes ``passed`` / ``failures`` from the strict arm as
+    toolchain, an unknown route, a source without a device or toolchain record, and an output file that
+    is one of the sources. The merged report keeps every source's provenance (``provenance.merged_from``,
+    each with its file name and routes), recomputes ``passed`` / ``failures`` from the strict arm as
     :func:`run_and_report` does, and is written as ``rl_loop_<tag>.json`` + ``.png`` (the step
     lines stay in each source's ``steps.jsonl``)."""
     from rlk.rl import report as rep
@@ -580,13 +581,19 @@ def merge_reports(json_paths: list[str], out_dir: str, tag: str | None = None) -
     for path in json_paths:
         with open(path) as f:
             doc = json.load(f)
-        if not isinstance(doc.get("arms"), dict) or not doc["arms"]:
+        if not isinstance(doc, dict) or not isinstance(doc.get("arms"), dict) or not doc["arms"]:
             raise UnsupportedConfigError(f"merge: {path} holds no arms (not an rl_loop report)")
         for route, arm in doc["arms"].items():
+            if route not in ROUTES:
+                raise UnsupportedConfigError(f"merge: {path} has an arm of unknown route {route!r} (known: {ROUTES})")
             if route in arms:
                 raise UnsupportedConfigError(f"merge: route {route!r} appears in more than one report ({path})")
+            if not isinstance(arm, dict) or not isinstance(arm.get("config"), dict) or "steps" not in arm:
+                raise UnsupportedConfigError(f"merge: {path}: arm {route!r} has no config or steps")
             arms[route] = arm
         prov = doc.get("provenance") or {}
+        if not isinstance(prov, dict) or not prov.get("device") or not prov.get("toolchain"):
+            raise UnsupportedConfigError(f"merge: {path} records no device or toolchain in its provenance")
         sources.append({"file": os.path.basename(path), "routes": sorted(doc["arms"]), "provenance": prov})
     first_route, first = next(iter(arms.items()))
     for route, arm in arms.items():
@@ -596,11 +603,14 @@ def merge_reports(json_paths: list[str], out_dir: str, tag: str | None = None) -
             if diff:
                 raise UnsupportedConfigError(f"merge: arms {first_route!r} and {route!r} differ in {key} {diff}")
     base = sources[0]["provenance"]
-    for s in sources[1:]:
+    for src in sources[1:]:
         for key in ("device", "toolchain"):
-            if s["provenance"].get(key) != base.get(key):
-                raise UnsupportedConfigError(f"merge: {s['file']} was measured on another {key} than "
-                                             f"{sources[0]['file']}")
+            a, b = base[key], src["provenance"][key]
+            if a != b:
+                diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k)) if isinstance(a, dict) \
+                    and isinstance(b, dict) else [key]
+                raise UnsupportedConfigError(f"merge: {src['file']} was measured on another {key} than "
+                                             f"{sources[0]['file']} ({', '.join(map(str, diff))} differ)")
     routes = [r for r in ROUTES if r in arms]
     arms = {r: arms[r] for r in routes}
     failures = strict_failures(arms["strict"]) if "strict" in arms else []
@@ -608,6 +618,10 @@ def merge_reports(json_paths: list[str], out_dir: str, tag: str | None = None) -
     cfg["betas"] = tuple(cfg.get("betas", LoopConfig.betas))
     lc = LoopConfig(**{k: v for k, v in cfg.items() if k in {f.name for f in dataclasses.fields(LoopConfig)}})
     paths = output_paths(out_dir, lc.device, tag)
+    clash = [p for p in json_paths if os.path.abspath(p) in {os.path.abspath(paths["json"]), os.path.abspath(paths["png"])}]
+    if clash:
+        raise UnsupportedConfigError(f"merge: the merged report would overwrite its source {clash[0]} "
+                                     "(another --out or --tag)")
     os.makedirs(out_dir, exist_ok=True)
     report = {"arms": arms, "routes": routes, "passed": not failures, "failures": failures,
               "provenance": {"merged_from": sources, "note": "arms from separate processes; each source's "

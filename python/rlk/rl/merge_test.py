@@ -2,6 +2,7 @@
 same experiment (another setting, model, device or toolchain, or a route twice)."""
 
 import json
+import os
 
 import pytest
 
@@ -50,13 +51,41 @@ def test_merge_recomputes_the_strict_verdict(tmp_path):
     assert not rep["passed"] and any("ratio_not_one 1" in f for f in rep["failures"])
 
 
-@pytest.mark.parametrize("case", ["same_route", "other_lr", "other_steps", "other_device", "one_report"])
+def _odd(tmp_path, name, doc):
+    path = tmp_path / name
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+CASES = {
+    "same_route": (lambda t: _report(t, "strict", steps=2, not_one=1), "more than one report"),
+    "other_lr": (lambda t: _report(t, "native", lr=1e-3), "differ in config"),
+    "other_steps": (lambda t: _report(t, "native", steps=3), "differ in config"),
+    "other_device": (lambda t: _report(t, "native", prov=dict(PROV, device={"name": "NVIDIA H100"})),
+                     "another device .*name differ"),
+    "other_driver": (lambda t: _report(t, "native", prov=dict(PROV, toolchain={"torch": "2.11.0", "vllm": "0.27.0"})),
+                     "another toolchain .*vllm differ"),
+    "no_provenance": (lambda t: _report(t, "native", prov={"error": "no record"}), "no device or toolchain"),
+    "unknown_route": (lambda t: _odd(t, "odd.json", {"arms": {"greedy": {"config": {}, "steps": []}},
+                                                      "provenance": PROV}), "unknown route 'greedy'"),
+    "not_a_report": (lambda t: _odd(t, "list.json", [1, 2]), "holds no arms"),
+    "one_report": (lambda t: None, "at least two"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
 def test_merge_refuses_what_is_not_one_experiment(tmp_path, case):
     a = _report(tmp_path, "strict")
-    b = {"same_route": lambda: _report(tmp_path, "strict", steps=2, not_one=1),
-         "other_lr": lambda: _report(tmp_path, "native", lr=1e-3),
-         "other_steps": lambda: _report(tmp_path, "native", steps=3),
-         "other_device": lambda: _report(tmp_path, "native", prov=dict(PROV, device={"name": "NVIDIA H100"})),
-         "one_report": lambda: None}[case]()
-    with pytest.raises(UnsupportedConfigError, match="merge"):
+    make, message = CASES[case]
+    b = make(tmp_path)
+    with pytest.raises(UnsupportedConfigError, match=f"merge: .*{message}"):
         loop.merge_reports([p for p in (a, b) if p], str(tmp_path / "out"))
+
+
+def test_merge_refuses_to_overwrite_a_source(tmp_path):
+    a = _report(tmp_path, "strict")
+    b = _report(tmp_path, "native")
+    os.rename(b, tmp_path / "rl_loop_x.json")
+    with pytest.raises(UnsupportedConfigError, match="would overwrite its source"):
+        loop.merge_reports([a, str(tmp_path / "rl_loop_x.json")], str(tmp_path), tag="x")
+    assert json.loads((tmp_path / "rl_loop_x.json").read_text())["routes"] == ["native"]  # untouched

@@ -129,7 +129,7 @@ _SCHEDULE_FIELDS = {
     "num_warps": [4, 8],
     "num_stages": [2, 3, 4, 5],
     "FLAT": [0, 1],
-    "PERSISTENT": [0, 1],
+    "PERSISTENT": [0, 1, 2],
     "TMA": [0, 1],
     "N_PROGS": "decode: 0 (tiles of BLOCK_N) or a program count along N (columns cut into ranges of "
                "cdiv(N, N_PROGS) rounded up to 8, each in one BLOCK_N tile)",
@@ -145,7 +145,9 @@ _EVIDENCE = {
     "num_stages": f"{_H200} (2/3/4)",
     "mma_form": f"{_H200}: mma.sync (BLOCK_M 16) vs wgmma identical",
     "FLAT": f"same operation sequence (interpreter tests); {_TUNE}",
-    "PERSISTENT": f"tile walk order only (no cross-program sum); {_TUNE}",
+    "PERSISTENT": (f"tile walk order only (no cross-program sum); {_TUNE}; 2 (the walk and each tile's K loop as "
+                   "one flattened software pipeline: the same per-tile operations, issued earlier): compiles for "
+                   "sm_90 and gfx942, the interpreter walks it as 1, GPU bytes not yet run"),
     "TMA": f"load path only (zero fill past the edges); {_TUNE}",
     "N_PROGS": f"which program sums which output columns: every column still summed by one program "
                f"with the same K walk; gemm_invariance_test.py (interpreter: ragged ranges, odd N) + {_TUNE}",

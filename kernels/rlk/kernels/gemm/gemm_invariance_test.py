@@ -118,12 +118,15 @@ def test_split_count_changes_bits(monkeypatch, request):
 
 @pytest.mark.parametrize("K,N", [(512, 63), (768, 96), (128, 96)], ids=["split2", "split3", "split1"])
 def test_prefill_variants_identical(K, N):
-    """FLAT (one K loop, fold at segment ends), PERSISTENT (3 programs walk the tiles) and TMA
-    (tensor descriptors; x, w contiguous with 16-byte rows) give the reference bytes."""
+    """FLAT (one K loop, fold at segment ends), PERSISTENT (3 programs walk the tiles; 2: the walk
+    as one flattened pipeline on the GPU, the same walk here) and TMA (tensor descriptors; x, w
+    contiguous with 16-byte rows) give the reference bytes; an unknown PERSISTENT is refused."""
     x, w = _rand(40, K, seed=11), _rand(N, K, seed=12)
     ref = gemm(x, w, out_dtype=torch.float32, schedule="prefill",
                config=dict(BLOCK_M=32, BLOCK_N=32, FLAT=0, PERSISTENT=0, TMA=0))
-    for flat, pers, tma in ((1, 0, 0), (0, 1, 0), (0, 0, 1), (1, 1, 1)):
+    with pytest.raises(UnsupportedConfigError, match="PERSISTENT=3"):
+        gemm(x, w, schedule="prefill", config=dict(PERSISTENT=3))
+    for flat, pers, tma in ((1, 0, 0), (0, 1, 0), (0, 0, 1), (1, 1, 1), (1, 2, 1)):
         cfg = dict(BLOCK_M=16, BLOCK_N=64, GROUP_M=2, FLAT=flat, PERSISTENT=pers, TMA=tma)
         for m in (1, 17, 40):
             y = gemm(x[:m], w, out_dtype=torch.float32, schedule="prefill", config=cfg)

@@ -7,7 +7,10 @@ per element; the GPU evidence is the tuner's byte-identity check and the ``gpu``
   segment end ``total += acc; acc = 0``. Otherwise a loop over segments with a loop over the
   segment's k-steps (the pipeline restarts per segment).
 * ``NUM_PROGS > 0``: persistent; program p walks tiles p, p + NUM_PROGS, ... ascending.
-  ``NUM_PROGS == 0``: one program per tile.
+  ``NUM_PROGS == 0``: one program per tile. ``FLATTEN`` (persistent only): the tile walk and each
+  tile's K loop are one software pipeline (``tl.range(..., flatten=True)``: the next tile's first
+  loads are issued while this tile's last MMAs and its store run); the interpreter, which cannot
+  range over runtime bounds, walks the same tiles with the while loop.
 * ``USE_TMA``: x/w tiles come through host-side tensor descriptors (TMA on sm_90; out-of-range
   lanes zero-filled), else through masked pointer loads. ``X_T`` / ``W_T``: that operand is the
   transpose of a row-major tensor (the backward's ``w.t()``, ``dy.t()``, ``x.t()``); its
@@ -98,7 +101,7 @@ def gemm_tiled_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     NUM_PROGS: tl.constexpr, FLAT: tl.constexpr, USE_TMA: tl.constexpr,
     DOT_DTYPE: tl.constexpr, OUT_FP32: tl.constexpr, INTERPRET: tl.constexpr,
-    X_T: tl.constexpr = False, W_T: tl.constexpr = False,
+    X_T: tl.constexpr = False, W_T: tl.constexpr = False, FLATTEN: tl.constexpr = False,
 ):
     """Prefill/training schedule: each output tile computed whole by one program (no
     cross-program sum), segments folded in registers; tiles grouped by GROUP_M row tiles.
@@ -115,12 +118,19 @@ def gemm_tiled_kernel(
     else:
         num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
         # Tiles are independent (each element is summed by exactly one program): the walk order
-        # only changes timing, never a sum.
-        # (a while loop: the interpreter cannot run range() over runtime bounds.)
-        tile = tl.program_id(0)
-        while tile < num_tiles:
-            _one_tile(tile, y_ptr, x_ptr, w_ptr, x_desc, w_desc, M, N, K,
-                      stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_yn,
-                      SPLIT_K, SEG_STEPS, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, FLAT, USE_TMA, X_T, W_T, DOT_DTYPE,
-                      OUT_FP32, INTERPRET)
-            tile += NUM_PROGS
+        # and the pipelining across tiles only change timing, never a sum.
+        if FLATTEN and not INTERPRET:
+            for tile in tl.range(tl.program_id(0), num_tiles, NUM_PROGS, flatten=True):
+                _one_tile(tile, y_ptr, x_ptr, w_ptr, x_desc, w_desc, M, N, K,
+                          stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_yn,
+                          SPLIT_K, SEG_STEPS, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, FLAT, USE_TMA, X_T, W_T,
+                          DOT_DTYPE, OUT_FP32, INTERPRET)
+        else:
+            # (a while loop: the interpreter cannot run range() over runtime bounds.)
+            tile = tl.program_id(0)
+            while tile < num_tiles:
+                _one_tile(tile, y_ptr, x_ptr, w_ptr, x_desc, w_desc, M, N, K,
+                          stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_yn,
+                          SPLIT_K, SEG_STEPS, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, FLAT, USE_TMA, X_T, W_T,
+                          DOT_DTYPE, OUT_FP32, INTERPRET)
+                tile += NUM_PROGS

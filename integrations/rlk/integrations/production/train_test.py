@@ -62,6 +62,10 @@ def setup(tmp_path_factory):
 def test_rr_reuses_rollout_logp_when_bitwise_equal(setup):
     out = str(setup["d"] / "pair0_rr.json")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    # The child starts torch.distributed alone: it picks its own rendezvous (a test that ran earlier in
+    # this process may have exported a MASTER_PORT that its own process group still holds).
+    for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        env.pop(k, None)
     p = subprocess.run([sys.executable, "-m", "rlk.integrations.production.bench", "arm", "--arm", "rr", "--dir",
                         setup["ckpt"], "--out", out, "--rollout-json", setup["good"]] + ARGS,
                        env=env, capture_output=True, text=True, timeout=300)

@@ -27,7 +27,7 @@ device with vLLM: ``--engine-memory`` sets vLLM's share (``gpu_memory_utilizatio
 
 ``--merge A.json,B.json --out DIR [--tag T]``: one report (JSON + PNG) of arms that ran in separate
 processes, e.g. the strict and the native arm of the 8B loop (one device call each); refused when
-the arms' settings, model, device or toolchain differ (``rlk.rl.loop.merge_reports``).
+the arms' settings, model, device or toolchain differ (``rlk.rl.merge.merge_reports``).
 """
 
 from __future__ import annotations
@@ -151,7 +151,7 @@ def main(argv=None) -> int:
         parser.error("--out is required")
     if a.merge:
         from rlk.errors import UnsupportedConfigError
-        from rlk.rl.loop import merge_reports
+        from rlk.rl.merge import merge_reports
 
         try:
             report = merge_reports([p for p in a.merge.split(",") if p], a.out, tag=a.tag)

@@ -8,6 +8,7 @@ import pytest
 
 from rlk.errors import UnsupportedConfigError
 from rlk.rl import loop
+from rlk.rl.merge import merge_reports
 
 PROV = {"device": {"name": "NVIDIA H200"}, "toolchain": {"torch": "2.11.0", "vllm": "0.26.0"}, "fingerprint": "f"}
 
@@ -34,7 +35,7 @@ def _report(tmp_path, route: str, not_one: int = 0, steps: int = 2, prov=None, *
 def test_merge_keeps_both_arms_and_each_source_provenance(tmp_path):
     a = _report(tmp_path, "strict")
     b = _report(tmp_path, "native", not_one=5)
-    rep = loop.merge_reports([b, a], str(tmp_path / "out"), tag="merged")
+    rep = merge_reports([b, a], str(tmp_path / "out"), tag="merged")
     assert rep["routes"] == ["strict", "native"] and rep["passed"] and rep["failures"] == []
     assert [s["routes"] for s in rep["provenance"]["merged_from"]] == [["native"], ["strict"]]
     on_disk = json.load(open(rep["files"]["json"]))
@@ -46,7 +47,7 @@ def test_merge_keeps_both_arms_and_each_source_provenance(tmp_path):
 
 
 def test_merge_recomputes_the_strict_verdict(tmp_path):
-    rep = loop.merge_reports([_report(tmp_path, "strict", not_one=1), _report(tmp_path, "native")],
+    rep = merge_reports([_report(tmp_path, "strict", not_one=1), _report(tmp_path, "native")],
                              str(tmp_path / "out"))
     assert not rep["passed"] and any("ratio_not_one 1" in f for f in rep["failures"])
 
@@ -79,7 +80,7 @@ def test_merge_refuses_what_is_not_one_experiment(tmp_path, case):
     make, message = CASES[case]
     b = make(tmp_path)
     with pytest.raises(UnsupportedConfigError, match=f"merge: .*{message}"):
-        loop.merge_reports([p for p in (a, b) if p], str(tmp_path / "out"))
+        merge_reports([p for p in (a, b) if p], str(tmp_path / "out"))
 
 
 def test_merge_refuses_to_overwrite_a_source(tmp_path):
@@ -87,5 +88,5 @@ def test_merge_refuses_to_overwrite_a_source(tmp_path):
     b = _report(tmp_path, "native")
     os.rename(b, tmp_path / "rl_loop_x.json")
     with pytest.raises(UnsupportedConfigError, match="would overwrite its source"):
-        loop.merge_reports([a, str(tmp_path / "rl_loop_x.json")], str(tmp_path), tag="x")
+        merge_reports([a, str(tmp_path / "rl_loop_x.json")], str(tmp_path), tag="x")
     assert json.loads((tmp_path / "rl_loop_x.json").read_text())["routes"] == ["native"]  # untouched

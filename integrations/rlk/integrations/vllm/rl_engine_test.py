@@ -207,19 +207,18 @@ def test_stock_engine_built_here_starts_without_rlk_and_strict_variables(tmp_pat
         def collective_rpc(self, method, args=()):
             return [1]
 
-    # As after a strict arm of the same process.
-    for k, v in {"VLLM_PLUGINS": "rlk", "VLLM_USE_V2_MODEL_RUNNER": "0", **determinism.STRICT_ENV}.items():
-        monkeypatch.setenv(k, v)
     monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=FakeLLM, __version__="0.0-stand-in"))
     monkeypatch.setattr(rl_engine, "write_model_dir", lambda path, cfg, fused: path)
     lc = LoopConfig(steps=1, **dict(LC, route="native"))
     cfg, _ = lc.weights()
-    eng = rl_engine.VllmRolloutEngine(cfg, {}, "native", lc)
-    env = seen["env"]
-    assert env["VLLM_PLUGINS"] == "" and env["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn", env
-    assert not set(determinism.STRICT_ENV) & set(env) and "VLLM_USE_V2_MODEL_RUNNER" not in env
-    assert seen["kw"]["worker_extension_cls"].endswith("StockWorkerExtension") and seen["kw"]["dtype"] == "bfloat16"
-    assert os.environ["VLLM_PLUGINS"] == "rlk" and os.environ["VLLM_USE_V2_MODEL_RUNNER"] == "0"
+    # As after a strict arm of the same process (restored when the block ends).
+    with determinism.scoped({"VLLM_PLUGINS": "rlk", "VLLM_USE_V2_MODEL_RUNNER": "0", **determinism.STRICT_ENV}):
+        eng = rl_engine.VllmRolloutEngine(cfg, {}, "native", lc)
+        env = seen["env"]
+        assert env["VLLM_PLUGINS"] == "" and env["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn", env
+        assert not set(determinism.STRICT_ENV) & set(env) and "VLLM_USE_V2_MODEL_RUNNER" not in env
+        assert seen["kw"]["worker_extension_cls"].endswith("StockWorkerExtension") and seen["kw"]["dtype"] == "bfloat16"
+        assert os.environ["VLLM_PLUGINS"] == "rlk" and os.environ["VLLM_USE_V2_MODEL_RUNNER"] == "0"
     assert eng.describe()["name"] == "stock vLLM" and os.path.isdir(eng.workdir)
     eng.close()
     assert shut == [1] and eng.llm is None and not os.path.exists(eng.workdir)

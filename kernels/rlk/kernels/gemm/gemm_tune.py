@@ -85,6 +85,12 @@ SMALL_M_TILES = ((16, 16, 256, 4, 4, 0), (16, 32, 128, 4, 4, 0), (16, 32, 256, 4
 # Decode with N cut evenly over a program count instead of BLOCK_N tiles (one wave on 132 SMs, or
 # two or three programs per SM): (N_PROGS, BLOCK_K, warps, stages); BLOCK_N follows the range.
 RANGE_TILES = ((132, 128, 4, 4), (132, 256, 4, 3), (264, 128, 4, 4), (264, 256, 4, 3), (396, 128, 4, 4))
+# Decode at mid M (64 < M <= 256) with 128-row tiles (one row tile up to M = 128: the weights
+# stream once): (BLOCK_N, BLOCK_K, warps, stages), shared memory within sm_90's 227 KB at 128 rows;
+# the column ranges with 128-wide K steps (RANGE_TILES' 256-wide ones overflow it at 128 rows).
+MID_DECODE_TILES = ((32, 128, 4, 4), (64, 64, 4, 4), (64, 128, 4, 3), (64, 128, 8, 3))
+MID_RANGE_TILES = tuple(t for t in RANGE_TILES if t[1] == 128)
+MID_MAX_M = 256
 COLD_FACTOR = 4  # a weight ring's bytes are at least this many times the L2 cache
 
 
@@ -129,6 +135,10 @@ def _dec(bm, bn, bk, nw, ns):
     return ("decode", {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": nw, "num_stages": ns})
 
 
+def _range(bm, n_progs, bk, nw, ns):
+    return ("decode", {"BLOCK_M": bm, "BLOCK_K": bk, "num_warps": nw, "num_stages": ns, "N_PROGS": n_progs})
+
+
 def _pre(bm, bn, bk, nw, ns, pers):
     return ("prefill", {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "num_warps": nw,
                         "num_stages": ns, "FLAT": 1, "PERSISTENT": pers, "TMA": 1})
@@ -138,7 +148,8 @@ def candidates(M: int) -> list:
     """(schedule, fields) tried at M: decode with a BLOCK_M covering M (16 or 64) up to M = 512;
     prefill tiles with BLOCK_M 16 / 32 covering M up to M = 32 (SMALL_M_TILES), with BLOCK_M 64 at
     small M, all tiles at mid M, the large ones from M = 2048; up to M = 64 decode over N_PROGS
-    column ranges (RANGE_TILES)."""
+    column ranges (RANGE_TILES); at 64 < M <= 256 decode with 128-row tiles (MID_DECODE_TILES) and
+    column ranges with 64- and 128-row tiles (MID_RANGE_TILES)."""
     out = []
     if M <= 512:
         for bm in ((16, 64) if M <= 16 else (64,)):
@@ -151,8 +162,10 @@ def candidates(M: int) -> list:
             out.append(_pre(*t))
     if M <= 64:
         bm = 16 if M <= 16 else 32 if M <= 32 else 64
-        out += [("decode", {"BLOCK_M": bm, "BLOCK_K": bk, "num_warps": nw, "num_stages": ns, "N_PROGS": n})
-                for n, bk, nw, ns in RANGE_TILES]
+        out += [_range(bm, *t) for t in RANGE_TILES]
+    elif M <= MID_MAX_M:
+        out += [_dec(128, *t) for t in MID_DECODE_TILES]
+        out += [_range(bm, *t) for bm in (64, 128) for t in MID_RANGE_TILES]
     return out
 
 

@@ -45,6 +45,11 @@ def test_candidates_by_regime():
     assert all(c["BLOCK_M"] >= 64 for s, c in mid + gemm_tune.candidates(48))
     assert {s for s, _ in mid} == {"decode", "prefill"}
     assert all(s == "prefill" for s, _ in large) and len(large) < len(mid)
+    # 128-row decode tiles and column ranges at 64 < M <= 256 only.
+    mid_dec = [c for s, c in mid if s == "decode"]
+    assert {c["BLOCK_M"] for c in mid_dec} == {64, 128} and any(c.get("N_PROGS") for c in mid_dec)
+    for m in (64, 384):
+        assert not any(s == "decode" and c["BLOCK_M"] == 128 for s, c in gemm_tune.candidates(m))
     for sched, cfg in gemm_tune.ALL_CANDIDATES:
         assert set(cfg) <= set(schedule.SCHEDULE_KEYS[sched])
         assert cfg["BLOCK_K"] % contract.CHUNK_K == 0

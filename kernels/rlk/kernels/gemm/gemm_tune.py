@@ -75,8 +75,9 @@ PREFILL_TILES = ((64, 32, 128, 4, 4, 0), (64, 64, 128, 4, 4, 0), (64, 64, 64, 4,
                  (64, 128, 128, 4, 3, 0), (64, 256, 64, 8, 3, 0), (64, 128, 64, 4, 4, 1), (128, 64, 64, 4, 4, 0),
                  (128, 64, 128, 8, 3, 0), (128, 128, 64, 8, 4, 0), (128, 128, 128, 8, 3, 0), (128, 256, 64, 8, 3, 0),
                  (128, 256, 64, 8, 3, 1), (128, 128, 64, 8, 4, 1),
-                 # persistent walks as one flattened pipeline (PERSISTENT 2)
-                 (64, 64, 64, 4, 5, 2), (64, 128, 64, 4, 4, 2), (128, 128, 64, 8, 4, 2), (128, 256, 64, 8, 3, 2))
+                 # persistent walks as one flattened pipeline (PERSISTENT 2; at 128 x 256 its buffers
+                 # need 278,552 bytes of shared memory, over sm_90's 232,448: not a candidate)
+                 (64, 64, 64, 4, 5, 2), (64, 128, 64, 4, 4, 2), (128, 128, 64, 8, 4, 2))
 
 # The same kernel with row tiles of 16 and 32 (mma.sync instead of wgmma, a form the contract
 # lists): TMA weight streams at decode batch sizes without computing 64-row tiles for M <= 32.

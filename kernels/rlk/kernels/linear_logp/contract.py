@@ -53,12 +53,7 @@ CPU_TABLE = {
 # Schedule fields: they choose the load path (TMA descriptors or masked pointers), the program
 # order or the pipeline depth, never a sum. Everything else in a table is a bit field.
 SCHEDULE_FIELDS = ("GROUP_T", "GROUP_M", "TMA", "num_stages", "G_BUDGET_MB", "V_CHUNK_MAX", "ROWS_BUDGET_MB",
-                   "DECODE_T_MAX", "DECODE_STAGES", "TILE")
-# The merge's TILE (segments per trip as one [TILE, BLOCK] tile; 0 / absent: UNROLL's walk).
-TILE_EVIDENCE = ("merge_kernel's docstring: the same per-row operations in the same order, each product taken "
-                 "out of the tile as itself plus exact zeros; linear_logp_invariance_test.py "
-                 "test_merge_tile_is_bit_neutral (interpreter: TILE 1/4/8/32 vs the one-segment walk, 1 and 2 "
-                 "shards, partial trips); compiles for sm_90 and gfx942; not yet run on a GPU")
+                   "DECODE_T_MAX", "DECODE_STAGES")
 
 
 SCHEDULE_EVIDENCE = ("linear_logp_variants@sm_90, docs/results/linear_logp_variants_*h200.json: "
@@ -169,13 +164,11 @@ CONTRACT = contracts.register(contracts.Contract(
                      "DECODE_T_MAX": "T at or below which the forward runs one-warpgroup tiles (64 rows, 4 "
                                      "warps; see fwd_entry); 0 / absent: never",
                      "DECODE_STAGES": "num_stages of those tiles",
-                     "TILE": "merge entry: segments per trip loaded as one [TILE, BLOCK] tile (0 or a power of "
-                             "two; 0 / absent: the UNROLL walk)",
                      "ROWS_BUDGET_MB": "fused logp + loss path (fused.py): bytes of its per-row-chunk "
                                        "buffers (fp32 logits + bf16 G, 6 bytes per (row, column)); sets "
                                        "the row chunk (a multiple of the gemm BLOCK_K)"},
     bit_neutral_evidence={k: {"ROWS_BUDGET_MB": FUSED_EVIDENCE, "DECODE_T_MAX": DECODE_EVIDENCE,
-                              "DECODE_STAGES": DECODE_EVIDENCE, "TILE": TILE_EVIDENCE}.get(k, SCHEDULE_EVIDENCE)
+                              "DECODE_STAGES": DECODE_EVIDENCE}.get(k, SCHEDULE_EVIDENCE)
                           for k in SCHEDULE_FIELDS},
     targets=("sm_90", "cpu-interpreter"),
     kernels=("linear_logp.fwd_stats", "linear_logp.merge", "linear_logp.bwd_grad", "linear_logp.gemm",

@@ -157,7 +157,7 @@ def fwd_stats_kernel(m_ptr, s_ptr, e_ptr, tg_ptr, logits_ptr,
 @triton.jit
 def merge_kernel(logp_ptr, lse_ptr, ent_ptr, m_ptr, s_ptr, e_ptr, tg_ptr, S, R, T,
                  WITH_ENTROPY: tl.constexpr, BLOCK: tl.constexpr, INTERPRET: tl.constexpr,
-                 S_I: tl.constexpr, R_I: tl.constexpr, UNROLL: tl.constexpr, TILE: tl.constexpr = 0):
+                 S_I: tl.constexpr, R_I: tl.constexpr, UNROLL: tl.constexpr):
     """Folds per-segment statistics [S, T] (segments in ascending global order) into
     lse, logp (and entropy) [T]; tg is [R, T] (one row per shard, -inf where not owned).
 
@@ -167,12 +167,6 @@ def merge_kernel(logp_ptr, lse_ptr, ent_ptr, m_ptr, s_ptr, e_ptr, tg_ptr, S, R, 
     same operations. Segments past S (the last trip) load m = -inf, s = e = 0: a max with -inf
     and an added exact +0.0 (ssum, esum >= +0) leave every byte as it was, so UNROLL is no bit
     field (it is a module constant, ``config.MERGE_UNROLL``).
-
-    ``TILE`` > 0 (a power of two; the merge entry's ``TILE`` field) loads TILE segments x BLOCK rows
-    as one tile per trip instead: the max of the tile (exact, order-free) and then, for u = 0 ..
-    TILE-1 in order, ssum = ssum + p_u, where p_u = s_u * scale_u is taken out of the tile as the sum
-    of one product and TILE-1 exact zeros (a product is never -0.0, so the sum is p_u itself). Per
-    row the same operations in the same order as UNROLL's, with fewer, wider memory trips.
     """
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     rmask = rows < T
@@ -180,19 +174,10 @@ def merge_kernel(logp_ptr, lse_ptr, ent_ptr, m_ptr, s_ptr, e_ptr, tg_ptr, S, R, 
     n_seg = S_I if INTERPRET else S
     big_m = tl.full((BLOCK,), float("-inf"), tl.float32)
     # Reduction order: max over segments (exact, order-free).
-    if TILE > 0:
-        kk = tl.arange(0, TILE)
-        for k0 in range(0, S_I if INTERPRET else S, TILE):
-            ks = k0 + kk
-            mt = tl.load(m_ptr + ks[:, None] * T64 + rows[None, :], mask=(ks[:, None] < n_seg) & rmask[None, :],
-                         other=float("-inf"))
-            big_m = tl.maximum(big_m, tl.max(mt, axis=0))
-    else:
-        for k0 in range(0, S_I if INTERPRET else S, UNROLL):
-            for u in tl.static_range(UNROLL):
-                k = k0 + u
-                big_m = tl.maximum(big_m, tl.load(m_ptr + k * T64 + rows, mask=rmask & (k < n_seg),
-                                                  other=float("-inf")))
+    for k0 in range(0, S_I if INTERPRET else S, UNROLL):
+        for u in tl.static_range(UNROLL):
+            k = k0 + u
+            big_m = tl.maximum(big_m, tl.load(m_ptr + k * T64 + rows, mask=rmask & (k < n_seg), other=float("-inf")))
     tgt = tl.full((BLOCK,), float("-inf"), tl.float32)
     for r in range(0, R_I if INTERPRET else R):
         tgt = tl.maximum(tgt, tl.load(tg_ptr + r * T64 + rows, mask=rmask, other=float("-inf")))
@@ -200,31 +185,15 @@ def merge_kernel(logp_ptr, lse_ptr, ent_ptr, m_ptr, s_ptr, e_ptr, tg_ptr, S, R, 
     esum = tl.zeros((BLOCK,), tl.float32)
     # Reduction order: segments 0..S-1 ascending, ssum += s_k * exp(m_k - M) (a term whose
     # m_k is -inf, an all-padding segment, is exactly 0); esum likewise with e_k.
-    if TILE > 0:
-        for k0 in range(0, S_I if INTERPRET else S, TILE):
-            ks = k0 + kk
-            kmask = (ks[:, None] < n_seg) & rmask[None, :]
-            offs = ks[:, None] * T64 + rows[None, :]
-            mt = tl.load(m_ptr + offs, mask=kmask, other=float("-inf"))
-            scale = tl.where(mt == float("-inf"), 0.0, tl.exp(mt - big_m[None, :]))
-            pt = tl.load(s_ptr + offs, mask=kmask, other=0.0) * scale
+    for k0 in range(0, S_I if INTERPRET else S, UNROLL):
+        for u in tl.static_range(UNROLL):
+            k = k0 + u
+            kmask = rmask & (k < n_seg)
+            mk = tl.load(m_ptr + k * T64 + rows, mask=kmask, other=float("-inf"))
+            scale = tl.where(mk == float("-inf"), 0.0, tl.exp(mk - big_m))
+            ssum = ssum + tl.load(s_ptr + k * T64 + rows, mask=kmask, other=0.0) * scale
             if WITH_ENTROPY:
-                qt = tl.load(e_ptr + offs, mask=kmask, other=0.0) * scale
-            for u in tl.static_range(TILE):
-                pick = (kk == u)[:, None]
-                ssum = ssum + tl.sum(tl.where(pick, pt, 0.0), axis=0)
-                if WITH_ENTROPY:
-                    esum = esum + tl.sum(tl.where(pick, qt, 0.0), axis=0)
-    else:
-        for k0 in range(0, S_I if INTERPRET else S, UNROLL):
-            for u in tl.static_range(UNROLL):
-                k = k0 + u
-                kmask = rmask & (k < n_seg)
-                mk = tl.load(m_ptr + k * T64 + rows, mask=kmask, other=float("-inf"))
-                scale = tl.where(mk == float("-inf"), 0.0, tl.exp(mk - big_m))
-                ssum = ssum + tl.load(s_ptr + k * T64 + rows, mask=kmask, other=0.0) * scale
-                if WITH_ENTROPY:
-                    esum = esum + tl.load(e_ptr + k * T64 + rows, mask=kmask, other=0.0) * scale
+                esum = esum + tl.load(e_ptr + k * T64 + rows, mask=kmask, other=0.0) * scale
     ssum = tl.where(rmask, ssum, 1.0)  # rows past T: keep log() quiet; never stored
     lse = big_m + tl.log(ssum)
     tl.store(lse_ptr + rows, lse, mask=rmask)

@@ -212,17 +212,14 @@ def merge_segment_stats(stats: Sequence[SegmentStats]):
     tg = stats[0].tg.contiguous()[None] if len(stats) == 1 else torch.stack([st.tg for st in stats], 0).contiguous()
     dev = m.device
     cfg = schedule.table(arch_of(dev))["merge"]
-    tile = int(cfg.get("TILE", 0))
-    if tile < 0 or tile & (tile - 1):
-        raise UnsupportedConfigError(f"logp merge: TILE={tile} (0, or a power of two: segments per trip)")
     logp = torch.empty((T,), dtype=torch.float32, device=dev)
     lse = torch.empty_like(logp)
     ent = torch.empty_like(logp) if with_e else None
     launch(K.merge_kernel, (cdiv(T, cfg["BLOCK"]),),
         logp, lse, ent if with_e else logp, m, s, e if with_e else m, tg, m.shape[0], tg.shape[0], T,
         WITH_ENTROPY=with_e, BLOCK=cfg["BLOCK"], INTERPRET=interpret_flag(), S_I=_bound(m.shape[0]),
-        R_I=_bound(tg.shape[0]), UNROLL=schedule.merge_unroll(arch_of(dev)), TILE=tile,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **launch_options())
+        R_I=_bound(tg.shape[0]), UNROLL=schedule.merge_unroll(arch_of(dev)), num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"], **launch_options())
     return logp, lse, ent
 
 

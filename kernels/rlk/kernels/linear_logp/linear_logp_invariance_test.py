@@ -50,48 +50,6 @@ def test_merge_unroll_is_bit_neutral(monkeypatch, unroll):
     _assert_unroll_neutral(monkeypatch, "MERGE_UNROLL_CPU", stats, unroll, "S=16")
 
 
-@pytest.mark.parametrize("tile", [1, 4, 8, 32])
-@pytest.mark.parametrize("shards", [1, 2])
-def test_merge_tile_is_bit_neutral(monkeypatch, tile, shards):
-    """The merge entry's TILE walks TILE segments x BLOCK rows per trip and takes each product out
-    of the tile in order: the bytes of the one-segment-at-a-time walk (UNROLL 1), with S = 16
-    segments per shard (TILE 32: a partial trip of padding segments), one and two vocabulary shards.
-    Every logit is negative, so a padding segment that entered the max as anything but -inf would
-    show; the entropy is on (the second sum)."""
-    from rlk.kernels.linear_logp import schedule
-
-    h, w, tg = make(9, 64, 512 * shards, 500 * shards, seed=7)
-    h, w = h.abs(), -w.abs()
-    vl = w.shape[0] // shards
-    stats = [segment_stats(h, w[r * vl:(r + 1) * vl], tg, r * vl, 500 * shards, 0.8, True,
-                           segmentation=(64, 32))[0] for r in range(shards)]
-    assert stats[0].m.shape[0] == 16
-    monkeypatch.setattr(schedule, "MERGE_UNROLL_CPU", 1)
-    ref = merge_segment_stats(stats)
-    with schedule.override("merge", TILE=tile):
-        got = merge_segment_stats(stats)
-    for out, a, b in zip(("logp", "lse", "entropy"), got, ref):
-        assert_bitwise_equal(a, b, f"{out}, TILE {tile}, {shards} shard(s)")
-
-
-def test_merge_tile_is_no_bit_field():
-    """A table choosing a merge TILE keeps logp.v2's bit hash (TILE is a schedule field)."""
-    from rlk.kernels.linear_logp.contract import bit_table
-
-    t = {"merge": {"BLOCK": 256, "num_warps": 4, "num_stages": 1}}
-    assert bit_table({"merge": dict(t["merge"], TILE=32)}) == bit_table(t)
-
-
-def test_merge_tile_must_be_a_power_of_two():
-    from rlk.errors import UnsupportedConfigError
-    from rlk.kernels.linear_logp import schedule
-
-    h, w, tg = make(3, 64, 512, 500, seed=8)
-    stats = [segment_stats(h, w, tg, 0, 500, 1.0, False, segmentation=(64, 32))[0]]
-    with schedule.override("merge", TILE=12), pytest.raises(UnsupportedConfigError, match="TILE=12"):
-        merge_segment_stats(stats)
-
-
 def _assert_unroll_neutral(monkeypatch, attr, stats, unroll, label):
     """merge_segment_stats(stats) with schedule.<attr> = unroll gives the bytes of unroll 1."""
     from rlk.kernels.linear_logp import schedule
@@ -214,27 +172,6 @@ def test_gpu_merge_unroll_is_bit_neutral(monkeypatch, unroll):
     assert sum(st.m.shape[0] for st in cases["TP1"]) == 600 and cases["V37984"][0].m.shape[0] == 150
     for name, stats in cases.items():
         _assert_unroll_neutral(monkeypatch, "MERGE_UNROLL", stats, unroll, name)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("tile", [16, 32, 64])
-def test_gpu_merge_tile_is_bit_neutral(monkeypatch, tile):
-    """GPU bits of the merge's TILE walk: the bytes of unroll 1 (with entropy) for Qwen3's
-    vocabulary at TP1 and TP4 (600 segments: partial last trips) and a 37984-column one (150)."""
-    from rlk.kernels.linear_logp import schedule
-
-    h, w, tg = make(300, 4096, 151936, 151669, device="cuda", seed=13)
-    vl = 151936 // 4
-    cases = {"TP1": [segment_stats(h, w, tg, 0, 151669, 0.7, True)[0]],
-             "TP4": [segment_stats(h, w[r * vl:(r + 1) * vl], tg, r * vl, 151669, 0.7, True)[0] for r in range(4)],
-             "V37984": [segment_stats(h, w[:vl], tg % vl, 0, vl, 0.7, True)[0]]}
-    monkeypatch.setattr(schedule, "MERGE_UNROLL", 1)
-    for name, stats in cases.items():
-        ref = merge_segment_stats(stats)
-        with schedule.override("merge", TILE=tile):
-            got = merge_segment_stats(stats)
-        for out, a, b in zip(("logp", "lse", "entropy"), got, ref):
-            assert_bitwise_equal(a, b, f"{out}, TILE {tile}, {name}")
 
 
 @pytest.mark.gpu

@@ -137,7 +137,7 @@ def _pstats(fn, calls: int = 50, top: int = 40) -> dict:
     return out
 
 
-MERGE_FIELDS = {"BLOCK", "num_warps", "num_stages", "TILE"}  # what merge_segment_stats reads of its entry
+MERGE_FIELDS = {"BLOCK", "num_warps", "num_stages"}  # what merge_segment_stats reads of its entry
 
 
 def parse_fields(text: str) -> dict:

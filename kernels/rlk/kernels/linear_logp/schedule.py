@@ -98,7 +98,7 @@ def _register_kernels() -> None:
         ("merge", K.merge_kernel,
          {"logp_ptr": ptr, "lse_ptr": ptr, "ent_ptr": ptr, "m_ptr": ptr, "s_ptr": ptr, "e_ptr": ptr,
           "tg_ptr": ptr, "S": "i32", "R": "i32", "T": "i32"},
-         {"WITH_ENTROPY": True, "UNROLL": MERGE_UNROLL, "TILE": 0, **t["merge"]}),
+         {"WITH_ENTROPY": True, "UNROLL": MERGE_UNROLL, **t["merge"]}),
         ("bwd_grad", K.bwd_grad_kernel,
          {"g_ptr": "*bf16", "h_ptr": "*bf16", "w_ptr": "*bf16", "tgt_ptr": "*i64",
           "lse_ptr": ptr, "ent_ptr": ptr, "dlogp_ptr": ptr, "dlse_ptr": ptr, "dent_ptr": ptr,

@@ -81,7 +81,8 @@ PREFILL_TILES = ((64, 32, 128, 4, 4, 0), (64, 64, 128, 4, 4, 0), (64, 64, 64, 4,
 
 # The same kernel with its K loop warp-specialized (WS 1: on sm_90 Triton 3.6 makes 12 warps of the 4
 # asked for, a producer warp group and two consumer warp groups): (BLOCK_M, BLOCK_N, BLOCK_K, warps,
-# stages). 64 x 256 does not compile with it (Triton aborts in its LLVM lowering).
+# stages). 64 x 256 does not compile with it (Triton aborts in its LLVM lowering). Only with
+# --ws: on an H100 a tune with them made no progress in 200 s (its compile launches stalled).
 WS_TILES = ((64, 64, 64, 4, 5), (64, 128, 64, 4, 4), (128, 64, 64, 4, 4), (128, 128, 64, 4, 4),
             (128, 128, 128, 4, 3), (128, 256, 64, 4, 3), (128, 256, 64, 4, 4))
 
@@ -151,7 +152,7 @@ def _pre(bm, bn, bk, nw, ns, pers, ws=0):
                         "num_stages": ns, "FLAT": 1, "PERSISTENT": pers, "TMA": 1, **({"WS": 1} if ws else {})})
 
 
-def candidates(M: int) -> list:
+def candidates(M: int, with_ws: bool = False) -> list:
     """(schedule, fields) tried at M: decode with a BLOCK_M covering M (16 or 64) up to M = 512;
     prefill tiles with BLOCK_M 16 / 32 covering M up to M = 32 (SMALL_M_TILES), with BLOCK_M 64 at
     small M, all tiles (WS_TILES too) at mid M, the large ones from M = 2048; up to M = 64 decode over N_PROGS
@@ -164,7 +165,7 @@ def candidates(M: int) -> list:
     for t in SMALL_M_TILES:
         if M <= t[0] and (t[0] == 16 or M > 16):
             out.append(_pre(*t))
-    for t in PREFILL_TILES + tuple((*w[:5], 0, 1) for w in WS_TILES):
+    for t in PREFILL_TILES + tuple((*w[:5], 0, 1) for w in (WS_TILES if with_ws else ())):
         if (M <= 64 and t[0] == 64) or 64 < M <= 1024 or (M > 1024 and (t[0] == 128 or t[1] == 256)):
             out.append(_pre(*t))
     if M <= 64:
@@ -385,6 +386,8 @@ def main(argv=None) -> int:
     ap.add_argument("--weights", default="warm", choices=WEIGHTS,
                     help="cold: every timed call reads the next copy of a weight ring larger than the L2 "
                          "(weights from HBM, as in decode); warm: one weight, back to back")
+    ap.add_argument("--ws", action="store_true",
+                    help="also time the warp-specialized prefill tiles (WS_TILES; see there why not by default)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
         print("gemm_tune needs a CUDA GPU (or TRITON_INTERPRET=1 for its smoke test)", file=sys.stderr)
@@ -400,7 +403,9 @@ def main(argv=None) -> int:
         print(f"--max-m {args.max_m}: no M of {M_LIST} left", file=sys.stderr)
         return 2
     tuner = Tuner(args.budget_s, weights=args.weights, contract_id=cid)
-    cands_of_m = candidates if cid == contract.CONTRACT_ID else (lambda m: candidates(m) + split_candidates(m))
+
+    def cands_of_m(m):
+        return candidates(m, args.ws) + (split_candidates(m) if cid != contract.CONTRACT_ID else [])
     all_cands = list({json.dumps(c, sort_keys=True): c for m in m_list for c in cands_of_m(m)}.values())
     base = schedule.load_table("sm_90")
     names = args.shapes.split(",") if args.shapes else list(QWEN3_8B_GEMMS)

@@ -131,7 +131,6 @@ _SCHEDULE_FIELDS = {
     "FLAT": [0, 1],
     "PERSISTENT": [0, 1, 2],
     "TMA": [0, 1],
-    "WS": [0, 1],
     "N_PROGS": "decode: 0 (tiles of BLOCK_N) or a program count along N (columns cut into ranges of "
                "cdiv(N, N_PROGS) rounded up to 8, each in one BLOCK_N tile)",
     "m_bucket": "per (K, N) or the table's default rule: M ranges select the schedule and its free fields, never the split",
@@ -150,9 +149,6 @@ _EVIDENCE = {
                    "one flattened software pipeline: the same per-tile operations, issued earlier): the "
                    "interpreter walks it as 1; H100 (sm_90): the tuner's byte check and the GPU candidate test"),
     "TMA": f"load path only (zero fill past the edges); {_TUNE}",
-    "WS": (f"who issues the loads only: 1 marks the K loop for Triton's Hopper warp specialization (a producer "
-           f"warp group issues the TMA loads, two consumer warp groups each run the same wgmma chain on their "
-           f"rows or columns of the tile); sm_90 only, with PERSISTENT 0; {_TUNE}"),
     "N_PROGS": f"which program sums which output columns: every column still summed by one program "
                f"with the same K walk; gemm_invariance_test.py (interpreter: ragged ranges, odd N) + {_TUNE}",
     "m_bucket": f"selects schedule and free fields only (each measured bit-neutral above); {_TUNE}",

@@ -120,21 +120,14 @@ def test_split_count_changes_bits(monkeypatch, request):
 def test_prefill_variants_identical(K, N):
     """FLAT (one K loop, fold at segment ends), PERSISTENT (3 programs walk the tiles; 2: the walk
     as one flattened pipeline on the GPU, the same walk here) and TMA (tensor descriptors; x, w
-    contiguous with 16-byte rows) and WS (the K loop marked for warp specialization: a GPU-only
-    lowering, the same loop here) give the reference bytes; an unknown PERSISTENT or WS, and WS
-    with a persistent walk or the segment loops, are refused."""
+    contiguous with 16-byte rows) give the reference bytes; an unknown PERSISTENT is refused."""
     x, w = _rand(40, K, seed=11), _rand(N, K, seed=12)
     ref = gemm(x, w, out_dtype=torch.float32, schedule="prefill",
                config=dict(BLOCK_M=32, BLOCK_N=32, FLAT=0, PERSISTENT=0, TMA=0))
     with pytest.raises(UnsupportedConfigError, match="PERSISTENT=3"):
         gemm(x, w, schedule="prefill", config=dict(PERSISTENT=3))
-    with pytest.raises(UnsupportedConfigError, match="WS=2"):
-        gemm(x, w, schedule="prefill", config=dict(WS=2))
-    for bad in (dict(PERSISTENT=1, FLAT=1), dict(PERSISTENT=0, FLAT=0)):
-        with pytest.raises(UnsupportedConfigError, match="WS=1 needs PERSISTENT=0 and FLAT=1"):
-            gemm(x, w, schedule="prefill", config=dict(WS=1, **bad))
-    for flat, pers, tma, ws in ((1, 0, 0, 0), (0, 1, 0, 0), (0, 0, 1, 0), (1, 1, 1, 0), (1, 2, 1, 0), (1, 0, 1, 1)):
-        cfg = dict(BLOCK_M=16, BLOCK_N=64, GROUP_M=2, FLAT=flat, PERSISTENT=pers, TMA=tma, WS=ws)
+    for flat, pers, tma in ((1, 0, 0), (0, 1, 0), (0, 0, 1), (1, 1, 1), (1, 2, 1)):
+        cfg = dict(BLOCK_M=16, BLOCK_N=64, GROUP_M=2, FLAT=flat, PERSISTENT=pers, TMA=tma)
         for m in (1, 17, 40):
             y = gemm(x[:m], w, out_dtype=torch.float32, schedule="prefill", config=cfg)
             assert_bitwise_equal(y, ref[:m], f"K={K} N={N} M={m} {cfg}")

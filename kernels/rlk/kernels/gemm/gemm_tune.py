@@ -79,13 +79,6 @@ PREFILL_TILES = ((64, 32, 128, 4, 4, 0), (64, 64, 128, 4, 4, 0), (64, 64, 64, 4,
                  # need 278,552 bytes of shared memory, over sm_90's 232,448: not a candidate)
                  (64, 64, 64, 4, 5, 2), (64, 128, 64, 4, 4, 2), (128, 128, 64, 8, 4, 2))
 
-# The same kernel with its K loop warp-specialized (WS 1: on sm_90 Triton 3.6 makes 12 warps of the 4
-# asked for, a producer warp group and two consumer warp groups): (BLOCK_M, BLOCK_N, BLOCK_K, warps,
-# stages). 64 x 256 does not compile with it (Triton aborts in its LLVM lowering). Only with
-# --ws: on an H100 a tune with them made no progress in 200 s (its compile launches stalled).
-WS_TILES = ((64, 64, 64, 4, 5), (64, 128, 64, 4, 4), (128, 64, 64, 4, 4), (128, 128, 64, 4, 4),
-            (128, 128, 128, 4, 3), (128, 256, 64, 4, 3), (128, 256, 64, 4, 4))
-
 # The same kernel with row tiles of 16 and 32 (mma.sync instead of wgmma, a form the contract
 # lists): TMA weight streams at decode batch sizes without computing 64-row tiles for M <= 32.
 SMALL_M_TILES = ((16, 16, 256, 4, 4, 0), (16, 32, 128, 4, 4, 0), (16, 32, 256, 4, 3, 0), (16, 64, 128, 4, 4, 0),
@@ -147,15 +140,15 @@ def _range(bm, n_progs, bk, nw, ns):
     return ("decode", {"BLOCK_M": bm, "BLOCK_K": bk, "num_warps": nw, "num_stages": ns, "N_PROGS": n_progs})
 
 
-def _pre(bm, bn, bk, nw, ns, pers, ws=0):
+def _pre(bm, bn, bk, nw, ns, pers):
     return ("prefill", {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "num_warps": nw,
-                        "num_stages": ns, "FLAT": 1, "PERSISTENT": pers, "TMA": 1, **({"WS": 1} if ws else {})})
+                        "num_stages": ns, "FLAT": 1, "PERSISTENT": pers, "TMA": 1})
 
 
-def candidates(M: int, with_ws: bool = False) -> list:
+def candidates(M: int) -> list:
     """(schedule, fields) tried at M: decode with a BLOCK_M covering M (16 or 64) up to M = 512;
     prefill tiles with BLOCK_M 16 / 32 covering M up to M = 32 (SMALL_M_TILES), with BLOCK_M 64 at
-    small M, all tiles (WS_TILES too) at mid M, the large ones from M = 2048; up to M = 64 decode over N_PROGS
+    small M, all tiles at mid M, the large ones from M = 2048; up to M = 64 decode over N_PROGS
     column ranges (RANGE_TILES); at 64 < M <= 256 decode with 128-row tiles (MID_DECODE_TILES) and
     column ranges with 64- and 128-row tiles (MID_RANGE_TILES)."""
     out = []
@@ -165,7 +158,7 @@ def candidates(M: int, with_ws: bool = False) -> list:
     for t in SMALL_M_TILES:
         if M <= t[0] and (t[0] == 16 or M > 16):
             out.append(_pre(*t))
-    for t in PREFILL_TILES + tuple((*w[:5], 0, 1) for w in (WS_TILES if with_ws else ())):
+    for t in PREFILL_TILES:
         if (M <= 64 and t[0] == 64) or 64 < M <= 1024 or (M > 1024 and (t[0] == 128 or t[1] == 256)):
             out.append(_pre(*t))
     if M <= 64:
@@ -386,8 +379,6 @@ def main(argv=None) -> int:
     ap.add_argument("--weights", default="warm", choices=WEIGHTS,
                     help="cold: every timed call reads the next copy of a weight ring larger than the L2 "
                          "(weights from HBM, as in decode); warm: one weight, back to back")
-    ap.add_argument("--ws", action="store_true",
-                    help="also time the warp-specialized prefill tiles (WS_TILES; see there why not by default)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
         print("gemm_tune needs a CUDA GPU (or TRITON_INTERPRET=1 for its smoke test)", file=sys.stderr)
@@ -403,9 +394,7 @@ def main(argv=None) -> int:
         print(f"--max-m {args.max_m}: no M of {M_LIST} left", file=sys.stderr)
         return 2
     tuner = Tuner(args.budget_s, weights=args.weights, contract_id=cid)
-
-    def cands_of_m(m):
-        return candidates(m, args.ws) + (split_candidates(m) if cid != contract.CONTRACT_ID else [])
+    cands_of_m = candidates if cid == contract.CONTRACT_ID else (lambda m: candidates(m) + split_candidates(m))
     all_cands = list({json.dumps(c, sort_keys=True): c for m in m_list for c in cands_of_m(m)}.values())
     base = schedule.load_table("sm_90")
     names = args.shapes.split(",") if args.shapes else list(QWEN3_8B_GEMMS)

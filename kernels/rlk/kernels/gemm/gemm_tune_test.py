@@ -50,11 +50,6 @@ def test_candidates_by_regime():
     assert {c["BLOCK_M"] for c in mid_dec} == {64, 128} and any(c.get("N_PROGS") for c in mid_dec)
     for m in (64, 384):
         assert not any(s == "decode" and c["BLOCK_M"] == 128 for s, c in gemm_tune.candidates(m))
-    # Warp-specialized tiles only when asked for (--ws), never in ALL_CANDIDATES.
-    assert not any(c.get("WS") for m in gemm_tune.M_LIST for s, c in gemm_tune.candidates(m))
-    assert not any(c.get("WS") for s, c in gemm_tune.ALL_CANDIDATES)
-    ws = [c for s, c in gemm_tune.candidates(128, with_ws=True) if c.get("WS")]
-    assert len(ws) == len(gemm_tune.WS_TILES) and all(c["PERSISTENT"] == 0 and c["FLAT"] == 1 for c in ws)
     for sched, cfg in gemm_tune.ALL_CANDIDATES:
         assert set(cfg) <= set(schedule.SCHEDULE_KEYS[sched])
         assert cfg["BLOCK_K"] % contract.CHUNK_K == 0
@@ -122,7 +117,7 @@ def _tiny_tuner(monkeypatch):
     cands = [("decode", {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 64, "num_warps": 4, "num_stages": 2}),
              ("prefill", {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4,
                           "num_stages": 2, "FLAT": 1, "PERSISTENT": 1, "TMA": 1})]
-    monkeypatch.setattr(gemm_tune, "candidates", lambda m, with_ws=False: cands)
+    monkeypatch.setattr(gemm_tune, "candidates", lambda m: cands)
     monkeypatch.setattr(gemm_tune, "ALL_CANDIDATES", cands)
     monkeypatch.setattr(gemm_tune, "REF", {**gemm_tune.REF, "BLOCK_M": 16, "BLOCK_N": 16})
 
@@ -437,7 +432,7 @@ def test_tuner_skips_column_ranges_wider_than_any_listed_tile(tmp_path, monkeypa
     _tiny_tuner(monkeypatch)
     ranges = ("decode", {"BLOCK_M": 16, "BLOCK_K": 64, "num_warps": 4, "num_stages": 2, "N_PROGS": 1})
     cands = [*gemm_tune.candidates(1), ranges]
-    monkeypatch.setattr(gemm_tune, "candidates", lambda m, with_ws=False: cands)
+    monkeypatch.setattr(gemm_tune, "candidates", lambda m: cands)
     monkeypatch.setattr(gemm_tune, "ALL_CANDIDATES", cands)
     # One program over N: N=40 fits a 64-wide tile, N=96 would need 128.
     monkeypatch.setattr(launch, "WIDEST_TILE", 64)
@@ -480,7 +475,7 @@ def test_default_rule_never_takes_column_ranges(tmp_path, monkeypatch):
     _tiny_tuner(monkeypatch)
     ranges = ("decode", {"BLOCK_M": 16, "BLOCK_K": 64, "num_warps": 4, "num_stages": 2, "N_PROGS": 1})
     cands = [*gemm_tune.candidates(1), ranges]
-    monkeypatch.setattr(gemm_tune, "candidates", lambda m, with_ws=False: cands)
+    monkeypatch.setattr(gemm_tune, "candidates", lambda m: cands)
     monkeypatch.setattr(gemm_tune, "ALL_CANDIDATES", cands)
     out = tmp_path / "tuned.json"
     assert gemm_tune.main(["--out", str(out), "--workers", "1"]) == 0

@@ -50,7 +50,7 @@ def _one_tile(tile, y_ptr, x_ptr, w_ptr, x_desc, w_desc, M, N, K,
               SPLIT_K: tl.constexpr, SEG_STEPS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, FLAT: tl.constexpr,
               USE_TMA: tl.constexpr, X_T: tl.constexpr, W_T: tl.constexpr, DOT_DTYPE: tl.constexpr,
-              OUT_FP32: tl.constexpr, INTERPRET: tl.constexpr, WS: tl.constexpr = False):
+              OUT_FP32: tl.constexpr, INTERPRET: tl.constexpr):
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     group = GROUP_M * num_pid_n
@@ -68,7 +68,7 @@ def _one_tile(tile, y_ptr, x_ptr, w_ptr, x_desc, w_desc, M, N, K,
         # Reduction order: k-steps ascending over all of K; acc = dot(a, b, acc) in fp32 (chunks
         # of 64 ascending); at the end of segment s: total = total + acc_s (s ascending, fp32
         # left fold from total = 0.0), then acc = 0 for the next segment.
-        for i in tl.range(0, SPLIT_K * SEG_STEPS, warp_specialize=WS):
+        for i in tl.range(0, SPLIT_K * SEG_STEPS):
             a, b = _tile_ab(x_ptr, w_ptr, x_desc, w_desc, offs_m, offs_n, m0, n0, i * BLOCK_K, M, N, K,
                             stride_xm, stride_xk, stride_wn, stride_wk, BLOCK_K, USE_TMA, X_T, W_T, DOT_DTYPE)
             acc = _mma(a, b, acc, DOT_DTYPE)
@@ -102,7 +102,6 @@ def gemm_tiled_kernel(
     NUM_PROGS: tl.constexpr, FLAT: tl.constexpr, USE_TMA: tl.constexpr,
     DOT_DTYPE: tl.constexpr, OUT_FP32: tl.constexpr, INTERPRET: tl.constexpr,
     X_T: tl.constexpr = False, W_T: tl.constexpr = False, FLATTEN: tl.constexpr = False,
-    WS: tl.constexpr = False,
 ):
     """Prefill/training schedule: each output tile computed whole by one program (no
     cross-program sum), segments folded in registers; tiles grouped by GROUP_M row tiles.
@@ -115,7 +114,7 @@ def gemm_tiled_kernel(
         _one_tile(tl.program_id(0), y_ptr, x_ptr, w_ptr, x_desc, w_desc, M, N, K,
                   stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_yn,
                   SPLIT_K, SEG_STEPS, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, FLAT, USE_TMA, X_T, W_T, DOT_DTYPE, OUT_FP32,
-                  INTERPRET, WS)
+                  INTERPRET)
     else:
         num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
         # Tiles are independent (each element is summed by exactly one program): the walk order
@@ -125,7 +124,7 @@ def gemm_tiled_kernel(
                 _one_tile(tile, y_ptr, x_ptr, w_ptr, x_desc, w_desc, M, N, K,
                           stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_yn,
                           SPLIT_K, SEG_STEPS, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, FLAT, USE_TMA, X_T, W_T,
-                          DOT_DTYPE, OUT_FP32, INTERPRET, WS)
+                          DOT_DTYPE, OUT_FP32, INTERPRET)
         else:
             # (a while loop: the interpreter cannot run range() over runtime bounds.)
             tile = tl.program_id(0)
@@ -133,5 +132,5 @@ def gemm_tiled_kernel(
                 _one_tile(tile, y_ptr, x_ptr, w_ptr, x_desc, w_desc, M, N, K,
                           stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_yn,
                           SPLIT_K, SEG_STEPS, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, FLAT, USE_TMA, X_T, W_T,
-                          DOT_DTYPE, OUT_FP32, INTERPRET, WS)
+                          DOT_DTYPE, OUT_FP32, INTERPRET)
                 tile += NUM_PROGS

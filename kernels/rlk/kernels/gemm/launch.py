@@ -118,18 +118,11 @@ def _plan(M: int, K: int, N: int, arch: str, schedule: str | None, cpu: bool, co
                     f"the widest listed tile ({WIDEST_TILE}); use N_PROGS >= {cdiv(N, WIDEST_TILE)} or 0")
         cfg["COLS"] = cols
     if schedule == "prefill":
-        for key in ("FLAT", "PERSISTENT", "TMA", "WS"):
+        for key in ("FLAT", "PERSISTENT", "TMA"):
             cfg[key] = int(cfg.get(key, 0))
         if cfg["PERSISTENT"] not in (0, 1, 2):
             raise UnsupportedConfigError(f"gemm: PERSISTENT={cfg['PERSISTENT']} (0: a program per tile, 1: one per "
                                          "SM walking tiles, 2: the same as one flattened pipeline)")
-        if cfg["WS"] not in (0, 1):
-            raise UnsupportedConfigError(f"gemm: WS={cfg['WS']} (0, or 1: the K loop warp-specialized)")
-        if cfg["WS"] and (cfg["PERSISTENT"] or not cfg["FLAT"]):
-            # Triton 3.6's Hopper warp specialization fails to compile the persistent walk, and it
-            # marks only the flat K loop.
-            raise UnsupportedConfigError(f"gemm: WS=1 needs PERSISTENT=0 and FLAT=1 (got PERSISTENT="
-                                         f"{cfg['PERSISTENT']}, FLAT={cfg['FLAT']})")
     return {"arch": arch, "contract": contract_id, "schedule": schedule, "split_k": split, "seg_chunks": seg_chunks,
             "seg_steps": seg_chunks * gemm_contract.CHUNK_K // cfg["BLOCK_K"], **cfg}
 
@@ -261,7 +254,7 @@ def gemm(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfl
                 x.stride(0), x.stride(1), w.stride(0), w.stride(1), y.stride(0), y.stride(1),
                 SPLIT_K=S, SEG_STEPS=p["seg_steps"], BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=p["GROUP_M"],
                 NUM_PROGS=nprog, FLAT=bool(p["FLAT"]), USE_TMA=use_tma,
-                X_T=use_tma and lx == "t", W_T=use_tma and lw == "t", FLATTEN=p["PERSISTENT"] == 2, WS=bool(p["WS"]),
+                X_T=use_tma and lx == "t", W_T=use_tma and lw == "t", FLATTEN=p["PERSISTENT"] == 2,
                 num_warps=p["num_warps"], num_stages=p["num_stages"], **flags, **opts))
     if _handles is not None:
         _handles.extend(handles)

@@ -22,7 +22,7 @@
 # warm; $OUT/results.tgz (JSON, logs, token files) and $OUT/summary.txt come back after every
 # stage. Variables: WORKLOADS (default W0,W1,W2), CONFIG (qwen3-8b), SEED (0), RECIPE, LAYERS,
 # ARM_LIMIT (s per arm, 420; ARM_LIMIT_BI for the batch-invariant arm), COMPARE_ARGS, PROFILE (non-empty: attribution of stock and rlk;
-# PROFILE_ARGS e.g. "--profile-workload W2 --profile-tokens 128").
+# PROFILE_ARGS e.g. "--profile-workload W2 --profile-tokens 128"; "--profile-prompt-len 16" for a decode-heavy trace).
 set -uo pipefail
 OUT=${OUT:-$PWD/out/h200_vllm}
 DEV=${RLK_VLLM_DIR:-/tmp/rlk_vllm}

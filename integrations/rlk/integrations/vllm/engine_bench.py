@@ -59,6 +59,24 @@ def say(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
+def profile_requests(prompts: list[list[int]], lens: list[int], tokens: int | None = None,
+                     prompt_len: int | None = None) -> tuple[list[list[int]], list[int], str]:
+    """The profiled generate's (prompts, response lengths, description): ``tokens`` response tokens
+    each (else the workload's own), prompts cut to their first ``prompt_len`` tokens (else whole;
+    short prompts make a decode-heavy trace, as a long RL rollout is)."""
+    if tokens is not None and tokens < 1:
+        raise SystemExit("--profile-tokens must be >= 1")
+    if prompt_len is not None and prompt_len < 1:
+        raise SystemExit("--profile-prompt-len must be >= 1")
+    if tokens is not None:
+        lens = [tokens] * len(prompts)
+    if prompt_len is not None:
+        prompts = [p[:prompt_len] for p in prompts]
+    what = ("prompts" + (f" cut to {prompt_len} tokens" if prompt_len is not None else "") + ", "
+            + (f"{tokens} tokens each" if tokens is not None else "its own response lengths") + ", profiled")
+    return prompts, list(lens), what
+
+
 def workload(name: str, vocab: int) -> tuple[list[list[int]], list[int]]:
     """(prompts, response lengths) of workload ``name``."""
     from rlk.replay.harness import make_requests
@@ -214,7 +232,8 @@ def _outputs(outs, lens):
 
 def run_arm(arm: str, model_dir: str, out: str, workloads: list[str], w0_reps: int = 3, eager: bool = False,
             profile: bool = False, warmup_runs: int = 1, profile_workload: str | None = None,
-            profile_tokens: int | None = None, model_runner: str | None = None) -> dict:
+            profile_tokens: int | None = None, model_runner: str | None = None,
+            profile_prompt_len: int | None = None) -> dict:
     """One engine, every workload in order; writes ``out`` (JSON) and ``<out>.safetensors``.
 
     ``warmup_runs``: untimed runs of each workload before its timed ones (the module's rule).
@@ -222,7 +241,8 @@ def run_arm(arm: str, model_dir: str, out: str, workloads: list[str], w0_reps: i
     ``profile``: after the timed workloads, one generate runs under vLLM's torch profiler (armed
     at engine start, inactive until then) and the record gets ``attribution``
     (:mod:`rlk.integrations.vllm.engine_profile_bench`): workload ``profile_workload`` with its own
-    response lengths, or ``profile_tokens`` each (defaults: :data:`PROFILE`).
+    response lengths, or ``profile_tokens`` each (defaults: :data:`PROFILE`), its prompts cut to
+    ``profile_prompt_len`` tokens when given (:func:`profile_requests`).
 
     ``model_runner`` (rlk arm only, a diagnostic): ``v2`` serves the strict model on vLLM's Model
     Runner V2 (``plugin.worker_env``). Every record says which runner ran (``use_v2_model_runner``,
@@ -239,8 +259,7 @@ def run_arm(arm: str, model_dir: str, out: str, workloads: list[str], w0_reps: i
     profile_tokens = profile_tokens if profile_tokens is not None else PROFILE["tokens"]
     if profile_workload not in WORKLOADS:
         raise SystemExit(f"--profile-workload {profile_workload!r}: one of {sorted(WORKLOADS)}")
-    if profile_tokens is not None and profile_tokens < 1:
-        raise SystemExit("--profile-tokens must be >= 1")
+    profile_requests([], [], profile_tokens, profile_prompt_len)  # refused before the engine starts
     counters_dir = os.path.splitext(out)[0] + "_counters"
     enter_arm_env(arm, counters_dir, model_runner)
     import importlib.metadata
@@ -298,11 +317,9 @@ def run_arm(arm: str, model_dir: str, out: str, workloads: list[str], w0_reps: i
         say(f"[{arm}] {w}: {len(prompts)} seqs, {n_tok} tokens, {med:.2f} s -> {n_tok / med:.0f} tok/s "
             f"(reps {[round(t, 2) for t in times]}, untimed warm-up {warm_s})")
     if profile:
-        prompts, lens = workload(profile_workload, cfg.vocab_size)
-        if profile_tokens is not None:
-            lens = [profile_tokens] * len(prompts)
-        what = (f"{profile_workload} prompts, " + (f"{profile_tokens} tokens each" if profile_tokens is not None
-                                                   else "its own response lengths") + ", profiled")
+        prompts, lens, what = profile_requests(*workload(profile_workload, cfg.vocab_size), profile_tokens,
+                                               profile_prompt_len)
+        what = f"{profile_workload} {what}"
         rec["attribution"] = dict(profiled_generate(llm, prompts, sampling_params(lens), trace_dir),
                                   workload=profile_workload, response_tokens=sum(lens), what=what)
         say(f"[{arm}] attribution: {json.dumps(rec['attribution'])}")
@@ -356,6 +373,8 @@ def main(argv=None) -> int:
     a_.add_argument("--profile-workload", default=None, help=f"the profiled workload (default {PROFILE['workload']})")
     a_.add_argument("--profile-tokens", type=int, default=None,
                     help="response tokens per sequence of the profiled generate (default: the workload's own)")
+    a_.add_argument("--profile-prompt-len", type=int, default=None,
+                    help="cut the profiled generate's prompts to this many tokens (a decode-heavy trace)")
     c = sub.add_parser("compare")
     c.add_argument("--dir", required=True)
     c.add_argument("--arms", nargs="+", required=True)
@@ -372,7 +391,7 @@ def main(argv=None) -> int:
         if a.warmup_runs < 0 or a.w0_reps < 1:
             raise SystemExit("--warmup-runs must be >= 0 and --w0-reps >= 1")
         run_arm(a.arm, a.dir, a.out, [w for w in a.workloads.split(",") if w], a.w0_reps, a.eager, a.profile,
-                a.warmup_runs, a.profile_workload, a.profile_tokens, a.model_runner)
+                a.warmup_runs, a.profile_workload, a.profile_tokens, a.model_runner, a.profile_prompt_len)
     elif a.cmd == "compare":
         from rlk.integrations.vllm import engine_compare_bench
 

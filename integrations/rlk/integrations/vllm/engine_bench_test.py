@@ -221,7 +221,16 @@ def test_prepare_reuses_a_checkpoint_of_the_same_identity_only(tmp_path, monkeyp
 
 
 @pytest.mark.parametrize("kw,msg", [(dict(profile_workload="W9"), "--profile-workload"),
-                                    (dict(profile_tokens=0), "--profile-tokens")])
+                                    (dict(profile_tokens=0), "--profile-tokens"),
+                                    (dict(profile_prompt_len=0), "--profile-prompt-len")])
 def test_a_bad_profile_request_stops_before_any_engine_starts(kw, msg, tmp_path):
     with pytest.raises(SystemExit, match=msg):
         engine_bench.run_arm("stock", str(tmp_path), str(tmp_path / "a.json"), ["W0"], profile=True, **kw)
+
+
+def test_profile_requests_cut_prompts_and_set_lengths():
+    prompts, lens = [[1, 2, 3, 4], [5, 6]], [7, 9]
+    assert engine_bench.profile_requests(prompts, lens) == (prompts, lens, "prompts, its own response lengths, profiled")
+    p, n, what = engine_bench.profile_requests(prompts, lens, tokens=5, prompt_len=3)
+    assert p == [[1, 2, 3], [5, 6]] and n == [5, 5] and what == "prompts cut to 3 tokens, 5 tokens each, profiled"
+    assert prompts == [[1, 2, 3, 4], [5, 6]]  # the workload's own lists are not changed

@@ -47,7 +47,9 @@ def test_candidates_by_regime():
     assert all(s == "prefill" for s, _ in large) and len(large) < len(mid)
     # 128-row decode tiles and column ranges at 64 < M <= 256 only.
     mid_dec = [c for s, c in mid if s == "decode"]
-    assert {c["BLOCK_M"] for c in mid_dec} == {64, 128} and any(c.get("N_PROGS") for c in mid_dec)
+    assert {c["BLOCK_M"] for c in mid_dec} == {64, 128}
+    for ranges in (False, True):  # 128-row tiles of BLOCK_N and 128-row column ranges
+        assert any(c["BLOCK_M"] == 128 and bool(c.get("N_PROGS")) == ranges for c in mid_dec)
     for m in (64, 384):
         assert not any(s == "decode" and c["BLOCK_M"] == 128 for s, c in gemm_tune.candidates(m))
     for sched, cfg in gemm_tune.ALL_CANDIDATES:

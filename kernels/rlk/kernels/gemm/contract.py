@@ -131,6 +131,7 @@ _SCHEDULE_FIELDS = {
     "FLAT": [0, 1],
     "PERSISTENT": [0, 1, 2],
     "TMA": [0, 1],
+    "NSUB": [1, 2, 3],
     "N_PROGS": "decode: 0 (tiles of BLOCK_N) or a program count along N (columns cut into ranges of "
                "cdiv(N, N_PROGS) rounded up to 8, each in one BLOCK_N tile)",
     "m_bucket": "per (K, N) or the table's default rule: M ranges select the schedule and its free fields, never the split",
@@ -149,6 +150,9 @@ _EVIDENCE = {
                    "one flattened software pipeline: the same per-tile operations, issued earlier): the "
                    "interpreter walks it as 1; H100 (sm_90): the tuner's byte check and the GPU candidate test"),
     "TMA": f"load path only (zero fill past the edges); {_TUNE}",
+    "NSUB": (f"prefill tiles of NSUB x BLOCK_N columns (e.g. 3 x 64 = 192: widths no power of two gives) as "
+             f"NSUB sub-tiles on one x tile, each with its own accumulator and fold in the same K order; "
+             f"gemm_invariance_test.py (interpreter); {_TUNE}"),
     "N_PROGS": f"which program sums which output columns: every column still summed by one program "
                f"with the same K walk; gemm_invariance_test.py (interpreter: ragged ranges, odd N) + {_TUNE}",
     "m_bucket": f"selects schedule and free fields only (each measured bit-neutral above); {_TUNE}",

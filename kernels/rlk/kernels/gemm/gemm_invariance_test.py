@@ -120,14 +120,23 @@ def test_split_count_changes_bits(monkeypatch, request):
 def test_prefill_variants_identical(K, N):
     """FLAT (one K loop, fold at segment ends), PERSISTENT (3 programs walk the tiles; 2: the walk
     as one flattened pipeline on the GPU, the same walk here) and TMA (tensor descriptors; x, w
-    contiguous with 16-byte rows) give the reference bytes; an unknown PERSISTENT is refused."""
+    contiguous with 16-byte rows) and NSUB (tiles of 2 or 3 column sub-tiles, the last tile past N)
+    give the reference bytes; an unknown PERSISTENT or NSUB, and NSUB without FLAT, are refused."""
     x, w = _rand(40, K, seed=11), _rand(N, K, seed=12)
     ref = gemm(x, w, out_dtype=torch.float32, schedule="prefill",
                config=dict(BLOCK_M=32, BLOCK_N=32, FLAT=0, PERSISTENT=0, TMA=0))
     with pytest.raises(UnsupportedConfigError, match="PERSISTENT=3"):
         gemm(x, w, schedule="prefill", config=dict(PERSISTENT=3))
-    for flat, pers, tma in ((1, 0, 0), (0, 1, 0), (0, 0, 1), (1, 1, 1), (1, 2, 1)):
-        cfg = dict(BLOCK_M=16, BLOCK_N=64, GROUP_M=2, FLAT=flat, PERSISTENT=pers, TMA=tma)
+    with pytest.raises(UnsupportedConfigError, match="NSUB=4"):
+        gemm(x, w, schedule="prefill", config=dict(NSUB=4))
+    with pytest.raises(UnsupportedConfigError, match="NSUB=3 needs FLAT=1"):
+        gemm(x, w, schedule="prefill", config=dict(NSUB=3, FLAT=0))
+    cfgs = [dict(BLOCK_N=64, FLAT=flat, PERSISTENT=pers, TMA=tma)
+            for flat, pers, tma in ((1, 0, 0), (0, 1, 0), (0, 0, 1), (1, 1, 1), (1, 2, 1))]
+    cfgs += [dict(BLOCK_N=16, FLAT=1, PERSISTENT=pers, TMA=tma, NSUB=nsub)
+             for nsub, pers, tma in ((3, 0, 0), (3, 0, 1), (3, 1, 1), (2, 0, 1))]
+    for cfg in cfgs:
+        cfg.update(BLOCK_M=16, GROUP_M=2)
         for m in (1, 17, 40):
             y = gemm(x[:m], w, out_dtype=torch.float32, schedule="prefill", config=cfg)
             assert_bitwise_equal(y, ref[:m], f"K={K} N={N} M={m} {cfg}")

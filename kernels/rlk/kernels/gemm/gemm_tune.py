@@ -79,6 +79,12 @@ PREFILL_TILES = ((64, 32, 128, 4, 4, 0), (64, 64, 128, 4, 4, 0), (64, 64, 64, 4,
                  # need 278,552 bytes of shared memory, over sm_90's 232,448: not a candidate)
                  (64, 64, 64, 4, 5, 2), (64, 128, 64, 4, 4, 2), (128, 128, 64, 8, 4, 2))
 
+# Mid-M prefill tiles of three column sub-tiles (NSUB 3: 96, 192 and 384 wide), widths that give
+# about one wave of tiles where powers of two give 1.1-1.5 (cuBLAS runs 96-, 144- and 192-wide
+# tiles there): (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages), BLOCK_N per sub-tile.
+NSUB_TILES = ((64, 32, 64, 4, 4), (64, 64, 64, 4, 4), (64, 128, 64, 4, 3), (128, 32, 64, 4, 4),
+              (128, 64, 64, 8, 3))
+
 # The same kernel with row tiles of 16 and 32 (mma.sync instead of wgmma, a form the contract
 # lists): TMA weight streams at decode batch sizes without computing 64-row tiles for M <= 32.
 SMALL_M_TILES = ((16, 16, 256, 4, 4, 0), (16, 32, 128, 4, 4, 0), (16, 32, 256, 4, 3, 0), (16, 64, 128, 4, 4, 0),
@@ -140,9 +146,10 @@ def _range(bm, n_progs, bk, nw, ns):
     return ("decode", {"BLOCK_M": bm, "BLOCK_K": bk, "num_warps": nw, "num_stages": ns, "N_PROGS": n_progs})
 
 
-def _pre(bm, bn, bk, nw, ns, pers):
+def _pre(bm, bn, bk, nw, ns, pers, nsub=1):
+    sub = {"NSUB": nsub} if nsub > 1 else {}
     return ("prefill", {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "num_warps": nw,
-                        "num_stages": ns, "FLAT": 1, "PERSISTENT": pers, "TMA": 1})
+                        "num_stages": ns, "FLAT": 1, "PERSISTENT": pers, "TMA": 1, **sub})
 
 
 def candidates(M: int) -> list:
@@ -150,7 +157,8 @@ def candidates(M: int) -> list:
     prefill tiles with BLOCK_M 16 / 32 covering M up to M = 32 (SMALL_M_TILES), with BLOCK_M 64 at
     small M, all tiles at mid M, the large ones from M = 2048; up to M = 64 decode over N_PROGS
     column ranges (RANGE_TILES); at 64 < M <= 256 decode with 128-row tiles (MID_DECODE_TILES) and
-    column ranges with 64- and 128-row tiles (MID_RANGE_TILES)."""
+    column ranges with 64- and 128-row tiles (MID_RANGE_TILES); at 64 < M <= 1024 tiles of three
+    column sub-tiles (NSUB_TILES)."""
     out = []
     if M <= 512:
         for bm in ((16, 64) if M <= 16 else (64,)):
@@ -161,6 +169,8 @@ def candidates(M: int) -> list:
     for t in PREFILL_TILES:
         if (M <= 64 and t[0] == 64) or 64 < M <= 1024 or (M > 1024 and (t[0] == 128 or t[1] == 256)):
             out.append(_pre(*t))
+    if 64 < M <= 1024:
+        out += [_pre(*t, 0, 3) for t in NSUB_TILES]
     if M <= 64:
         bm = 16 if M <= 16 else 32 if M <= 32 else 64
         out += [_range(bm, *t) for t in RANGE_TILES]

@@ -52,6 +52,10 @@ def test_candidates_by_regime():
         assert any(c["BLOCK_M"] == 128 and bool(c.get("N_PROGS")) == ranges for c in mid_dec)
     for m in (64, 384):
         assert not any(s == "decode" and c["BLOCK_M"] == 128 for s, c in gemm_tune.candidates(m))
+    # Column sub-tiles (NSUB 3) at 64 < M <= 1024 only.
+    assert {c.get("NSUB", 1) for s, c in mid} == {1, 3}
+    for m in (64, 2048):
+        assert all(c.get("NSUB", 1) == 1 for s, c in gemm_tune.candidates(m))
     for sched, cfg in gemm_tune.ALL_CANDIDATES:
         assert set(cfg) <= set(schedule.SCHEDULE_KEYS[sched])
         assert cfg["BLOCK_K"] % contract.CHUNK_K == 0

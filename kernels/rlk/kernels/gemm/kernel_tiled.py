@@ -45,26 +45,50 @@ def _tile_ab(x_ptr, w_ptr, x_desc, w_desc, offs_m, offs_n, m0, n0, k0, M, N, K,
 
 
 @triton.jit
+def _tile_w(w_ptr, w_desc, offs_n, n0, k0, N, K, stride_wn, stride_wk,
+            BLOCK_K: tl.constexpr, USE_TMA: tl.constexpr, W_T: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    """The weight tile of a further column sub-tile at n0 (as ``_tile_ab`` loads the first one)."""
+    if USE_TMA:
+        if W_T:
+            b = tl.trans(w_desc.load([k0, n0]))
+        else:
+            b = w_desc.load([n0, k0])
+    else:
+        k = k0 + tl.arange(0, BLOCK_K)
+        b = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + k[None, :].to(tl.int64) * stride_wk,
+                    mask=(offs_n[:, None] < N) & (k[None, :] < K), other=0.0)
+    return _operand(b, DOT_DTYPE)
+
+
+@triton.jit
 def _one_tile(tile, y_ptr, x_ptr, w_ptr, x_desc, w_desc, M, N, K,
               stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_yn,
               SPLIT_K: tl.constexpr, SEG_STEPS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, FLAT: tl.constexpr,
               USE_TMA: tl.constexpr, X_T: tl.constexpr, W_T: tl.constexpr, DOT_DTYPE: tl.constexpr,
-              OUT_FP32: tl.constexpr, INTERPRET: tl.constexpr):
+              OUT_FP32: tl.constexpr, INTERPRET: tl.constexpr, NSUB: tl.constexpr = 1):
     num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_pid_n = tl.cdiv(N, BLOCK_N * NSUB)
     group = GROUP_M * num_pid_n
     first_m = (tile // group) * GROUP_M
     group_rows = min(num_pid_m - first_m, GROUP_M)
     pid_m = first_m + (tile % group) % group_rows
     pid_n = (tile % group) // group_rows
     m0 = pid_m * BLOCK_M
-    n0 = pid_n * BLOCK_N
+    n0 = pid_n * (BLOCK_N * NSUB)
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_n = n0 + tl.arange(0, BLOCK_N)
     total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if FLAT:
+    if NSUB > 1:
+        # Column sub-tiles (a tile NSUB * BLOCK_N wide, e.g. 192): sub-tile j sums columns
+        # n0 + j * BLOCK_N + [0, BLOCK_N) with its own accumulator and fold, on the shared x tile,
+        # in the same K order as the first.
+        _sub_tiles(y_ptr, x_ptr, w_ptr, x_desc, w_desc, M, N, K, m0, n0, offs_m, offs_n,
+                   stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_yn,
+                   SPLIT_K, SEG_STEPS, BLOCK_M, BLOCK_N, BLOCK_K, NSUB, USE_TMA, X_T, W_T, DOT_DTYPE, OUT_FP32,
+                   INTERPRET)
+    elif FLAT:
         # Reduction order: k-steps ascending over all of K; acc = dot(a, b, acc) in fp32 (chunks
         # of 64 ascending); at the end of segment s: total = total + acc_s (s ascending, fp32
         # left fold from total = 0.0), then acc = 0 for the next segment.
@@ -89,7 +113,49 @@ def _one_tile(tile, y_ptr, x_ptr, w_ptr, x_desc, w_desc, M, N, K,
                                 stride_xm, stride_xk, stride_wn, stride_wk, BLOCK_K, USE_TMA, X_T, W_T, DOT_DTYPE)
                 acc = _mma(a, b, acc, DOT_DTYPE)
             total = total + acc
-    _store_out(y_ptr, total, offs_m, offs_n, M, N, stride_ym, stride_yn, OUT_FP32, INTERPRET)
+    if NSUB == 1:
+        _store_out(y_ptr, total, offs_m, offs_n, M, N, stride_ym, stride_yn, OUT_FP32, INTERPRET)
+
+
+@triton.jit
+def _sub_tiles(y_ptr, x_ptr, w_ptr, x_desc, w_desc, M, N, K, m0, n0, offs_m, offs_n,
+               stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_yn,
+               SPLIT_K: tl.constexpr, SEG_STEPS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               BLOCK_K: tl.constexpr, NSUB: tl.constexpr, USE_TMA: tl.constexpr, X_T: tl.constexpr,
+               W_T: tl.constexpr, DOT_DTYPE: tl.constexpr, OUT_FP32: tl.constexpr, INTERPRET: tl.constexpr):
+    """A tile of NSUB (2 or 3) column sub-tiles in one flat K loop. Reduction order per element, as
+    the one-tile walk: k-steps ascending, acc = dot(a, b, acc) in fp32, at each segment end
+    total = total + acc (ascending, from 0.0) and acc = 0; one rounding at the store."""
+    t0 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    t1 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    t2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    c0 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    c1 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    c2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for i in tl.range(0, SPLIT_K * SEG_STEPS):
+        k0 = i * BLOCK_K
+        a, b = _tile_ab(x_ptr, w_ptr, x_desc, w_desc, offs_m, offs_n, m0, n0, k0, M, N, K,
+                        stride_xm, stride_xk, stride_wn, stride_wk, BLOCK_K, USE_TMA, X_T, W_T, DOT_DTYPE)
+        c0 = _mma(a, b, c0, DOT_DTYPE)
+        b = _tile_w(w_ptr, w_desc, offs_n + BLOCK_N, n0 + BLOCK_N, k0, N, K, stride_wn, stride_wk,
+                    BLOCK_K, USE_TMA, W_T, DOT_DTYPE)
+        c1 = _mma(a, b, c1, DOT_DTYPE)
+        if NSUB > 2:
+            b = _tile_w(w_ptr, w_desc, offs_n + 2 * BLOCK_N, n0 + 2 * BLOCK_N, k0, N, K, stride_wn, stride_wk,
+                        BLOCK_K, USE_TMA, W_T, DOT_DTYPE)
+            c2 = _mma(a, b, c2, DOT_DTYPE)
+        if i % SEG_STEPS == SEG_STEPS - 1:
+            t0 = t0 + c0
+            t1 = t1 + c1
+            c0 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            c1 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            if NSUB > 2:
+                t2 = t2 + c2
+                c2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    _store_out(y_ptr, t0, offs_m, offs_n, M, N, stride_ym, stride_yn, OUT_FP32, INTERPRET)
+    _store_out(y_ptr, t1, offs_m, offs_n + BLOCK_N, M, N, stride_ym, stride_yn, OUT_FP32, INTERPRET)
+    if NSUB > 2:
+        _store_out(y_ptr, t2, offs_m, offs_n + 2 * BLOCK_N, M, N, stride_ym, stride_yn, OUT_FP32, INTERPRET)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -102,6 +168,7 @@ def gemm_tiled_kernel(
     NUM_PROGS: tl.constexpr, FLAT: tl.constexpr, USE_TMA: tl.constexpr,
     DOT_DTYPE: tl.constexpr, OUT_FP32: tl.constexpr, INTERPRET: tl.constexpr,
     X_T: tl.constexpr = False, W_T: tl.constexpr = False, FLATTEN: tl.constexpr = False,
+    NSUB: tl.constexpr = 1,
 ):
     """Prefill/training schedule: each output tile computed whole by one program (no
     cross-program sum), segments folded in registers; tiles grouped by GROUP_M row tiles.
@@ -114,9 +181,9 @@ def gemm_tiled_kernel(
         _one_tile(tl.program_id(0), y_ptr, x_ptr, w_ptr, x_desc, w_desc, M, N, K,
                   stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_yn,
                   SPLIT_K, SEG_STEPS, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, FLAT, USE_TMA, X_T, W_T, DOT_DTYPE, OUT_FP32,
-                  INTERPRET)
+                  INTERPRET, NSUB)
     else:
-        num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+        num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N * NSUB)
         # Tiles are independent (each element is summed by exactly one program): the walk order
         # and the pipelining across tiles only change timing, never a sum.
         if FLATTEN and not INTERPRET:
@@ -124,7 +191,7 @@ def gemm_tiled_kernel(
                 _one_tile(tile, y_ptr, x_ptr, w_ptr, x_desc, w_desc, M, N, K,
                           stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_yn,
                           SPLIT_K, SEG_STEPS, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, FLAT, USE_TMA, X_T, W_T,
-                          DOT_DTYPE, OUT_FP32, INTERPRET)
+                          DOT_DTYPE, OUT_FP32, INTERPRET, NSUB)
         else:
             # (a while loop: the interpreter cannot run range() over runtime bounds.)
             tile = tl.program_id(0)
@@ -132,5 +199,5 @@ def gemm_tiled_kernel(
                 _one_tile(tile, y_ptr, x_ptr, w_ptr, x_desc, w_desc, M, N, K,
                           stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_yn,
                           SPLIT_K, SEG_STEPS, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, FLAT, USE_TMA, X_T, W_T,
-                          DOT_DTYPE, OUT_FP32, INTERPRET)
+                          DOT_DTYPE, OUT_FP32, INTERPRET, NSUB)
                 tile += NUM_PROGS

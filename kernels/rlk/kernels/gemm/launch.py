@@ -120,6 +120,11 @@ def _plan(M: int, K: int, N: int, arch: str, schedule: str | None, cpu: bool, co
     if schedule == "prefill":
         for key in ("FLAT", "PERSISTENT", "TMA"):
             cfg[key] = int(cfg.get(key, 0))
+        cfg["NSUB"] = int(cfg.get("NSUB", 1))
+        if cfg["NSUB"] not in (1, 2, 3):
+            raise UnsupportedConfigError(f"gemm: NSUB={cfg['NSUB']} (1, 2 or 3 column sub-tiles of BLOCK_N)")
+        if cfg["NSUB"] > 1 and not cfg["FLAT"]:
+            raise UnsupportedConfigError(f"gemm: NSUB={cfg['NSUB']} needs FLAT=1 (sub-tiles run in the flat K loop)")
         if cfg["PERSISTENT"] not in (0, 1, 2):
             raise UnsupportedConfigError(f"gemm: PERSISTENT={cfg['PERSISTENT']} (0: a program per tile, 1: one per "
                                          "SM walking tiles, 2: the same as one flattened pipeline)")
@@ -241,7 +246,7 @@ def gemm(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfl
                     SPLIT_K=S, BLOCK_M=f["BLOCK_M"], BLOCK_N=f["BLOCK_N"], OUT_FP32=flags["OUT_FP32"],
                     INTERPRET=flags["INTERPRET"], num_warps=f["num_warps"], **opts))
         else:
-            tiles = cdiv(M, bm) * cdiv(N, bn)
+            tiles = cdiv(M, bm) * cdiv(N, bn * p["NSUB"])
             nprog = num_progs(x.device) if p["PERSISTENT"] else 0
             # TMA for row-major operands and for transposes of row-major tensors (the backward's
             # dy @ w and dy.T @ x); anything else (or unaligned) takes the pointer loads.
@@ -254,7 +259,7 @@ def gemm(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfl
                 x.stride(0), x.stride(1), w.stride(0), w.stride(1), y.stride(0), y.stride(1),
                 SPLIT_K=S, SEG_STEPS=p["seg_steps"], BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=p["GROUP_M"],
                 NUM_PROGS=nprog, FLAT=bool(p["FLAT"]), USE_TMA=use_tma,
-                X_T=use_tma and lx == "t", W_T=use_tma and lw == "t", FLATTEN=p["PERSISTENT"] == 2,
+                X_T=use_tma and lx == "t", W_T=use_tma and lw == "t", FLATTEN=p["PERSISTENT"] == 2, NSUB=p["NSUB"],
                 num_warps=p["num_warps"], num_stages=p["num_stages"], **flags, **opts))
     if _handles is not None:
         _handles.extend(handles)

@@ -30,7 +30,7 @@ from rlk.kernels.gemm.contract import CONTRACT_ID, SCHEDULES, split_rule
 SCHEDULE_KEYS = {
     "decode": ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages", "N_PROGS"),
     "prefill": ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "FLAT",
-                "PERSISTENT", "TMA"),
+                "PERSISTENT", "TMA", "NSUB"),
 }
 DECODE_BLOCK_M = (16, 32, 64)  # auto decode BLOCK_M: the smallest that covers M (max 64)
 

@@ -2,7 +2,9 @@
 processes, which fill Triton's on-disk cache so that the timing process loads instead of compiling.
 
 A compiler that aborts its process (an LLVM ``UNREACHABLE``, not a Python exception) takes down
-only the job it was compiling: each worker announces a job on its pipe before it starts it.
+only the job it was compiling: each worker announces a job on its pipe before it starts it. A job
+that runs past ``JOB_TIMEOUT_S`` (a compile or a first launch that hangs: a kernel that never
+returns holds its process forever) has its process killed and is reported the same way.
 Used by :mod:`rlk.kernels.gemm.gemm_tune` (and the GPU candidate test).
 """
 
@@ -13,6 +15,8 @@ import multiprocessing as mp
 import time
 
 import torch
+
+JOB_TIMEOUT_S = 180.0  # one kernel's compile and first launch; Triton compiles one in seconds
 
 
 def _dev() -> str:
@@ -63,15 +67,18 @@ def _compile_worker(conn, jobs: list, compile_one=_compile_one) -> None:
     conn.close()
 
 
-def _compile_parallel(jobs: list, workers: int, compile_one=_compile_one) -> dict:
+def _compile_parallel(jobs: list, workers: int, compile_one=_compile_one,
+                      job_timeout_s: float = JOB_TIMEOUT_S) -> dict:
     """{index: error text or None} of ``jobs`` compiled by ``compile_one`` (a module-level
     function) in ``workers`` processes. A process that dies takes down only the job it was
-    compiling (reported with its exit code); the rest of its share goes on in a new process."""
+    compiling (reported with its exit code); the rest of its share goes on in a new process. A
+    job still running after ``job_timeout_s`` seconds has its process killed (reported as such)."""
     from multiprocessing.connection import wait  # noqa: PLC0415
 
     ctx = mp.get_context("spawn")
     out = {}
-    # connection -> [process, remaining [(index, job)], index being compiled, messages received]
+    # connection -> [process, remaining [(index, job)], index being compiled, messages received,
+    #                time the current job started, whether this process was killed for its time]
     running = {}
 
     def start(share):
@@ -79,14 +86,19 @@ def _compile_parallel(jobs: list, workers: int, compile_one=_compile_one) -> dic
         p = ctx.Process(target=_compile_worker, args=(child, share, compile_one), daemon=True)
         p.start()
         child.close()
-        running[parent] = [p, list(share), None, 0]
+        running[parent] = [p, list(share), None, 0, time.monotonic(), False]
 
     indexed = list(enumerate(jobs))
     for i in range(workers):
         if indexed[i::workers]:
             start(indexed[i::workers])
     while running:
-        for conn in wait(list(running)):
+        now = time.monotonic()
+        for state in running.values():
+            if state[2] is not None and not state[5] and now - state[4] > job_timeout_s:
+                state[5] = True
+                state[0].kill()  # its pipe then reads EOF below
+        for conn in wait(list(running), timeout=min(5.0, job_timeout_s)):
             state = running[conn]
             try:
                 msg = conn.recv()
@@ -96,7 +108,9 @@ def _compile_parallel(jobs: list, workers: int, compile_one=_compile_one) -> dic
                 rest = [(i, j) for i, j in state[1] if i not in out]
                 code = state[0].exitcode
                 if state[2] is not None and state[2] not in out:  # ended inside a job, whatever its code
-                    out[state[2]] = f"the compiling process died (exit code {code})"
+                    out[state[2]] = (f"did not finish in {job_timeout_s:g} s (compile or first launch hung): "
+                                     f"its process was killed" if state[5]
+                                     else f"the compiling process died (exit code {code})")
                     rest = [(i, j) for i, j in rest if i != state[2]]
                 elif rest and state[3] == 0:  # ended before its first job: it would again
                     for i, _ in rest:
@@ -108,6 +122,7 @@ def _compile_parallel(jobs: list, workers: int, compile_one=_compile_one) -> dic
             state[3] += 1
             if msg[0] == "start":
                 state[2] = msg[1]
+                state[4] = time.monotonic()
             else:
                 out[msg[1]] = msg[2]
                 state[2] = None

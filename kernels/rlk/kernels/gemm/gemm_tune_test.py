@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -162,6 +163,10 @@ def _fake_compile(job):
         os._exit(7)
     if job == "exit0":
         os._exit(0)
+    if job == "hang":  # a kernel launch that never returns
+        import time
+
+        time.sleep(3600)
     return "ValueError: bad config" if job == "bad" else None
 
 
@@ -173,6 +178,16 @@ def test_parallel_compile_pins_a_dying_process_on_its_job():
     assert out == {0: None, 1: "the compiling process died (exit code 7)", 2: None,
                    3: "ValueError: bad config", 4: None, 5: None, 6: None,
                    7: "the compiling process died (exit code 0)", 8: None}
+
+
+def test_parallel_compile_kills_a_job_that_hangs():
+    """A job still running after the time limit (a compile or first launch that hangs) has its
+    process killed and is reported; the rest of that process's share is compiled by a new one."""
+    t0 = time.monotonic()
+    out = gemm_compile._compile_parallel(["ok", "hang", "ok", "bad"], 1, compile_one=_fake_compile, job_timeout_s=3)
+    assert out == {0: None, 1: "did not finish in 3 s (compile or first launch hung): its process was killed",
+                   2: None, 3: "ValueError: bad config"}
+    assert time.monotonic() - t0 < 120
 
 
 def test_precompile_compiles_n_progs_decode_once_per_n(monkeypatch):

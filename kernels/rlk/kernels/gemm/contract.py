@@ -152,7 +152,8 @@ _EVIDENCE = {
     "TMA": f"load path only (zero fill past the edges); {_TUNE}",
     "NSUB": (f"prefill tiles of NSUB x BLOCK_N columns (e.g. 3 x 64 = 192: widths no power of two gives) as "
              f"NSUB sub-tiles on one x tile, each with its own accumulator and fold in the same K order; "
-             f"gemm_invariance_test.py (interpreter); {_TUNE} (H100)"),
+             f"gemm_invariance_test.py (interpreter: NSUB 2 and 3, transposed operands too); {_TUNE} "
+             f"(H100: the NSUB 3 tuner candidates)"),
     "N_PROGS": f"which program sums which output columns: every column still summed by one program "
                f"with the same K walk; gemm_invariance_test.py (interpreter: ragged ranges, odd N) + {_TUNE}",
     "m_bucket": f"selects schedule and free fields only (each measured bit-neutral above); {_TUNE}",

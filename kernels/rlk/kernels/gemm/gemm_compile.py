@@ -78,7 +78,7 @@ def _compile_parallel(jobs: list, workers: int, compile_one=_compile_one,
     ctx = mp.get_context("spawn")
     out = {}
     # connection -> [process, remaining [(index, job)], index being compiled, messages received,
-    #                time the current job started, whether this process was killed for its time]
+    #                time the current job started, the index its process was killed on (or None)]
     running = {}
 
     def start(share):
@@ -86,7 +86,7 @@ def _compile_parallel(jobs: list, workers: int, compile_one=_compile_one,
         p = ctx.Process(target=_compile_worker, args=(child, share, compile_one), daemon=True)
         p.start()
         child.close()
-        running[parent] = [p, list(share), None, 0, time.monotonic(), False]
+        running[parent] = [p, list(share), None, 0, time.monotonic(), None]
 
     indexed = list(enumerate(jobs))
     for i in range(workers):
@@ -94,9 +94,12 @@ def _compile_parallel(jobs: list, workers: int, compile_one=_compile_one,
             start(indexed[i::workers])
     while running:
         now = time.monotonic()
-        for state in running.values():
-            if state[2] is not None and not state[5] and now - state[4] > job_timeout_s:
-                state[5] = True
+        for conn, state in running.items():
+            # Only with nothing left unread on its pipe: a "done" already sent must not be lost,
+            # nor the next job (announced after it) blamed for the one that ran long.
+            if (state[2] is not None and state[5] is None and now - state[4] > job_timeout_s
+                    and not conn.poll()):
+                state[5] = state[2]
                 state[0].kill()  # its pipe then reads EOF below
         for conn in wait(list(running), timeout=min(5.0, job_timeout_s)):
             state = running[conn]
@@ -104,12 +107,15 @@ def _compile_parallel(jobs: list, workers: int, compile_one=_compile_one,
                 msg = conn.recv()
             except EOFError:  # the worker finished or died
                 del running[conn]
-                state[0].join()
+                state[0].join(timeout=30)
+                if state[0].is_alive():  # closed its pipe but does not exit
+                    state[0].kill()
+                    state[0].join()
                 rest = [(i, j) for i, j in state[1] if i not in out]
                 code = state[0].exitcode
                 if state[2] is not None and state[2] not in out:  # ended inside a job, whatever its code
                     out[state[2]] = (f"did not finish in {job_timeout_s:g} s (compile or first launch hung): "
-                                     f"its process was killed" if state[5]
+                                     f"its process was killed" if state[5] == state[2]
                                      else f"the compiling process died (exit code {code})")
                     rest = [(i, j) for i, j in rest if i != state[2]]
                 elif rest and state[3] == 0:  # ended before its first job: it would again
@@ -134,7 +140,8 @@ def precompile(jobs: list, workers: int, contract_id: str | None = None,
     """Compile ``jobs`` [(K, N, schedule, fields)] under ``contract_id`` (default gemm.bf16.v1), with
     bf16 (or, ``out_fp32``, fp32) outputs, in ``workers`` processes; (seconds, error lines, the
     (K, N, candidate key) of every job that did not compile). Callers must not launch those in
-    their own process: a compiler abort would end it."""
+    their own process: a compiler abort would end it. With one worker (or one kernel) the jobs run in
+    this process, without the per-job time limit of the parallel path."""
     from rlk.kernels.gemm import contract  # noqa: PLC0415
 
     cid = contract_id or contract.CONTRACT_ID

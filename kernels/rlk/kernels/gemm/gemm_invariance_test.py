@@ -165,7 +165,8 @@ def test_decode_column_ranges_identical(K, N):
 def test_tma_transposed_operands_identical(K, N):
     """Operands that are transposes of row-major tensors (the backward's ``dy @ w`` and
     ``dy.T @ x``) go through descriptors of the row-major tensor and a register transpose: the
-    bytes equal the pointer path's and the contiguous copies' (ragged M, N, K edges included)."""
+    bytes equal the pointer path's and the contiguous copies' (ragged M, N, K edges included),
+    column sub-tiles (NSUB) too."""
     from rlk.kernels.gemm import launch
 
     x = _rand(K, 40, seed=15).t()  # [40, K], the transpose of a row-major [K, 40]
@@ -174,9 +175,10 @@ def test_tma_transposed_operands_identical(K, N):
     assert launch.tma_layout(_rand(K, 63).t()) is None  # 126-byte rows: pointer loads
     ref = gemm(x.contiguous(), w.contiguous(), out_dtype=torch.float32, schedule="prefill",
                config=dict(BLOCK_M=32, BLOCK_N=32, FLAT=0, PERSISTENT=0, TMA=0))
-    for flat, pers in ((0, 0), (1, 1)):
+    for flat, pers, nsub in ((0, 0, 1), (1, 1, 1), (1, 0, 3), (1, 1, 2)):  # NSUB: column sub-tiles
         for tma in (0, 1):
-            cfg = dict(BLOCK_M=16, BLOCK_N=32, GROUP_M=2, FLAT=flat, PERSISTENT=pers, TMA=tma)
+            cfg = dict(BLOCK_M=16, BLOCK_N=32 if nsub == 1 else 16, GROUP_M=2, FLAT=flat, PERSISTENT=pers, TMA=tma,
+                       NSUB=nsub)
             for m in (1, 17, 40):
                 assert_bitwise_equal(gemm(x[:m], w, out_dtype=torch.float32, schedule="prefill", config=cfg),
                                      ref[:m], f"x.T w.T K={K} M={m} {cfg}")

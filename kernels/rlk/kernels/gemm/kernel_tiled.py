@@ -11,6 +11,8 @@ per element; the GPU evidence is the tuner's byte-identity check and the ``gpu``
   tile's K loop are one software pipeline (``tl.range(..., flatten=True)``: the next tile's first
   loads are issued while this tile's last MMAs and its store run); the interpreter, which cannot
   range over runtime bounds, walks the same tiles with the while loop.
+* ``NSUB`` (2 or 3, FLAT only): a tile NSUB * BLOCK_N columns wide (e.g. 192 = 3 x 64) as NSUB
+  column sub-tiles that share each x tile, each with its own accumulator and fold.
 * ``USE_TMA``: x/w tiles come through host-side tensor descriptors (TMA on sm_90; out-of-range
   lanes zero-filled), else through masked pointer loads. ``X_T`` / ``W_T``: that operand is the
   transpose of a row-major tensor (the backward's ``w.t()``, ``dy.t()``, ``x.t()``); its
@@ -144,14 +146,20 @@ def _sub_tiles(y_ptr, x_ptr, w_ptr, x_desc, w_desc, M, N, K, m0, n0, offs_m, off
             b = _tile_w(w_ptr, w_desc, offs_n + 2 * BLOCK_N, n0 + 2 * BLOCK_N, k0, N, K, stride_wn, stride_wk,
                         BLOCK_K, USE_TMA, W_T, DOT_DTYPE)
             c2 = _mma(a, b, c2, DOT_DTYPE)
-        if i % SEG_STEPS == SEG_STEPS - 1:
-            t0 = t0 + c0
-            t1 = t1 + c1
-            c0 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            c1 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            if NSUB > 2:
-                t2 = t2 + c2
-                c2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        if SPLIT_K > 1:
+            if i % SEG_STEPS == SEG_STEPS - 1:
+                t0 = t0 + c0
+                t1 = t1 + c1
+                c0 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                c1 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                if NSUB > 2:
+                    t2 = t2 + c2
+                    c2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if SPLIT_K == 1:  # the fold of one segment, after the loop (no fold registers live in it)
+        t0 = t0 + c0
+        t1 = t1 + c1
+        if NSUB > 2:
+            t2 = t2 + c2
     _store_out(y_ptr, t0, offs_m, offs_n, M, N, stride_ym, stride_yn, OUT_FP32, INTERPRET)
     _store_out(y_ptr, t1, offs_m, offs_n + BLOCK_N, M, N, stride_ym, stride_yn, OUT_FP32, INTERPRET)
     if NSUB > 2:
@@ -173,7 +181,7 @@ def gemm_tiled_kernel(
     """Prefill/training schedule: each output tile computed whole by one program (no
     cross-program sum), segments folded in registers; tiles grouped by GROUP_M row tiles.
 
-    Grid: (cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N),) or, persistent, (min(NUM_PROGS, tiles),).
+    Grid: (cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N * NSUB),) or, persistent, (min(NUM_PROGS, tiles),).
     x_desc / w_desc: tensor descriptors of x [M, K] / w [N, K] when USE_TMA, else None; with
     X_T (W_T) the descriptor is of the row-major x.T [K, M] (w.T [K, N]).
     """

@@ -194,6 +194,7 @@ def _register_kernels() -> None:
                    "BLOCK_N": "constexpr", "OUT_FP32": "constexpr", "INTERPRET": "constexpr"},
         configs=({"SPLIT_K": 2, "BLOCK_M": fold["BLOCK_M"], "BLOCK_N": fold["BLOCK_N"], "OUT_FP32": False,
                   "INTERPRET": False, "num_warps": fold["num_warps"], "num_stages": 1},)))
+    # NSUB is named in every config: the cross-target compile passes only the listed constexprs.
     registry.register_kernel(registry.KernelEntry(
         name="gemm.tiled", contract_id=CONTRACT_ID, fn=kernel_tiled.gemm_tiled_kernel,
         signature={"y_ptr": "*bf16", "x_ptr": "*bf16", "w_ptr": "*bf16", "x_desc": "constexpr",
@@ -205,7 +206,7 @@ def _register_kernels() -> None:
         configs=({"x_desc": None, "w_desc": None, "SPLIT_K": 2, "SEG_STEPS": 32,
                   **{k: pre[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")},
                   "NUM_PROGS": 132 if pre.get("PERSISTENT") else 0, "FLAT": bool(pre.get("FLAT", 1)),
-                  "USE_TMA": False, **gpu, "num_warps": pre["num_warps"], "num_stages": pre["num_stages"]},
+                  "USE_TMA": False, "NSUB": 1, **gpu, "num_warps": pre["num_warps"], "num_stages": pre["num_stages"]},
                  # The training backward's path: both operands transposes of row-major tensors,
                  # read through tensor descriptors (TMA on sm_90, plain loads on gfx942) and
                  # transposed in registers; the default prefill tiles (every dw shape is untuned).
@@ -213,7 +214,11 @@ def _register_kernels() -> None:
                                 "w_desc": f"tensordesc<bf16[{bwd['BLOCK_K']}, {bwd['BLOCK_N']}]>"},
                   "SPLIT_K": 1, "SEG_STEPS": 27, **{k: bwd[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")},
                   "NUM_PROGS": 0, "FLAT": bool(bwd.get("FLAT", 1)), "USE_TMA": True, "X_T": True, "W_T": True,
-                  **gpu, "num_warps": bwd["num_warps"], "num_stages": bwd["num_stages"]}),
+                  "NSUB": 1, **gpu, "num_warps": bwd["num_warps"], "num_stages": bwd["num_stages"]},
+                 # A tuner candidate at mid M: three 64-wide column sub-tiles (a 192-wide tile).
+                 {"x_desc": None, "w_desc": None, "SPLIT_K": 2, "SEG_STEPS": 32, "BLOCK_M": 64, "BLOCK_N": 64,
+                  "BLOCK_K": 64, "GROUP_M": 8, "NUM_PROGS": 0, "FLAT": True, "USE_TMA": False, "NSUB": 3, **gpu,
+                  "num_warps": 4, "num_stages": 4}),
         expects_mma=True))
 
 

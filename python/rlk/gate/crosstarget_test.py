@@ -374,3 +374,19 @@ def test_every_registered_kernel_compiles_and_matches_the_golden_file():
     res = ct.compile_all()
     assert ct.problems(res) == []
     assert ct.compare_golden(res, ct.load_golden()) == []
+
+
+def test_update_golden_refuses_while_a_config_fails(planted, monkeypatch, tmp_path):
+    """--update-golden rewrites the file only when every configuration compiles cleanly: with a
+    failing one it writes nothing (a golden file that silently lost that configuration would let
+    L0 pass) and exits 1; without problems it writes the fingerprints."""
+    golden = tmp_path / "golden.json"
+    monkeypatch.setattr(ct, "GOLDEN_PATH", golden)
+    bad = [r for r in planted["records"] if r["problems"]]
+    assert bad, "the planted kernels include failing ones"
+    monkeypatch.setattr(ct, "compile_all", lambda **kw: planted)
+    assert ct.main(["--update-golden"]) == 1 and not golden.exists()
+    good = dict(planted, records=[r for r in planted["records"] if not r["problems"]], launch_problems=[])
+    monkeypatch.setattr(ct, "compile_all", lambda **kw: good)
+    assert ct.main(["--update-golden"]) == 0 and golden.exists()
+    assert ct.compare_golden(good, __import__("json").loads(golden.read_text())) == []

@@ -113,16 +113,16 @@ def test_engine_built_here_starts_with_the_strict_arm_environment(tmp_path, monk
 
     from rlk import determinism
 
-    # Every variable the engine may set is restored after the test (delenv records its prior state).
-    for k in {*plugin.strict_process_env(str(tmp_path)), *determinism.STRICT_ENV, "TRITON_INTERPRET",
-              "VLLM_TARGET_DEVICE", "VLLM_USE_V2_MODEL_RUNNER"}:
-        monkeypatch.delenv(k, raising=False)
     monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=FakeLLM, __version__="0.0-stand-in"))
     monkeypatch.setattr(plugin, "strict_engine_kwargs", lambda **kw: kw)
     monkeypatch.setattr(rl_engine, "write_model_dir", lambda path, cfg, fused: path)
     lc = LoopConfig(steps=1, **LC)
     cfg, _ = lc.weights()
-    eng = rl_engine.VllmRolloutEngine(cfg, {}, "strict", lc, workdir=str(tmp_path))
+    # Every variable the engine may set starts unset and has its prior value back after the block.
+    engine_vars = {*plugin.strict_process_env(str(tmp_path)), *determinism.STRICT_ENV, "TRITON_INTERPRET",
+                   "VLLM_TARGET_DEVICE", "VLLM_USE_V2_MODEL_RUNNER"}
+    with determinism.scoped({}, drop=engine_vars):
+        eng = rl_engine.VllmRolloutEngine(cfg, {}, "strict", lc, workdir=str(tmp_path))
     env = seen["env"]
     assert env["VLLM_PLUGINS"] == "rlk" and env["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn", env
     assert env["VLLM_USE_V2_MODEL_RUNNER"] == "0" and env["VLLM_NO_USAGE_STATS"] == "1"

@@ -80,33 +80,15 @@ def _one_tile(tile, y_ptr, x_ptr, w_ptr, x_desc, w_desc, M, N, K,
     n0 = pid_n * (BLOCK_N * NSUB)
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_n = n0 + tl.arange(0, BLOCK_N)
-    total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if NSUB > 1:
-        # Column sub-tiles (a tile NSUB * BLOCK_N wide, e.g. 192): sub-tile j sums columns
-        # n0 + j * BLOCK_N + [0, BLOCK_N) with its own accumulator and fold, on the shared x tile,
-        # in the same K order as the first.
-        _sub_tiles(y_ptr, x_ptr, w_ptr, x_desc, w_desc, M, N, K, m0, n0, offs_m, offs_n,
+    if FLAT:
+        _flat_tile(y_ptr, x_ptr, w_ptr, x_desc, w_desc, M, N, K, m0, n0, offs_m, offs_n,
                    stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_yn,
                    SPLIT_K, SEG_STEPS, BLOCK_M, BLOCK_N, BLOCK_K, NSUB, USE_TMA, X_T, W_T, DOT_DTYPE, OUT_FP32,
                    INTERPRET)
-    elif FLAT:
-        # Reduction order: k-steps ascending over all of K; acc = dot(a, b, acc) in fp32 (chunks
-        # of 64 ascending); at the end of segment s: total = total + acc_s (s ascending, fp32
-        # left fold from total = 0.0), then acc = 0 for the next segment.
-        for i in tl.range(0, SPLIT_K * SEG_STEPS):
-            a, b = _tile_ab(x_ptr, w_ptr, x_desc, w_desc, offs_m, offs_n, m0, n0, i * BLOCK_K, M, N, K,
-                            stride_xm, stride_xk, stride_wn, stride_wk, BLOCK_K, USE_TMA, X_T, W_T, DOT_DTYPE)
-            acc = _mma(a, b, acc, DOT_DTYPE)
-            if SPLIT_K > 1:
-                if i % SEG_STEPS == SEG_STEPS - 1:
-                    total = total + acc
-                    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        if SPLIT_K == 1:
-            total = total + acc
     else:
         # Reduction order: segments s = 0 .. SPLIT_K-1 ascending; each from zero over its k-steps
         # ascending (acc = dot(a, b, acc), fp32); total = 0.0, then total += acc_s (fp32 fold).
+        total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for s in range(0, SPLIT_K):
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             for j in range(0, SEG_STEPS):
@@ -115,19 +97,20 @@ def _one_tile(tile, y_ptr, x_ptr, w_ptr, x_desc, w_desc, M, N, K,
                                 stride_xm, stride_xk, stride_wn, stride_wk, BLOCK_K, USE_TMA, X_T, W_T, DOT_DTYPE)
                 acc = _mma(a, b, acc, DOT_DTYPE)
             total = total + acc
-    if NSUB == 1:
         _store_out(y_ptr, total, offs_m, offs_n, M, N, stride_ym, stride_yn, OUT_FP32, INTERPRET)
 
 
 @triton.jit
-def _sub_tiles(y_ptr, x_ptr, w_ptr, x_desc, w_desc, M, N, K, m0, n0, offs_m, offs_n,
+def _flat_tile(y_ptr, x_ptr, w_ptr, x_desc, w_desc, M, N, K, m0, n0, offs_m, offs_n,
                stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_yn,
                SPLIT_K: tl.constexpr, SEG_STEPS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                BLOCK_K: tl.constexpr, NSUB: tl.constexpr, USE_TMA: tl.constexpr, X_T: tl.constexpr,
                W_T: tl.constexpr, DOT_DTYPE: tl.constexpr, OUT_FP32: tl.constexpr, INTERPRET: tl.constexpr):
-    """A tile of NSUB (2 or 3) column sub-tiles in one flat K loop. Reduction order per element, as
-    the one-tile walk: k-steps ascending, acc = dot(a, b, acc) in fp32, at each segment end
-    total = total + acc (ascending, from 0.0) and acc = 0; one rounding at the store."""
+    """One tile in one flat K loop: NSUB (1-3) column sub-tiles of BLOCK_N on the shared x tile,
+    sub-tile j summing columns n0 + j * BLOCK_N + [0, BLOCK_N) with its own accumulator and fold.
+    Reduction order per element: k-steps ascending over all of K; acc = dot(a, b, acc) in fp32
+    (chunks of 64 ascending); at the end of segment s: total = total + acc_s (s ascending, fp32 left
+    fold from total = 0.0), then acc = 0 for the next segment; one rounding at the store."""
     t0 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     t1 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     t2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -139,9 +122,10 @@ def _sub_tiles(y_ptr, x_ptr, w_ptr, x_desc, w_desc, M, N, K, m0, n0, offs_m, off
         a, b = _tile_ab(x_ptr, w_ptr, x_desc, w_desc, offs_m, offs_n, m0, n0, k0, M, N, K,
                         stride_xm, stride_xk, stride_wn, stride_wk, BLOCK_K, USE_TMA, X_T, W_T, DOT_DTYPE)
         c0 = _mma(a, b, c0, DOT_DTYPE)
-        b = _tile_w(w_ptr, w_desc, offs_n + BLOCK_N, n0 + BLOCK_N, k0, N, K, stride_wn, stride_wk,
-                    BLOCK_K, USE_TMA, W_T, DOT_DTYPE)
-        c1 = _mma(a, b, c1, DOT_DTYPE)
+        if NSUB > 1:
+            b = _tile_w(w_ptr, w_desc, offs_n + BLOCK_N, n0 + BLOCK_N, k0, N, K, stride_wn, stride_wk,
+                        BLOCK_K, USE_TMA, W_T, DOT_DTYPE)
+            c1 = _mma(a, b, c1, DOT_DTYPE)
         if NSUB > 2:
             b = _tile_w(w_ptr, w_desc, offs_n + 2 * BLOCK_N, n0 + 2 * BLOCK_N, k0, N, K, stride_wn, stride_wk,
                         BLOCK_K, USE_TMA, W_T, DOT_DTYPE)
@@ -149,19 +133,22 @@ def _sub_tiles(y_ptr, x_ptr, w_ptr, x_desc, w_desc, M, N, K, m0, n0, offs_m, off
         if SPLIT_K > 1:
             if i % SEG_STEPS == SEG_STEPS - 1:
                 t0 = t0 + c0
-                t1 = t1 + c1
                 c0 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                c1 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                if NSUB > 1:
+                    t1 = t1 + c1
+                    c1 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
                 if NSUB > 2:
                     t2 = t2 + c2
                     c2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if SPLIT_K == 1:  # the fold of one segment, after the loop (no fold registers live in it)
         t0 = t0 + c0
-        t1 = t1 + c1
+        if NSUB > 1:
+            t1 = t1 + c1
         if NSUB > 2:
             t2 = t2 + c2
     _store_out(y_ptr, t0, offs_m, offs_n, M, N, stride_ym, stride_yn, OUT_FP32, INTERPRET)
-    _store_out(y_ptr, t1, offs_m, offs_n + BLOCK_N, M, N, stride_ym, stride_yn, OUT_FP32, INTERPRET)
+    if NSUB > 1:
+        _store_out(y_ptr, t1, offs_m, offs_n + BLOCK_N, M, N, stride_ym, stride_yn, OUT_FP32, INTERPRET)
     if NSUB > 2:
         _store_out(y_ptr, t2, offs_m, offs_n + 2 * BLOCK_N, M, N, stride_ym, stride_yn, OUT_FP32, INTERPRET)
 

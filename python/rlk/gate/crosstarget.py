@@ -59,6 +59,7 @@ particular pointer alignments builds.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import os
 import re
@@ -206,6 +207,11 @@ def _compile(entry, constexprs, options, target, signature=None):
     for k, v in constexprs.items():  # tables read from JSON name dtypes as strings ("bf16")
         if isinstance(v, str) and v in _TL_DTYPES:
             constexprs[k] = tl.dtype(v)
+    # A parameter the configuration leaves out compiles with its default, as a launch would (not
+    # as None, which ASTSource passes for a parameter missing from the signature).
+    for name, prm in inspect.signature(fn.fn).parameters.items():
+        if name not in sig and name not in constexprs and prm.default is not inspect.Parameter.empty:
+            constexprs[name] = prm.default
     for k in constexprs:
         sig[k] = "constexpr"
     src = ASTSource(fn=fn, signature=sig, constexprs=constexprs)

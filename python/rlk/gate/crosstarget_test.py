@@ -57,6 +57,12 @@ PLANT = textwrap.dedent(
         tl.store(o_ptr + o, tl.load(x_ptr + o) * tl.load(y_ptr + o) + tl.load(z_ptr + o))
 
 
+    @triton.jit
+    def ct_default(x_ptr, o_ptr, B: tl.constexpr, SCALE: tl.constexpr = 2):
+        o = tl.arange(0, B * SCALE // SCALE)
+        tl.store(o_ptr + o, tl.load(x_ptr + o) * SCALE)
+
+
     def launch_good(a, b, c, K, scale):
         ct_good[(1,)](a, b, c, K, scale, BM=128, BN=128, BK=64, DOT_DTYPE=tl.bfloat16, **launch_options())
 
@@ -81,6 +87,9 @@ PLANT = textwrap.dedent(
     register_kernel(KernelEntry("ct.good", "ctgood.v1", ct_good, GEMM_SIG, GEMM_CFG, expects_mma=True))
     register_kernel(KernelEntry("ct.mma", "ctmma.v1", ct_good, GEMM_SIG, GEMM_CFG, expects_mma=True))
     register_kernel(KernelEntry("ct.atomic", "ctatomic.v1", ct_atomic, {"x_ptr": "*fp32", "out_ptr": "*fp32"},
+                                ({"B": 128, "num_warps": 4},)))
+    contracts.register(contracts.Contract("ctdefault.v1", "a defaulted constexpr", dict(BASE, mma_form="none")))
+    register_kernel(KernelEntry("ct.default", "ctdefault.v1", ct_default, {"x_ptr": "*fp32", "o_ptr": "*fp32"},
                                 ({"B": 128, "num_warps": 4},)))
     register_kernel(KernelEntry("ct.fused", "ctfused.v1", ct_fused,
                                 {"x_ptr": "*fp32", "y_ptr": "*fp32", "z_ptr": "*fp32", "o_ptr": "*fp32"},
@@ -116,6 +125,13 @@ def test_good_kernel_passes_both_targets(planted):
     # acc * scale + bias contracts to an FMA when fusion is on: fusion is bit-relevant and was pinned.
     assert all(r["fusion_relevant"] for r in _recs(planted, "ct.good"))
     assert not any("launch of ct_good" in p for p in planted["launch_problems"])
+
+
+def test_a_constexpr_left_out_compiles_with_its_default(planted):
+    """A configuration that does not name a constexpr with a default compiles with that default
+    (as a launch would), not with None (``B * SCALE`` would not compile)."""
+    for r in _recs(planted, "ct.default"):
+        assert r["compiled"] and not r["problems"], r
 
 
 def test_float_atomic_is_caught(planted):

@@ -2,7 +2,7 @@
 
 Free (measured bit-neutral, see the contract's evidence): decode vs prefill kernel, BLOCK_M,
 BLOCK_N, BLOCK_K (a multiple of 64), GROUP_M, num_warps, num_stages, the MMA instruction form,
-FLAT / PERSISTENT / TMA variants of the prefill kernel. Tables are keyed by (K, N); M buckets may
+FLAT / PERSISTENT / TMA / NSUB variants of the prefill kernel. Tables are keyed by (K, N); M buckets may
 select the schedule and its free fields (bit-neutral), never the split. An entry's ``split_k``
 restates ``gemm.bf16.v1``'s ``contract.split_rule`` (checked at load); it is documentation only:
 ``launch.plan`` takes every split from the contract in use, so a ``gemm.bf16.v2`` plan reuses the
@@ -194,7 +194,6 @@ def _register_kernels() -> None:
                    "BLOCK_N": "constexpr", "OUT_FP32": "constexpr", "INTERPRET": "constexpr"},
         configs=({"SPLIT_K": 2, "BLOCK_M": fold["BLOCK_M"], "BLOCK_N": fold["BLOCK_N"], "OUT_FP32": False,
                   "INTERPRET": False, "num_warps": fold["num_warps"], "num_stages": 1},)))
-    # NSUB is named in every config: the cross-target compile passes only the listed constexprs.
     registry.register_kernel(registry.KernelEntry(
         name="gemm.tiled", contract_id=CONTRACT_ID, fn=kernel_tiled.gemm_tiled_kernel,
         signature={"y_ptr": "*bf16", "x_ptr": "*bf16", "w_ptr": "*bf16", "x_desc": "constexpr",

@@ -385,8 +385,8 @@ def test_every_registered_kernel_compiles_and_matches_the_golden_file():
     """L0 on the real registry, as the release gate runs it (CI runs the tests, not the gate): every
     registered kernel configuration compiles for sm_90 and gfx942 within its contract's MMA form,
     fusion and atomics rules, and its fingerprint equals the checked-in golden file. A change that
-    stops a kernel compiling on either target (as a constexpr the registry leaves out once did) or
-    alters its compiled code without a golden update fails here."""
+    stops a kernel compiling on either target or alters its compiled code without a golden update
+    fails here."""
     res = ct.compile_all()
     assert ct.problems(res) == []
     assert ct.compare_golden(res, ct.load_golden()) == []

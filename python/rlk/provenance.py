@@ -59,13 +59,21 @@ def tuning_table_hashes() -> dict[str, str]:
 
 
 def kernel_source_hashes() -> dict[str, str]:
-    """sha256 of every registered strict kernel's source, plus every ``kernel.py`` file."""
+    """sha256 of every registered strict kernel's source, plus every ``kernel.py`` file, and what
+    serves sm_90 GEMMs (``native:gemm_sm90``: mode, CUTLASS library and route-table hashes)."""
     out = {}
     root = _kernels_root()
     if root is not None:
         for p in sorted(glob.glob(os.path.join(root, "*", "*.py"))):
             if os.path.basename(p) in ("kernel.py", "launch.py", "contract.py", "schedule.py"):
                 out[os.path.relpath(p, root)] = _sha256_file(p)
+    try:  # the sm_90 CUTLASS GEMM route: mode, library and route table (the bytes equal Triton's)
+        from rlk.kernels.gemm import sm90
+
+        out["native:gemm_sm90"] = sm90.provenance()
+        out["native:gemm_sm90.cu"] = _sha256_file(str(sm90.SOURCE))
+    except Exception as e:
+        out["native:error"] = f"{type(e).__name__}: {e}"
     try:
         from rlk.kernels.registry import all_kernels
 

@@ -15,7 +15,7 @@ from rlk.kernels import plans
 from rlk.kernels.common import arch_of, cdiv, dot_dtype_for, interpret_flag, launch_options, sm_count
 # The module is gemm_contract here: ``contract`` is the contract-ID argument of gemm() and plan().
 from rlk.kernels.gemm import contract as gemm_contract
-from rlk.kernels.gemm import kernel, kernel_tiled
+from rlk.kernels.gemm import kernel, kernel_tiled, sm90
 from rlk.kernels.gemm import schedule as gemm_schedule
 from rlk.kernels.launcher import launch
 
@@ -214,6 +214,16 @@ def gemm(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfl
         return torch.empty((M, N), dtype=out_dtype, device=x.device)
     if K == 0:  # the fold of no segment: total = 0.0
         return torch.zeros((M, N), dtype=out_dtype, device=x.device)
+    if (x.device.type == "cuda" and out_dtype == torch.bfloat16 and contract == gemm_contract.CONTRACT_ID
+            and schedule is None and not config and _handles is None and arch_of(x.device) == "sm_90"):
+        # sm_90: CUTLASS kernels with v1's single-segment arithmetic (same bytes) where the
+        # sm90_cutlass table picks one; otherwise the Triton kernels below.
+        name = sm90.route(x, w, M, K, N, gemm_contract.split_rule(K, N))
+        if name is not None:
+            y = torch.empty((M, N), dtype=out_dtype, device=x.device)
+            with torch.cuda.device(x.device):
+                sm90.gemm_into(y, x, w, name)
+            return y
     p = plan(M, K, N, x.device, schedule, config, contract)
     y = torch.empty((M, N), dtype=out_dtype, device=x.device)
     flags = dict(DOT_DTYPE=_dot_dtype(x.device), OUT_FP32=out_dtype == torch.float32,
@@ -288,10 +298,19 @@ def warm_up(w: torch.Tensor, max_m: int, contract: str = gemm_contract.CONTRACT_
         if sched == "decode" and fields is None:  # BLOCK_M follows M: it steps up at 17 and 33
             points += [bm + 1 for bm in gemm_schedule.DECODE_BLOCK_M[:-1] if lo <= bm < hi]
         lo = hi + 1
+    if arch == "sm_90" and contract == gemm_contract.CONTRACT_ID:
+        # The sm_90 CUTLASS configurations' first (eager) call sets their shared-memory limit:
+        # it must come before any CUDA-graph capture.
+        lo = 1
+        for max_b, _name in sm90.buckets(K, N):
+            if lo <= max_m:
+                points.append(lo)
+            lo = max_m + 1 if max_b is None else max_b + 1
     seen, launched = set(), []
     x = torch.zeros((max(points), K), dtype=torch.bfloat16, device=w.device)
     for m in sorted(set(points)):
-        key = tuple(sorted(plan(m, K, N, w.device, contract=contract).items()))
+        key = (tuple(sorted(plan(m, K, N, w.device, contract=contract).items())),
+               sm90.route(x[:m], w, m, K, N, gemm_contract.split_rule(K, N)) if arch == "sm_90" else None)
         if key not in seen:
             seen.add(key)
             gemm(x[:m], w, contract=contract)

@@ -1,0 +1,310 @@
+"""gemm.bf16.v1 on sm_90a through CUTLASS kernels: configurations, build and loader.
+
+Triton 3.6 gives Hopper power-of-two tiles only, no TMA multicast and no working warp
+specialization; at M 96-512 cuBLAS runs one-wave tiles (96-, 144-, 192-wide) with a TMA producer
+warp and two consumer warp groups (kernel names: docs/results/h100_2026-12-06_session21). The
+kernels here are CUTLASS's warp-specialized TMA + wgmma GEMMs (``sm90/gemm_sm90.cu``) with v1's
+single-segment arithmetic: one fp32 accumulator per element over ascending 64-wide K chunks,
+one RNE rounding at the store. They serve only shapes whose v1 split count is 1 and only on
+sm_90; everything else (split shapes, gfx942, the CPU) stays on the Triton kernels. Bytes equal
+the Triton kernels' (GPU test ``sm90_test.py`` per configuration, invariance sweep across M).
+
+Build (a CPU machine with nvcc >= 12.3 is enough; nothing here needs a GPU)::
+
+    python -m rlk.kernels.gemm.sm90 build [--cutlass DIR] [--out build/sm90] [--jobs N]
+
+CUTLASS is not vendored: ``--cutlass`` (or ``RLK_CUTLASS_DIR``) names a checkout of the tag pinned
+in ``third_party/cutlass/pin.json``; without one the build clones it (network). The library and a
+manifest (configs, nvcc and CUTLASS versions, sha256) land in ``--out``; ``RLK_GEMM_SM90_LIB`` (or
+``build/sm90/librlk_gemm_sm90.so`` under the repository root) is what :func:`library` loads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import functools
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from rlk.errors import UnsupportedConfigError
+
+ROOT = Path(__file__).resolve().parents[4]
+SOURCE = Path(__file__).with_name("sm90") / "gemm_sm90.cu"
+PIN = ROOT / "third_party" / "cutlass" / "pin.json"
+DEFAULT_OUT = ROOT / "build" / "sm90"
+LIB_NAME = "librlk_gemm_sm90.so"
+LIB_ENV = "RLK_GEMM_SM90_LIB"
+CUTLASS_ENV = "RLK_CUTLASS_DIR"
+# Which configuration serves which (K, N) and M range: written by ``sm90_probe --table-out``.
+TABLE = Path(__file__).with_name("configs") / "sm90_cutlass.json"
+TABLE_ENV = "RLK_GEMM_SM90_TABLE"
+# auto: serve what the table picks where the library is loaded (else the Triton kernels, same
+# bytes); off: Triton only (A/B timing); require: a table pick without the library is an error
+# (benchmarks that report this route must not silently time the other one).
+MODE_ENV = "RLK_GEMM_SM90"
+MODES = ("auto", "off", "require")
+
+# name -> (tile_m, tile_n, cluster_m, cluster_n, coop). Tile K is the contract's chunk (64).
+# Widths follow one wave on 132 SMs at Qwen3 shapes (N 4096, 6144, 24576; M 64-512) and the
+# tiles cuBLAS picks there; "pp" = ping-pong (two consumer warp groups on alternate 64-row
+# tiles), "co" = cooperative (both on one 128- or 256-row tile).
+CONFIGS = {
+    "pp64x96": (64, 96, 1, 1, 0),
+    "pp64x128": (64, 128, 1, 1, 0),
+    "pp64x192": (64, 192, 1, 1, 0),
+    "co128x96": (128, 96, 1, 1, 1),
+    "co128x128": (128, 128, 1, 1, 1),
+    "co128x192": (128, 192, 1, 1, 1),
+    "co128x256": (128, 256, 1, 1, 1),
+    "co256x128": (256, 128, 1, 1, 1),
+    # Clusters of two CTAs along M: the pair shares each weight tile (TMA multicast).
+    "pp64x96m2": (64, 96, 2, 1, 0),
+    "pp64x128m2": (64, 128, 2, 1, 0),
+    "pp64x192m2": (64, 192, 2, 1, 0),
+    "co128x96m2": (128, 96, 2, 1, 1),
+    "co128x192m2": (128, 192, 2, 1, 1),
+}
+
+# The C entry point's error codes (gemm_sm90.cu).
+ERRORS = {1: "M, N or K below 1", 2: "a pointer or row stride is not 16-byte aligned (TMA)",
+          3: "CUTLASS cannot implement this problem", 4: "the kernel asked for a workspace",
+          5: "cudaFuncSetAttribute (shared memory) failed", 6: "the kernel launch failed"}
+
+
+def symbol(name: str) -> str:
+    return f"rlk_sm90_gemm_{name}"
+
+
+def pin() -> dict:
+    return json.loads(PIN.read_text())
+
+
+def _cutlass_dir(given: str | None) -> Path:
+    d = given or os.environ.get(CUTLASS_ENV)
+    p = pin()
+    if d:
+        path = Path(d)
+    else:
+        path = ROOT / ".cache" / f"cutlass-{p['tag']}"
+        if not (path / "include" / "cutlass" / "cutlass.h").is_file():
+            print(f"sm90: cloning CUTLASS {p['tag']} into {path}", flush=True)
+            subprocess.run(["git", "clone", "--depth", "1", "--branch", p["tag"], p["url"], str(path)], check=True)
+    if not (path / "include" / "cutlass" / "cutlass.h").is_file():
+        raise UnsupportedConfigError(f"sm90: {path} is not a CUTLASS checkout (no include/cutlass/cutlass.h)")
+    version = path / "include" / "cutlass" / "version.h"
+    text = version.read_text() if version.is_file() else ""
+    want = p["tag"].lstrip("v").split(".")
+    got = [_define(text, f"CUTLASS_{k}") for k in ("MAJOR", "MINOR", "PATCH")]
+    if got != want:
+        raise UnsupportedConfigError(f"sm90: CUTLASS at {path} is version {'.'.join(got)}, the pin is {p['tag']}")
+    return path
+
+
+def _define(text: str, name: str) -> str:
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 3 and parts[0] == "#define" and parts[1] == name:
+            return parts[2]
+    return "?"
+
+
+def nvcc_flags(cutlass: Path) -> list:
+    return ["-std=c++17", "-O3", "-DNDEBUG", "-gencode", "arch=compute_90a,code=sm_90a",
+            "--expt-relaxed-constexpr", "-diag-suppress", "20012", "-Xcompiler", "-fPIC",
+            f"-I{cutlass / 'include'}", f"-I{cutlass / 'tools' / 'util' / 'include'}"]
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def build(out: Path, cutlass_dir: str | None = None, jobs: int | None = None, names=None) -> Path:
+    """Compile every configuration (one object each, ``jobs`` at a time) and link the library."""
+    cutlass = _cutlass_dir(cutlass_dir)
+    names = list(names or CONFIGS)
+    unknown = [n for n in names if n not in CONFIGS]
+    if unknown:
+        raise UnsupportedConfigError(f"sm90: unknown configurations {unknown} (known: {sorted(CONFIGS)})")
+    out.mkdir(parents=True, exist_ok=True)
+    flags = nvcc_flags(cutlass)
+    nvcc_version = subprocess.run(["nvcc", "--version"], capture_output=True, text=True, check=True).stdout
+
+    def compile_one(name: str) -> Path:
+        tm, tn, cm, cn, coop = CONFIGS[name]
+        obj = out / f"{name}.o"
+        cmd = ["nvcc", *flags, f"-DRLK_TILE_M={tm}", f"-DRLK_TILE_N={tn}", f"-DRLK_CLUSTER_M={cm}",
+               f"-DRLK_CLUSTER_N={cn}", f"-DRLK_COOP={coop}", f"-DRLK_SYMBOL={symbol(name)}",
+               "-c", str(SOURCE), "-o", str(obj)]
+        t0 = time.perf_counter()
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"sm90: nvcc failed for {name}:\n{r.stderr[-4000:]}")
+        print(f"sm90: compiled {name} in {time.perf_counter() - t0:.0f} s", flush=True)
+        return obj
+
+    with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
+        objs = list(pool.map(compile_one, names))
+    lib = out / LIB_NAME
+    subprocess.run(["nvcc", "-shared", "-cudart", "static", "-o", str(lib), *map(str, objs)], check=True)
+    manifest = {"library": LIB_NAME, "sha256": _sha256(lib), "configs": {n: CONFIGS[n] for n in names},
+                "cutlass": pin(), "nvcc": nvcc_version.strip().splitlines()[-1], "flags": flags[:-2],
+                "source_sha256": _sha256(SOURCE)}
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    print(f"sm90: {lib} ({lib.stat().st_size} bytes, {len(names)} configurations)", flush=True)
+    return lib
+
+
+_LIB: list = []  # [ctypes.CDLL | None] once loaded
+
+
+def library():
+    """The loaded library, or None where there is none (not built, or not carried)."""
+    if not _LIB:
+        path = Path(os.environ.get(LIB_ENV) or DEFAULT_OUT / LIB_NAME)
+        lib = None
+        if path.is_file():
+            lib = ctypes.CDLL(str(path))
+            for name in CONFIGS:
+                if hasattr(lib, symbol(name)):
+                    f = getattr(lib, symbol(name))
+                    f.restype = ctypes.c_int
+                    f.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 3 + [ctypes.c_longlong] * 3 + [ctypes.c_void_p]
+        _LIB.append(lib)
+    return _LIB[0]
+
+
+def available(name: str) -> bool:
+    lib = library()
+    return lib is not None and hasattr(lib, symbol(name))
+
+
+def gemm_into(y, x, w, name: str) -> None:
+    """``y = x @ w.T`` by configuration ``name`` on the current CUDA stream (bf16, row strides
+    free, unit column strides, 16-byte aligned). Raises UnsupportedConfigError on what it cannot do."""
+    import torch  # noqa: PLC0415
+
+    if name not in CONFIGS:
+        raise UnsupportedConfigError(f"sm90: unknown configuration {name!r}")
+    if not available(name):
+        raise UnsupportedConfigError(f"sm90: configuration {name!r} is not in the loaded library "
+                                     f"(build it: python -m rlk.kernels.gemm.sm90 build; or set {LIB_ENV})")
+    for t, what in ((x, "x"), (w, "w"), (y, "y")):
+        if t.dtype != torch.bfloat16 or t.device.type != "cuda" or t.dim() != 2 or t.stride(1) != 1:
+            raise UnsupportedConfigError(f"sm90: {what} must be a 2-D bf16 CUDA tensor with unit column "
+                                         f"stride, got {t.dtype} {t.device} strides {t.stride()}")
+    M, K = x.shape
+    N = w.shape[0]
+    if w.shape[1] != K or tuple(y.shape) != (M, N):
+        raise UnsupportedConfigError(f"sm90: shapes x {tuple(x.shape)}, w {tuple(w.shape)}, y {tuple(y.shape)}")
+    stream = torch.cuda.current_stream(x.device).cuda_stream
+    rc = getattr(library(), symbol(name))(x.data_ptr(), w.data_ptr(), y.data_ptr(), M, N, K,
+                                          x.stride(0), w.stride(0), y.stride(0), stream)
+    if rc != 0:
+        raise UnsupportedConfigError(f"sm90 {name}: {ERRORS.get(rc, f'error {rc}')} "
+                                     f"(M={M}, N={N}, K={K}, strides x {x.stride()}, w {w.stride()})")
+
+
+def mode() -> str:
+    m = os.environ.get(MODE_ENV) or "auto"
+    if m not in MODES:
+        raise UnsupportedConfigError(f"{MODE_ENV}={m!r}: expected one of {MODES}")
+    return m
+
+
+@functools.lru_cache(maxsize=8)
+def _table(path: str) -> dict:
+    doc = json.loads(Path(path).read_text())
+    for key, bks in [*doc.get("entries", {}).items(), ("default", doc.get("default", []))]:
+        _check_buckets(path, key, bks)
+    return doc
+
+
+def _check_buckets(path: str, key: str, bks: list) -> None:
+    last = 0
+    for i, b in enumerate(bks):
+        if not (isinstance(b, list) and len(b) == 2 and (b[1] is None or b[1] in CONFIGS)):
+            raise UnsupportedConfigError(f"{path}: {key} bucket {b!r}: expected [max_m, config name or null]")
+        if b[0] is None:
+            if i != len(bks) - 1:
+                raise UnsupportedConfigError(f"{path}: {key}: an open bucket (null max_m) must be the last")
+        elif not (isinstance(b[0], int) and b[0] > last):
+            raise UnsupportedConfigError(f"{path}: {key}: max_m must ascend, got {b[0]} after {last}")
+        else:
+            last = b[0]
+
+
+def table() -> dict:
+    return _table(os.environ.get(TABLE_ENV) or str(TABLE))
+
+
+def buckets(K: int, N: int) -> list:
+    """``[[max_m or None, config or None], ...]`` for (K, N): its entry, else the default rule."""
+    if not TABLE.is_file() and not os.environ.get(TABLE_ENV):
+        return []
+    doc = table()
+    return doc.get("entries", {}).get(f"{K}x{N}", doc.get("default", []))
+
+
+def pick(M: int, K: int, N: int) -> str | None:
+    """The configuration the table names for (M, K, N), or None (the Triton kernels serve it)."""
+    for max_m, name in buckets(K, N):
+        if max_m is None or M <= max_m:
+            return name
+    return None
+
+
+def _aligned(t) -> bool:
+    return t.stride(1) == 1 and t.stride(0) % 8 == 0 and t.data_ptr() % 16 == 0
+
+
+def route(x, w, M: int, K: int, N: int, split: int) -> str | None:
+    """The configuration that serves ``x @ w.T`` on this call, or None for the Triton kernels.
+
+    Served: sm_90, split count 1, bf16 out, TMA-compatible operands (unit column stride, 16-byte
+    aligned rows) and a table pick. The two routes give the same bytes, so None is never a
+    change of arithmetic; ``RLK_GEMM_SM90=require`` turns a pick the library lacks into an error."""
+    m = mode()
+    if m == "off" or split != 1:
+        return None
+    name = pick(M, K, N)
+    if name is None or not (_aligned(x) and _aligned(w)):
+        return None
+    if not available(name):
+        if m == "require":
+            raise UnsupportedConfigError(f"{MODE_ENV}=require: the table picks {name} for M={M}, K={K}, N={N} "
+                                         f"but the library does not have it ({LIB_ENV}, or build it)")
+        return None
+    return name
+
+
+def provenance() -> str:
+    """What serves sm_90 GEMMs in this process: mode, library sha256 (or absent), table sha256."""
+    path = Path(os.environ.get(LIB_ENV) or DEFAULT_OUT / LIB_NAME)
+    lib = f"sha256:{_sha256(path)}" if path.is_file() else "absent"
+    tpath = Path(os.environ.get(TABLE_ENV) or TABLE)
+    tab = f"sha256:{_sha256(tpath)}" if tpath.is_file() else "absent"
+    return f"mode={os.environ.get(MODE_ENV) or 'auto'} library={lib} table={tpath.name}:{tab}"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="Build rlk's sm_90a CUTLASS GEMM library.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("build", help="compile every configuration and link the library")
+    b.add_argument("--cutlass", default=None, help=f"CUTLASS checkout (else ${CUTLASS_ENV}, else clone the pin)")
+    b.add_argument("--out", default=str(DEFAULT_OUT))
+    b.add_argument("--jobs", type=int, default=None)
+    b.add_argument("--configs", default=None, help="comma-separated subset of the configurations")
+    args = ap.parse_args(argv)
+    build(Path(args.out), args.cutlass, args.jobs, args.configs.split(",") if args.configs else None)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""sm_90 CUTLASS route: table checks, route choice, table building (CPU); bytes vs Triton (GPU)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from rlk import determinism
+from rlk.errors import UnsupportedConfigError
+from rlk.kernels.gemm import sm90, sm90_probe
+
+
+def _write(tmp_path, doc) -> str:
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps(doc))
+    sm90._table.cache_clear()
+    return str(p)
+
+
+def test_the_checked_in_table_names_only_known_configurations():
+    doc = sm90.table()
+    assert doc["entries"], "no (K, N) entries"
+    for key, bks in [*doc["entries"].items(), ("default", doc["default"])]:
+        assert bks[-1][0] is None, f"{key}: the last bucket must be open"
+        assert {b[1] for b in bks} - {None} <= set(sm90.CONFIGS), key
+
+
+@pytest.mark.parametrize("bad", [[[64, "no_such_config"]], [[128, None], [64, "pp64x96"]],
+                                 [[None, None], [64, None]], [[64]]])
+def test_a_malformed_table_is_refused(tmp_path, bad):
+    path = _write(tmp_path, {"entries": {"4096x4096": bad}, "default": [[None, None]]})
+    with determinism.scoped({sm90.TABLE_ENV: path}), pytest.raises(UnsupportedConfigError):
+        sm90.pick(1, 4096, 4096)
+
+
+def test_pick_walks_the_buckets_and_falls_back_to_the_default_rule(tmp_path):
+    path = _write(tmp_path, {"entries": {"4096x4096": [[64, None], [256, "pp64x96"], [None, "co128x256"]]},
+                             "default": [[128, None], [None, "co128x128"]]})
+    with determinism.scoped({sm90.TABLE_ENV: path}):
+        assert [sm90.pick(m, 4096, 4096) for m in (1, 64, 65, 256, 257, 10**6)] == \
+            [None, None, "pp64x96", "pp64x96", "co128x256", "co128x256"]
+        assert [sm90.pick(m, 512, 768) for m in (128, 129)] == [None, "co128x128"]
+
+
+class _FakeTensor:
+    def __init__(self, stride0=4096, ptr=0):
+        self._s, self._p = (stride0, 1), ptr
+
+    def stride(self, i):
+        return self._s[i]
+
+    def data_ptr(self):
+        return self._p
+
+
+def test_route_serves_only_split_1_aligned_operands_and_obeys_the_mode(tmp_path, monkeypatch):
+    path = _write(tmp_path, {"entries": {}, "default": [[None, "pp64x96"]]})
+    monkeypatch.setattr(sm90, "available", lambda name: True)
+    x, w = _FakeTensor(), _FakeTensor()
+    with determinism.scoped({sm90.TABLE_ENV: path}):
+        assert sm90.route(x, w, 8, 4096, 4096, 1) == "pp64x96"
+        assert sm90.route(x, w, 8, 4096, 4096, 2) is None  # split shapes stay on Triton
+        assert sm90.route(_FakeTensor(ptr=8), w, 8, 4096, 4096, 1) is None  # 8-byte aligned only
+        assert sm90.route(x, _FakeTensor(stride0=4100), 8, 4096, 4096, 1) is None  # row stride not 16 B
+    with determinism.scoped({sm90.TABLE_ENV: path, sm90.MODE_ENV: "off"}):
+        assert sm90.route(x, w, 8, 4096, 4096, 1) is None
+    with determinism.scoped({sm90.TABLE_ENV: path, sm90.MODE_ENV: "sometimes"}), \
+            pytest.raises(UnsupportedConfigError, match="expected one of"):
+        sm90.route(x, w, 8, 4096, 4096, 1)
+
+
+def test_require_mode_fails_closed_without_the_library(tmp_path, monkeypatch):
+    path = _write(tmp_path, {"entries": {}, "default": [[None, "pp64x96"]]})
+    monkeypatch.setattr(sm90, "available", lambda name: False)
+    with determinism.scoped({sm90.TABLE_ENV: path}):
+        assert sm90.route(_FakeTensor(), _FakeTensor(), 8, 4096, 4096, 1) is None  # auto: Triton, same bytes
+    with determinism.scoped({sm90.TABLE_ENV: path, sm90.MODE_ENV: "require"}), \
+            pytest.raises(UnsupportedConfigError, match="does not have it"):
+        sm90.route(_FakeTensor(), _FakeTensor(), 8, 4096, 4096, 1)
+
+
+def _row(name, K, N, M, triton, **cfg):
+    return {"shape": name, "K": K, "N": N, "M": M, "triton_ms": triton,
+            "configs": {c: ({"ms": v, "differing": 0} if v > 0 else {"ms": -v, "differing": 3})
+                        for c, v in cfg.items()}}
+
+
+def test_make_table_picks_the_fastest_that_beats_triton_and_never_one_that_differs():
+    rows = [_row("a", 64, 128, 64, 1.0, pp64x96=1.2, co128x96=1.1),    # Triton fastest -> null
+            _row("a", 64, 128, 128, 1.0, pp64x96=0.9, co128x96=0.8),   # co128x96
+            _row("a", 64, 128, 256, 1.0, pp64x96=0.7, co128x96=-0.1),  # fastest differs: pp64x96
+            _row("b", 64, 256, 64, 1.0, pp64x96=0.9, co128x96=1.3),
+            _row("b", 64, 256, 128, 1.0, pp64x96=0.95, co128x96=0.9),
+            _row("b2", 64, 256, 128, 1.0, pp64x96=0.85, co128x96=1.0),  # same K x N: times add up
+            _row("b", 64, 256, 256, 1.0, pp64x96=0.9, co128x96=0.5)]
+    t = sm90_probe.make_table({"rows": rows, "device": "x", "timing": "y", "library": {}}, "src")
+    assert t["entries"]["64x128"] == [[64, None], [128, "co128x96"], [None, "pp64x96"]]
+    assert t["entries"]["64x256"] == [[128, "pp64x96"], [None, "co128x96"]]
+    # default: geometric mean over both K x N; at M 64 pp64x96 (sqrt(1.2 * 0.9) > 1) loses to Triton
+    assert t["default"] == [[64, None], [128, "co128x96"], [None, "pp64x96"]]
+
+
+def test_runs_merges_equal_neighbours_and_opens_the_last_bucket():
+    assert sm90_probe._runs([(1, None), (8, None), (64, "a"), (128, "a"), (256, None)]) == \
+        [[8, None], [128, "a"], [None, None]]
+    assert sm90_probe._runs([]) == []
+
+
+# ----------------------------------------------------------------------------------- GPU
+def _sm90_library():
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        return False
+    return sm90.library() is not None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _sm90_library(), reason="needs an sm_90 GPU and the built library")
+@pytest.mark.parametrize("name", list(sm90.CONFIGS))
+def test_every_configuration_gives_the_triton_kernels_bytes(name):
+    from rlk.kernels.gemm.launch import gemm
+
+    g = torch.Generator(device="cuda").manual_seed(1)
+    for K, N in ((4096, 6144), (1024, 4096), (192, 200)):
+        w = (torch.randn((N, K), generator=g, device="cuda") / K ** 0.5).to(torch.bfloat16)
+        for M in (1, 13, 64, 77, 200, 256, 513):
+            x = torch.randn((M, K), generator=g, device="cuda").to(torch.bfloat16)
+            with determinism.scoped({sm90.MODE_ENV: "off"}):
+                ref = gemm(x, w)
+            y = torch.empty_like(ref)
+            sm90.gemm_into(y, x, w, name)
+            assert torch.equal(y.view(torch.int16), ref.view(torch.int16)), (name, K, N, M)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _sm90_library(), reason="needs an sm_90 GPU and the built library")
+def test_a_configuration_replays_from_a_cuda_graph_with_the_same_bytes():
+    g = torch.Generator(device="cuda").manual_seed(2)
+    x = torch.randn((96, 4096), generator=g, device="cuda").to(torch.bfloat16)
+    w = torch.randn((4096, 4096), generator=g, device="cuda").to(torch.bfloat16)
+    y0, y1 = torch.empty((96, 4096), dtype=torch.bfloat16, device="cuda"), torch.empty((96, 4096), dtype=torch.bfloat16,
+                                                                                         device="cuda")
+    sm90.gemm_into(y0, x, w, "pp64x96")  # eager first: sets the shared-memory limit
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        sm90.gemm_into(y1, x, w, "pp64x96")
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y0.view(torch.int16), y1.view(torch.int16))

@@ -45,6 +45,10 @@ stage gemm_sweep 240 python3 -m rlk.kernels.gemm.gemm_invariance_sweep --out "$R
 stage gemm_tune ${TUNE_LIMIT:-300} python3 -m rlk.kernels.gemm.gemm_tune --out "$R/gemm_sm90_tuned.json" ${TUNE_ARGS:-}
 [ -f "$R/gemm_sm90_tuned.json" ] && export RLK_GEMM_TABLE="$R/gemm_sm90_tuned.json"
 stage gemm_bench ${GEMM_BENCH_LIMIT:-300} python3 -m rlk.kernels.gemm.gemm_bench --out "$R/gemm_h200.json" ${GEMM_BENCH_ARGS:-}
+# Only when named: the sm_90 CUTLASS GEMM route (carry build/sm90, built on any machine with nvcc by
+# `python -m rlk.kernels.gemm.sm90 build`): every configuration's bytes against the Triton kernels and
+# its time against cuBLAS; SM90_ARGS="--table-out $R/sm90_cutlass.json" also writes a route table.
+stage sm90_probe ${SM90_LIMIT:-240} python3 -m rlk.kernels.gemm.sm90_probe --out "$R/sm90_probe.json" ${SM90_ARGS:-}
 stage gemm_bwd_bench ${GEMM_BWD_LIMIT:-240} python3 -m rlk.kernels.gemm.gemm_bench --backward --out "$R/gemm_bwd_h200.json"
 # Only when named (not in the default STAGES): the opt-in contract gemm.bf16.v2 against v1 and
 # cuBLAS on the same tensors (M 1-512, CUDA graphs), its GPU invariance tests, and v2's own

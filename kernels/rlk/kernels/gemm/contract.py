@@ -159,6 +159,16 @@ _EVIDENCE = {
     "m_bucket": f"selects schedule and free fields only (each measured bit-neutral above); {_TUNE}",
 }
 _KERNELS = ("gemm.segment", "gemm.fold", "gemm.tiled")
+# v1 only (launch routes no other contract there): the sm_90 CUTLASS kernels (sm90.py).
+_V1_SCHEDULE_FIELDS = {**_SCHEDULE_FIELDS, "sm90_cutlass": (
+    "sm_90, split count 1, bf16 out: configs/sm90_cutlass.json may pick a CUTLASS configuration "
+    "(sm90.CONFIGS: tile M 64/128/256 x tile N 96-256, tile K = the 64-chunk, ping-pong or cooperative, "
+    "cluster 1 or 2 along M) per (K, N) and M range instead of the Triton kernels")}
+_V1_EVIDENCE = {**_EVIDENCE, "sm90_cutlass": (
+    "same arithmetic: one fp32 accumulator from zero per element, 64-wide K tiles ascending, each four "
+    "wgmma k16 steps, alpha 1 and no C operand, one RNE rounding; sm90_probe@H100 (sm_90): 0 differing "
+    "elements against the Triton kernels over 8 Qwen3-8B shapes x 15 M (odd M 77 and 200 included) x every "
+    "configuration; sm90_test.py (GPU: three (K, N) incl. 192 x 200, M 1-513, and a CUDA-graph replay)")}
 
 CONTRACT = contracts.register(contracts.Contract(
     id=CONTRACT_ID,
@@ -181,8 +191,8 @@ CONTRACT = contracts.register(contracts.Contract(
         "mma_form": _MMA_FORM,
         "backward": "dx = dy @ w and dw = dy.T @ x are this contract with (K, N) = (N, K) and (M, K)",
     },
-    schedule_fields=_SCHEDULE_FIELDS,
-    bit_neutral_evidence=_EVIDENCE,
+    schedule_fields=_V1_SCHEDULE_FIELDS,
+    bit_neutral_evidence=_V1_EVIDENCE,
     targets=("sm_90", "cpu-interpreter"),
     kernels=_KERNELS,
 ))

@@ -134,6 +134,12 @@ stage_context() {  # name ctxdir
     # A clean checkout: git archive of one commit (read-only on the repo).
     git archive --format=tar "$SRC_REV" -- . "${excl[@]}" | tar -C "$ctx/src" -xf -
   fi
+  if [ "$name" = rlk-h200 ] && [ -f build/sm90/librlk_gemm_sm90.so ]; then
+    # The sm_90 CUTLASS GEMM library, built beforehand by `python -m rlk.kernels.gemm.sm90 build`
+    # (the image has no CUDA toolkit); without it the image's GEMMs run the Triton kernels (same bytes).
+    mkdir -p "$ctx/src/build/sm90"
+    cp build/sm90/librlk_gemm_sm90.so build/sm90/manifest.json "$ctx/src/build/sm90/"
+  fi
   if [ "$name" = rlk-cpu ]; then
     # The lock's torch CPU wheel (only on disk here, not on PyPI); chosen by the lock's hash.
     local want whl

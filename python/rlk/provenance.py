@@ -58,6 +58,23 @@ def tuning_table_hashes() -> dict[str, str]:
     return out
 
 
+def gemm_sm90_record(kernels_root: str) -> dict[str, str]:
+    """What serves sm_90 GEMMs: ``rlk.kernels.gemm.sm90.provenance()`` (mode, CUTLASS library and
+    route-table sha256) and the CUDA source's sha256, read from the files without importing the
+    gemm package (importing it registers the GEMM contracts, which would make a record taken
+    before the import differ from one taken after; a test keeps the two in step)."""
+    gemm = os.path.join(kernels_root, "gemm")
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(kernels_root)))
+    lib = os.environ.get("RLK_GEMM_SM90_LIB") or os.path.join(repo, "build", "sm90", "librlk_gemm_sm90.so")
+    table = os.environ.get("RLK_GEMM_SM90_TABLE") or os.path.join(gemm, "configs", "sm90_cutlass.json")
+    lib_s = f"sha256:{_sha256_file(lib)}" if os.path.isfile(lib) else "absent"
+    tab_s = f"sha256:{_sha256_file(table)}" if os.path.isfile(table) else "absent"
+    src = os.path.join(gemm, "sm90", "gemm_sm90.cu")
+    return {"native:gemm_sm90": f"mode={os.environ.get('RLK_GEMM_SM90') or 'auto'} library={lib_s} "
+                                f"table={os.path.basename(table)}:{tab_s}",
+            "native:gemm_sm90.cu": _sha256_file(src) if os.path.isfile(src) else "absent"}
+
+
 def kernel_source_hashes() -> dict[str, str]:
     """sha256 of every registered strict kernel's source, plus every ``kernel.py`` file, and what
     serves sm_90 GEMMs (``native:gemm_sm90``: mode, CUTLASS library and route-table hashes)."""
@@ -67,13 +84,8 @@ def kernel_source_hashes() -> dict[str, str]:
         for p in sorted(glob.glob(os.path.join(root, "*", "*.py"))):
             if os.path.basename(p) in ("kernel.py", "launch.py", "contract.py", "schedule.py"):
                 out[os.path.relpath(p, root)] = _sha256_file(p)
-    try:  # the sm_90 CUTLASS GEMM route: mode, library and route table (the bytes equal Triton's)
-        from rlk.kernels.gemm import sm90
-
-        out["native:gemm_sm90"] = sm90.provenance()
-        out["native:gemm_sm90.cu"] = _sha256_file(str(sm90.SOURCE))
-    except Exception as e:
-        out["native:error"] = f"{type(e).__name__}: {e}"
+    if root is not None:
+        out.update(gemm_sm90_record(root))
     try:
         from rlk.kernels.registry import all_kernels
 

@@ -297,8 +297,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="Build rlk's sm_90a CUTLASS GEMM library.")
     sub = ap.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="compile every configuration and link the library")
-    b.add_argument("--cutlass", default=None, help=f"CUTLASS checkout (else ${CUTLASS_ENV}, else clone the pin)")
-    b.add_argument("--out", default=str(DEFAULT_OUT))
+    b.add_argument("--cutlass", default=None, help=f"CUTLASS checkout (else ${CUTLASS_ENV}, else clone the pin "
+                                                   "into .cache/)")
+    # Under `bazel run` the default lands in the workspace, not in the runfiles tree.
+    ws = os.environ.get("BUILD_WORKSPACE_DIRECTORY")
+    b.add_argument("--out", default=str(Path(ws) / "build" / "sm90" if ws else DEFAULT_OUT))
     b.add_argument("--jobs", type=int, default=None)
     b.add_argument("--configs", default=None, help="comma-separated subset of the configurations")
     args = ap.parse_args(argv)

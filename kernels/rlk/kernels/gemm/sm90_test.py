@@ -108,6 +108,41 @@ def test_runs_merges_equal_neighbours_and_opens_the_last_bucket():
     assert sm90_probe._runs([]) == []
 
 
+def test_build_refuses_unknown_configurations_and_a_checkout_of_another_version(tmp_path):
+    inc = tmp_path / "include" / "cutlass"
+    inc.mkdir(parents=True)
+    (inc / "cutlass.h").write_text("")
+    (inc / "version.h").write_text("#define CUTLASS_MAJOR 3\n#define CUTLASS_MINOR 9\n#define CUTLASS_PATCH 2\n")
+    with pytest.raises(UnsupportedConfigError, match="version 3.9.2, the pin is v"):
+        sm90.build(tmp_path / "out", str(tmp_path), names=["pp64x96"])
+    major, minor, patch = sm90.pin()["tag"].lstrip("v").split(".")
+    (inc / "version.h").write_text(f"#define CUTLASS_MAJOR {major}\n#define CUTLASS_MINOR {minor}\n"
+                                   f"#define CUTLASS_PATCH {patch}\n")
+    with pytest.raises(UnsupportedConfigError, match="unknown configurations"):
+        sm90.build(tmp_path / "out", str(tmp_path), names=["pp64x96", "pp7x7"])
+    with pytest.raises(UnsupportedConfigError, match="not a CUTLASS checkout"):
+        sm90.build(tmp_path / "out", str(tmp_path / "nowhere"))
+
+
+def test_the_provenance_record_reads_what_the_route_reads(tmp_path):
+    from pathlib import Path
+
+    from rlk import provenance
+
+    root = str(Path(sm90.__file__).parents[1])
+    lib = tmp_path / "lib.so"
+    lib.write_bytes(b"not a library")
+    for env in ({}, {sm90.LIB_ENV: str(lib), sm90.MODE_ENV: "off"}, {sm90.TABLE_ENV: str(tmp_path / "none.json")}):
+        with determinism.scoped(env):
+            assert provenance.gemm_sm90_record(root)["native:gemm_sm90"] == sm90.provenance(), env
+
+
+def test_gemm_into_refuses_what_the_kernels_cannot_take():
+    x = torch.zeros((4, 64), dtype=torch.bfloat16)
+    with pytest.raises(UnsupportedConfigError, match="unknown configuration"):
+        sm90.gemm_into(x, x, x, "pp7x7")
+
+
 # ----------------------------------------------------------------------------------- GPU
 def _sm90_library():
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):

@@ -25,7 +25,10 @@ from rlk.kernels.gemm.gemm_tune import WeightRing, bench_ms, l2_bytes, ring_size
 from rlk.kernels.gemm.launch import gemm
 from rlk.testing.shapes import QWEN3_8B_GEMMS
 
-M_LIST = (1, 16, 32, 64, 77, 96, 128, 192, 200, 256, 384, 512, 1024, 2048, 4096)
+# Decode batches (vLLM pads them to multiples of 8) every 16 rows up to 256, where the route's table
+# changes most; odd 77 and 200 for half-empty tiles; prefill sizes sparser.
+M_LIST = (1, 16, 32, 48, 64, 77, 80, 96, 112, 128, 144, 160, 176, 192, 200, 208, 224, 240, 256, 320, 384,
+          448, 512, 1024, 2048, 4096)
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:

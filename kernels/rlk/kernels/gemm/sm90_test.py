@@ -143,6 +143,36 @@ def test_gemm_into_refuses_what_the_kernels_cannot_take():
         sm90.gemm_into(x, x, x, "pp7x7")
 
 
+def test_warm_up_calls_every_picked_configuration_before_any_capture(monkeypatch, tmp_path):
+    """On sm_90 the engines' warm-up also launches each CUTLASS configuration the route can pick
+    (its first, eager call sets the shared-memory limit a captured launch relies on)."""
+    from rlk.kernels.gemm import contract, launch
+    from rlk.kernels.gemm import schedule as gemm_schedule
+
+    K, N = 128, 40
+    table = json.loads(open(gemm_schedule.table_path()).read())
+    table["shapes"][f"{K}x{N}"] = {"split_k": contract.split_rule(K, N),
+                                   "buckets": [[20, "decode", None], [40, "decode", {"BLOCK_M": 64}],
+                                               [None, "prefill", {"BLOCK_M": 16}]]}
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(table))
+    monkeypatch.setenv(gemm_schedule.TABLE_ENV, str(path))
+    launch.clear_plan_cache()
+    sm_buckets = [[64, None], [128, "pp64x96"], [None, "co128x256"]]
+    monkeypatch.setattr(launch, "arch_of", lambda device: "sm_90")
+    monkeypatch.setattr(sm90, "buckets", lambda K, N: sm_buckets)
+    monkeypatch.setattr(sm90, "route", lambda x, w, M, K, N, split: sm90.pick(M, K, N))
+    monkeypatch.setattr(sm90, "pick", lambda M, K, N: next(n for m, n in sm_buckets if m is None or M <= m))
+    w = torch.randn((N, K)).to(torch.bfloat16)
+    calls = []
+    monkeypatch.setattr(launch, "gemm", lambda x, w, **kw: calls.append(x.shape[0]))
+    # Triton plans start at 1, 17, 21, 41; the route's configurations at 65 and 129.
+    assert launch.warm_up(w, 200) == [1, 17, 21, 41, 65, 129] == calls
+    calls.clear()
+    assert launch.warm_up(w, 100) == [1, 17, 21, 41, 65] == calls
+    launch.clear_plan_cache()
+
+
 # ----------------------------------------------------------------------------------- GPU
 def _sm90_library():
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):

@@ -267,14 +267,15 @@ def _aligned(t) -> bool:
 def route(x, w, M: int, K: int, N: int, split: int) -> str | None:
     """The configuration that serves ``x @ w.T`` on this call, or None for the Triton kernels.
 
-    Served: sm_90, split count 1, bf16 out, TMA-compatible operands (unit column stride, 16-byte
-    aligned rows) and a table pick. The two routes give the same bytes, so None is never a
+    Served: sm_90, split count 1, bf16 out, TMA-compatible operands and output (unit column
+    stride, 16-byte aligned rows: N a multiple of 8) and a table pick. The two routes give the same bytes, so None is never a
     change of arithmetic; ``RLK_GEMM_SM90=require`` turns a pick the library lacks into an error."""
     m = mode()
     if m == "off" or split != 1:
         return None
     name = pick(M, K, N)
-    if name is None or not (_aligned(x) and _aligned(w)):
+    # y is allocated contiguous: its rows are 16-byte aligned (TMA store) only when N % 8 == 0.
+    if name is None or N % 8 or not (_aligned(x) and _aligned(w)):
         return None
     if not available(name):
         if m == "require":

@@ -64,6 +64,7 @@ def test_route_serves_only_split_1_aligned_operands_and_obeys_the_mode(tmp_path,
         assert sm90.route(x, w, 8, 4096, 4096, 2) is None  # split shapes stay on Triton
         assert sm90.route(_FakeTensor(ptr=8), w, 8, 4096, 4096, 1) is None  # 8-byte aligned only
         assert sm90.route(x, _FakeTensor(stride0=4100), 8, 4096, 4096, 1) is None  # row stride not 16 B
+        assert sm90.route(x, w, 8, 4096, 4100, 1) is None  # y's rows (N = 4100) not 16 B apart
     with determinism.scoped({sm90.TABLE_ENV: path, sm90.MODE_ENV: "off"}):
         assert sm90.route(x, w, 8, 4096, 4096, 1) is None
     with determinism.scoped({sm90.TABLE_ENV: path, sm90.MODE_ENV: "sometimes"}), \

@@ -170,7 +170,11 @@ def library():
         path = Path(os.environ.get(LIB_ENV) or DEFAULT_OUT / LIB_NAME)
         lib = None
         if path.is_file():
-            lib = ctypes.CDLL(str(path))
+            try:
+                lib = ctypes.CDLL(str(path))
+            except OSError as e:  # a library that is there but does not load is a broken install
+                raise UnsupportedConfigError(f"sm90: {path} does not load ({e}); rebuild it, remove it, or "
+                                             f"set {MODE_ENV}=off for the Triton kernels") from None
             for name in CONFIGS:
                 if hasattr(lib, symbol(name)):
                     f = getattr(lib, symbol(name))

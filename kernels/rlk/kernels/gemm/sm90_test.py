@@ -138,6 +138,18 @@ def test_the_provenance_record_reads_what_the_route_reads(tmp_path):
             assert provenance.gemm_sm90_record(root)["native:gemm_sm90"] == sm90.provenance(), env
 
 
+def test_a_library_that_does_not_load_is_a_clear_error(tmp_path, monkeypatch):
+    bad = tmp_path / "librlk_gemm_sm90.so"
+    bad.write_bytes(b"not an ELF file")
+    monkeypatch.setattr(sm90, "_LIB", [])
+    table = _write(tmp_path, {"entries": {}, "default": [[None, "pp64x96"]]})
+    with determinism.scoped({sm90.LIB_ENV: str(bad), sm90.TABLE_ENV: table}):
+        with pytest.raises(UnsupportedConfigError, match="does not load"):
+            sm90.route(_FakeTensor(), _FakeTensor(), 8, 4096, 4096, 1)
+        with determinism.scoped({sm90.MODE_ENV: "off"}):  # off: the library is never loaded
+            assert sm90.route(_FakeTensor(), _FakeTensor(), 8, 4096, 4096, 1) is None
+
+
 def test_gemm_into_refuses_what_the_kernels_cannot_take():
     x = torch.zeros((4, 64), dtype=torch.bfloat16)
     with pytest.raises(UnsupportedConfigError, match="unknown configuration"):

@@ -59,10 +59,11 @@ def tuning_table_hashes() -> dict[str, str]:
 
 
 def gemm_sm90_record(kernels_root: str) -> dict[str, str]:
-    """What serves sm_90 GEMMs: ``rlk.kernels.gemm.sm90.provenance()`` (mode, CUTLASS library and
-    route-table sha256) and the CUDA source's sha256, read from the files without importing the
-    gemm package (importing it registers the GEMM contracts, which would make a record taken
-    before the import differ from one taken after; a test keeps the two in step)."""
+    """What serves sm_90 GEMMs (``rlk.kernels.gemm.sm90``): its mode, the sha256 of the CUTLASS
+    library and of the route table it would load (``sm90.library_path()``, ``sm90.table_path()``),
+    and the CUDA source's sha256. Read from the files without importing the gemm package:
+    importing it registers the GEMM contracts, which would make a record taken before the import
+    differ from one taken after (``sm90_test.py`` checks this record against sm90's paths)."""
     gemm = os.path.join(kernels_root, "gemm")
     repo = os.path.dirname(os.path.dirname(os.path.dirname(kernels_root)))
     lib = os.environ.get("RLK_GEMM_SM90_LIB") or os.path.join(repo, "build", "sm90", "librlk_gemm_sm90.so")

@@ -328,26 +328,59 @@ def test_gpu_tuner_candidates_identical(name):
     assert not errors, errors
 
 
+# Triton plans of x @ w.T for (K, N) = (128, 40) under _WARM_TABLE: decode BLOCK_M 16 (M 1-16),
+# 32 (M 17-20), the 64 bucket (21-40), prefill (41-).
+_WARM_KN = (128, 40)
+_WARM_BUCKETS = [[20, "decode", None], [40, "decode", {"BLOCK_M": 64}], [None, "prefill", {"BLOCK_M": 16}]]
+
+
+def _table_with(tmp_path, K, N, buckets) -> str:
+    """A copy of the sm_90 table whose (K, N) entry has ``buckets``; returns its path."""
+    table = json.loads(open(gemm_schedule.table_path()).read())
+    table["shapes"][f"{K}x{N}"] = {"split_k": contract.split_rule(K, N), "buckets": buckets}
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(table))
+    return str(path)
+
+
 def test_warm_up_launches_each_plan_once(monkeypatch, tmp_path):
     """warm_up runs one launch per distinct plan of M in 1..max_m (decode BLOCK_M steps included),
     at the smallest M of each, and refuses a bad max_m."""
+    from rlk import determinism
     from rlk.kernels.gemm import launch
 
-    K, N = 128, 40
-    table = json.loads(open(gemm_schedule.table_path()).read())
-    table["shapes"][f"{K}x{N}"] = {"split_k": contract.split_rule(K, N),
-                                   "buckets": [[20, "decode", None], [40, "decode", {"BLOCK_M": 64}],
-                                               [None, "prefill", {"BLOCK_M": 16}]]}
-    path = tmp_path / "t.json"
-    path.write_text(json.dumps(table))
-    monkeypatch.setenv(gemm_schedule.TABLE_ENV, str(path))
+    K, N = _WARM_KN
     w = _rand(N, K, seed=3)
     calls = []
     real = launch.gemm
     monkeypatch.setattr(launch, "gemm", lambda x, w, **kw: calls.append(x.shape[0]) or real(x, w, **kw))
-    # decode BLOCK_M 16 (M 1-16), 32 (M 17-20), the 64 bucket (21-40), prefill (41-).
-    assert launch.warm_up(w, 100) == [1, 17, 21, 41] == calls
-    calls.clear()
-    assert launch.warm_up(w, 18) == [1, 17] == calls  # buckets past max_m are not compiled
-    with pytest.raises(UnsupportedConfigError, match="max_m"):
-        launch.warm_up(w, 0)
+    with determinism.scoped({gemm_schedule.TABLE_ENV: _table_with(tmp_path, K, N, _WARM_BUCKETS)}):
+        assert launch.warm_up(w, 100) == [1, 17, 21, 41] == calls
+        calls.clear()
+        assert launch.warm_up(w, 18) == [1, 17] == calls  # buckets past max_m are not compiled
+        with pytest.raises(UnsupportedConfigError, match="max_m"):
+            launch.warm_up(w, 0)
+
+
+def test_warm_up_calls_every_picked_sm90_configuration_before_any_capture(monkeypatch, tmp_path):
+    """On sm_90 the engines' warm-up also launches each CUTLASS configuration the route can pick
+    (its first, eager call sets the shared-memory limit a captured launch relies on)."""
+    from rlk import determinism
+    from rlk.kernels.gemm import launch, sm90
+
+    K, N = _WARM_KN
+    sm_buckets = [[64, None], [128, "pp64x96"], [None, "co128x256"]]
+    monkeypatch.setattr(launch, "arch_of", lambda device: "sm_90")
+    monkeypatch.setattr(sm90, "buckets", lambda K, N: sm_buckets)
+    monkeypatch.setattr(sm90, "route", lambda x, w, M, K, N, split: sm90.pick(M, K, N))
+    monkeypatch.setattr(sm90, "pick", lambda M, K, N: next(n for m, n in sm_buckets if m is None or M <= m))
+    w = _rand(N, K, seed=3)
+    calls = []
+    monkeypatch.setattr(launch, "gemm", lambda x, w, **kw: calls.append(x.shape[0]))
+    launch.clear_plan_cache()
+    with determinism.scoped({gemm_schedule.TABLE_ENV: _table_with(tmp_path, K, N, _WARM_BUCKETS)}):
+        # Triton plans start at 1, 17, 21, 41; the route's configurations at 65 and 129.
+        assert launch.warm_up(w, 200) == [1, 17, 21, 41, 65, 129] == calls
+        calls.clear()
+        assert launch.warm_up(w, 100) == [1, 17, 21, 41, 65] == calls
+    launch.clear_plan_cache()

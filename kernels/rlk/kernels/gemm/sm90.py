@@ -82,6 +82,16 @@ def symbol(name: str) -> str:
     return f"rlk_sm90_gemm_{name}"
 
 
+def library_path() -> Path:
+    """The library :func:`library` loads: ``$RLK_GEMM_SM90_LIB``, else ``build/sm90`` of the checkout."""
+    return Path(os.environ.get(LIB_ENV) or DEFAULT_OUT / LIB_NAME)
+
+
+def table_path() -> Path:
+    """The route table: ``$RLK_GEMM_SM90_TABLE``, else the checked-in ``configs/sm90_cutlass.json``."""
+    return Path(os.environ.get(TABLE_ENV) or TABLE)
+
+
 def pin() -> dict:
     return json.loads(PIN.read_text())
 
@@ -167,7 +177,7 @@ _LIB: list = []  # [ctypes.CDLL | None] once loaded
 def library():
     """The loaded library, or None where there is none (not built, or not carried)."""
     if not _LIB:
-        path = Path(os.environ.get(LIB_ENV) or DEFAULT_OUT / LIB_NAME)
+        path = library_path()
         lib = None
         if path.is_file():
             try:
@@ -245,12 +255,12 @@ def _check_buckets(path: str, key: str, bks: list) -> None:
 
 
 def table() -> dict:
-    return _table(os.environ.get(TABLE_ENV) or str(TABLE))
+    return _table(str(table_path()))
 
 
 def buckets(K: int, N: int) -> list:
     """``[[max_m or None, config or None], ...]`` for (K, N): its entry, else the default rule."""
-    if not TABLE.is_file() and not os.environ.get(TABLE_ENV):
+    if not table_path().is_file():
         return []
     doc = table()
     return doc.get("entries", {}).get(f"{K}x{N}", doc.get("default", []))
@@ -287,15 +297,6 @@ def route(x, w, M: int, K: int, N: int, split: int) -> str | None:
                                          f"but the library does not have it ({LIB_ENV}, or build it)")
         return None
     return name
-
-
-def provenance() -> str:
-    """What serves sm_90 GEMMs in this process: mode, library sha256 (or absent), table sha256."""
-    path = Path(os.environ.get(LIB_ENV) or DEFAULT_OUT / LIB_NAME)
-    lib = f"sha256:{_sha256(path)}" if path.is_file() else "absent"
-    tpath = Path(os.environ.get(TABLE_ENV) or TABLE)
-    tab = f"sha256:{_sha256(tpath)}" if tpath.is_file() else "absent"
-    return f"mode={os.environ.get(MODE_ENV) or 'auto'} library={lib} table={tpath.name}:{tab}"
 
 
 def main(argv=None) -> int:

@@ -137,11 +137,7 @@ def make_table(doc: dict, source: str) -> dict:
 
 
 def _manifest() -> dict:
-    import os  # noqa: PLC0415
-    from pathlib import Path  # noqa: PLC0415
-
-    lib = Path(os.environ.get(sm90.LIB_ENV) or sm90.DEFAULT_OUT / sm90.LIB_NAME)
-    m = lib.with_name("manifest.json")
+    m = sm90.library_path().with_name("manifest.json")
     return json.loads(m.read_text()) if m.is_file() else {"missing": str(m)}
 
 

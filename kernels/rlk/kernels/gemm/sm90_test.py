@@ -126,6 +126,7 @@ def test_build_refuses_unknown_configurations_and_a_checkout_of_another_version(
 
 
 def test_the_provenance_record_reads_what_the_route_reads(tmp_path):
+    import hashlib
     from pathlib import Path
 
     from rlk import provenance
@@ -133,9 +134,15 @@ def test_the_provenance_record_reads_what_the_route_reads(tmp_path):
     root = str(Path(sm90.__file__).parents[1])
     lib = tmp_path / "lib.so"
     lib.write_bytes(b"not a library")
+
+    def sha(p):
+        return f"sha256:{hashlib.sha256(p.read_bytes()).hexdigest()}" if p.is_file() else "absent"
+
     for env in ({}, {sm90.LIB_ENV: str(lib), sm90.MODE_ENV: "off"}, {sm90.TABLE_ENV: str(tmp_path / "none.json")}):
         with determinism.scoped(env):
-            assert provenance.gemm_sm90_record(root)["native:gemm_sm90"] == sm90.provenance(), env
+            want = (f"mode={env.get(sm90.MODE_ENV, 'auto')} library={sha(sm90.library_path())} "
+                    f"table={sm90.table_path().name}:{sha(sm90.table_path())}")
+            assert provenance.gemm_sm90_record(root)["native:gemm_sm90"] == want, env
 
 
 def test_a_library_that_does_not_load_is_a_clear_error(tmp_path, monkeypatch):
@@ -154,36 +161,6 @@ def test_gemm_into_refuses_what_the_kernels_cannot_take():
     x = torch.zeros((4, 64), dtype=torch.bfloat16)
     with pytest.raises(UnsupportedConfigError, match="unknown configuration"):
         sm90.gemm_into(x, x, x, "pp7x7")
-
-
-def test_warm_up_calls_every_picked_configuration_before_any_capture(monkeypatch, tmp_path):
-    """On sm_90 the engines' warm-up also launches each CUTLASS configuration the route can pick
-    (its first, eager call sets the shared-memory limit a captured launch relies on)."""
-    from rlk.kernels.gemm import contract, launch
-    from rlk.kernels.gemm import schedule as gemm_schedule
-
-    K, N = 128, 40
-    table = json.loads(open(gemm_schedule.table_path()).read())
-    table["shapes"][f"{K}x{N}"] = {"split_k": contract.split_rule(K, N),
-                                   "buckets": [[20, "decode", None], [40, "decode", {"BLOCK_M": 64}],
-                                               [None, "prefill", {"BLOCK_M": 16}]]}
-    path = tmp_path / "t.json"
-    path.write_text(json.dumps(table))
-    monkeypatch.setenv(gemm_schedule.TABLE_ENV, str(path))
-    launch.clear_plan_cache()
-    sm_buckets = [[64, None], [128, "pp64x96"], [None, "co128x256"]]
-    monkeypatch.setattr(launch, "arch_of", lambda device: "sm_90")
-    monkeypatch.setattr(sm90, "buckets", lambda K, N: sm_buckets)
-    monkeypatch.setattr(sm90, "route", lambda x, w, M, K, N, split: sm90.pick(M, K, N))
-    monkeypatch.setattr(sm90, "pick", lambda M, K, N: next(n for m, n in sm_buckets if m is None or M <= m))
-    w = torch.randn((N, K)).to(torch.bfloat16)
-    calls = []
-    monkeypatch.setattr(launch, "gemm", lambda x, w, **kw: calls.append(x.shape[0]))
-    # Triton plans start at 1, 17, 21, 41; the route's configurations at 65 and 129.
-    assert launch.warm_up(w, 200) == [1, 17, 21, 41, 65, 129] == calls
-    calls.clear()
-    assert launch.warm_up(w, 100) == [1, 17, 21, 41, 65] == calls
-    launch.clear_plan_cache()
 
 
 # ----------------------------------------------------------------------------------- GPU

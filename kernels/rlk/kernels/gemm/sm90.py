@@ -266,12 +266,18 @@ def buckets(K: int, N: int) -> list:
     return doc.get("entries", {}).get(f"{K}x{N}", doc.get("default", []))
 
 
-def pick(M: int, K: int, N: int) -> str | None:
-    """The configuration the table names for (M, K, N), or None (the Triton kernels serve it)."""
-    for max_m, name in buckets(K, N):
+def pick_in(bks: list, M: int) -> str | None:
+    """The configuration of the first bucket ``[max_m, name]`` that holds M (null max_m: every M),
+    or None (the Triton kernels serve it)."""
+    for max_m, name in bks:
         if max_m is None or M <= max_m:
             return name
     return None
+
+
+def pick(M: int, K: int, N: int) -> str | None:
+    """The configuration the table names for (M, K, N), or None (the Triton kernels serve it)."""
+    return pick_in(buckets(K, N), M)
 
 
 def _aligned(t) -> bool:

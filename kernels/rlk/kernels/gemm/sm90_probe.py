@@ -6,7 +6,16 @@ rows are those of M = 1 by the invariance sweep), then CUDA-graph time with cold
 of weight copies 4x the L2, as a decode step meets them) for cuBLAS (``torch.nn.functional.linear``,
 the native route), the Triton kernel under the installed table, and every configuration.
 
-    python -m rlk.kernels.gemm.sm90_probe --out sm90_probe.json [--shapes qkv,o] [--m 64,128]
+    python -m rlk.kernels.gemm.sm90_probe --out sm90_probe.json [--shapes qkv,o] [--m 64,128] \
+        [--table-out sm90_cutlass.json] [--eval-table configs/sm90_cutlass.json]
+
+Shapes: the Qwen3-8B projections by name (``qkv``, ``tp4_down``, ...; ``8b`` for all of them) and
+the other dense Qwen3 sizes' (``4b_down``, ...; ``other`` for all, ``rlk.testing.shapes``). The
+route table (``--table-out``) is built from the Qwen3-8B rows only (``--table-shapes``); every
+row is then scored under a table: its entry for that K x N if it has one, else the table's
+default rule, which is what a shape nobody tuned for gets. The score (``table_eval`` in the
+JSON) is the route's time (the picked configuration's, or the Triton kernels' where it picks
+none) over cuBLAS and over the Triton kernels, per row and per rule.
 """
 
 from __future__ import annotations
@@ -23,7 +32,10 @@ from rlk.kernels.gemm import sm90
 from rlk.kernels.gemm.contract import split_rule
 from rlk.kernels.gemm.gemm_tune import WeightRing, bench_ms, l2_bytes, ring_size
 from rlk.kernels.gemm.launch import gemm
-from rlk.testing.shapes import QWEN3_8B_GEMMS
+from rlk.testing.shapes import QWEN3_8B_GEMMS, QWEN3_OTHER_GEMMS
+
+SHAPES = {**QWEN3_8B_GEMMS, **QWEN3_OTHER_GEMMS}
+GROUPS = {"8b": tuple(QWEN3_8B_GEMMS), "other": tuple(QWEN3_OTHER_GEMMS)}
 
 # Decode batches (vLLM pads them to multiples of 8) every 16 rows up to 256, where the route's table
 # changes most; odd 77 and 200 for half-empty tiles; prefill sizes sparser.
@@ -40,7 +52,7 @@ def probe(shapes, m_list, configs, out_path: str) -> dict:
     gen = torch.Generator(device=dev).manual_seed(0)
     rows, t0 = [], time.perf_counter()
     for name in shapes:
-        K, N = QWEN3_8B_GEMMS[name]
+        K, N = SHAPES[name]
         if split_rule(K, N) != 1:
             print(f"{name}: split {split_rule(K, N)} under v1: not served by sm90, skipped", flush=True)
             continue
@@ -101,18 +113,36 @@ def _runs(points: list) -> list:
     return out
 
 
-def make_table(doc: dict, source: str) -> dict:
+def shape_names(spec: str) -> list[str]:
+    """``qkv,4b_down,other`` -> shape names (groups expanded, order kept, no repeats)."""
+    out: list[str] = []
+    for tok in filter(None, spec.split(",")):
+        names = GROUPS.get(tok, (tok,))
+        for n in names:
+            if n not in SHAPES:
+                raise SystemExit(f"sm90_probe: unknown shape {n!r}: {sorted(SHAPES)} or a group {sorted(GROUPS)}")
+            if n not in out:
+                out.append(n)
+    return out
+
+
+def make_table(doc: dict, source: str, shapes=None) -> dict:
     """The ``configs/sm90_cutlass.json`` table from a probe: per (K, N) and measured M, the fastest
     configuration where it beats the Triton kernel (else null: Triton serves), each M's choice
     serving the M range from the previous measured M up to it; the default rule (shapes without
-    an entry) takes per M the configuration with the best geometric-mean time over the Triton
-    kernel's across the probed shapes, where that mean is below 1."""
+    an entry) takes per M, among the configurations faster than the Triton kernel at every probed
+    shape, the one with the best geometric-mean time over the Triton kernel's (none: Triton).
+    Rows of shapes outside ``shapes`` (None: all) are left out."""
     import math  # noqa: PLC0415
     from collections import defaultdict  # noqa: PLC0415
+
+    only = shapes
 
     # Shapes probed twice under different names (e.g. qkv and tp4_gate_up, both 4096 x 6144) add up.
     sums = defaultdict(lambda: defaultdict(float))
     for r in doc["rows"]:
+        if only is not None and r["shape"] not in only:
+            continue
         key = (f"{r['K']}x{r['N']}", r["M"])
         sums[key]["triton"] += r["triton_ms"]
         for c, v in r["configs"].items():
@@ -127,13 +157,66 @@ def make_table(doc: dict, source: str) -> dict:
     n_shapes = len(shapes)
     default = []
     for M in sorted(ratios):
-        geo = {c: math.exp(sum(map(math.log, v)) / len(v)) for c, v in ratios[M].items() if len(v) == n_shapes}
+        # Candidates beat the Triton kernels at every probed shape (the rule serves shapes nobody
+        # timed: a configuration that loses at one tuned shape may lose at an untuned one too).
+        geo = {c: math.exp(sum(map(math.log, v)) / len(v)) for c, v in ratios[M].items()
+               if len(v) == n_shapes and max(v) < 1.0}
         best = min(geo, key=geo.get) if geo else None
-        default.append((M, best if best and geo[best] < 1.0 else None))
+        default.append((M, best))
     return {"what": "sm_90 GEMM route: [max_m, CUTLASS configuration or null (Triton kernels)] per K x N",
             "written_by": "python -m rlk.kernels.gemm.sm90_probe --table-out", "source": source,
+            "shapes": sorted({r["shape"] for r in doc["rows"] if only is None or r["shape"] in only}),
             "device": doc["device"], "timing": doc["timing"], "library_sha256": doc["library"].get("sha256"),
             "entries": {k: _runs(sorted(v)) for k, v in sorted(shapes.items())}, "default": _runs(default)}
+
+
+def evaluate_table(doc: dict, table: dict, source: str) -> dict:
+    """Every probe row scored under ``table``: the route's pick for (K, N, M) (the entry of that
+    K x N, else the default rule, as ``sm90.buckets``), its time over cuBLAS and over the Triton
+    kernels (the Triton kernels' own time where the pick is null). A pick whose configuration
+    differed from the Triton kernels' bytes, or failed, at that row is listed under ``bad_picks``
+    (the route would then change the arithmetic or fail: the table is wrong for that shape)."""
+    entries, default = table.get("entries", {}), table.get("default", [])
+    rows, bad = [], []
+    for r in doc["rows"]:
+        kn = f"{r['K']}x{r['N']}"
+        rule = "entry" if kn in entries else "default"
+        name = sm90.pick_in(entries.get(kn, default), r["M"])
+        if name is None:
+            ms = r["triton_ms"]
+        else:
+            v = r["configs"].get(name, {})
+            if "ms" not in v or v.get("differing") != 0:
+                bad.append({"shape": r["shape"], "M": r["M"], "pick": name, "probe": v or "not probed"})
+                continue
+            ms = v["ms"]
+        rows.append({"shape": r["shape"], "M": r["M"], "rule": rule, "pick": name,
+                     "route_vs_cublas": round(ms / r["cublas_ms"], 4), "route_vs_triton": round(ms / r["triton_ms"], 4)})
+    summary = {}
+    for rule in ("entry", "default"):
+        rr = [x for x in rows if x["rule"] == rule]
+        if not rr:
+            continue
+        worst_t = max(rr, key=lambda x: x["route_vs_triton"])
+        worst_c = max(rr, key=lambda x: x["route_vs_cublas"])
+        summary[rule] = {"rows": len(rr), "shapes": sorted({x["shape"] for x in rr}),
+                         "route_vs_triton_max": worst_t["route_vs_triton"],
+                         "route_vs_triton_max_at": [worst_t["shape"], worst_t["M"]],
+                         "rows_slower_than_triton": sum(x["route_vs_triton"] > 1.0 for x in rr),
+                         "route_vs_cublas_max": worst_c["route_vs_cublas"],
+                         "route_vs_cublas_max_at": [worst_c["shape"], worst_c["M"]],
+                         "rows_over_cublas": sum(x["route_vs_cublas"] > 1.0 for x in rr)}
+    return {"table": source, "table_device": table.get("device"), "summary": summary, "bad_picks": bad, "rows": rows}
+
+
+def _print_eval(ev: dict) -> None:
+    for rule, s in ev["summary"].items():
+        print(f"table {ev['table']} {rule:7s}: {s['rows']} rows of {len(s['shapes'])} shapes; route / Triton max "
+              f"{s['route_vs_triton_max']:.3f} at {s['route_vs_triton_max_at']} ({s['rows_slower_than_triton']} rows > 1); "
+              f"route / cuBLAS max {s['route_vs_cublas_max']:.3f} at {s['route_vs_cublas_max_at']} "
+              f"({s['rows_over_cublas']} rows > 1)", flush=True)
+    for b in ev["bad_picks"][:20]:
+        print(f"  bad pick: {b}", flush=True)
 
 
 def _manifest() -> dict:
@@ -143,32 +226,46 @@ def _manifest() -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--shapes", default=",".join(QWEN3_8B_GEMMS))
+    ap.add_argument("--out", required=True, help="probe JSON (with --from-json: that probe plus the scores)")
+    ap.add_argument("--shapes", default="8b", help="shape names and groups (8b, other), comma-separated")
     ap.add_argument("--m", default=",".join(map(str, M_LIST)))
     ap.add_argument("--configs", default=",".join(sm90.CONFIGS))
     ap.add_argument("--table-out", default=None, help="also write the route table (configs/sm90_cutlass.json format)")
-    ap.add_argument("--from-json", default=None, help="build --table-out from an earlier probe's JSON (no GPU)")
+    ap.add_argument("--table-shapes", default="8b", help="the rows the table is built from (others: its default rule)")
+    ap.add_argument("--eval-table", action="append", default=[],
+                    help="also score the rows under this table (repeatable; the --table-out table always is)")
+    ap.add_argument("--from-json", default=None, help="tables and scores from an earlier probe's JSON (no GPU)")
     args = ap.parse_args(argv)
     if args.from_json:
         doc = json.load(open(args.from_json))
-        with open(args.table_out, "w") as f:
-            json.dump(make_table(doc, args.from_json), f, indent=1)
-        return 0
-    if sm90.library() is None:
-        print(f"sm90_probe: no library (set {sm90.LIB_ENV} or build it)", file=sys.stderr)
-        return 2
-    # The reference and the "triton" arm are the Triton kernels alone: the route is switched off
-    # (gemm() would otherwise serve table picks with these very configurations).
-    with determinism.scoped({sm90.MODE_ENV: "off"}):
-        doc = probe(args.shapes.split(","), [int(m) for m in args.m.split(",")], args.configs.split(","), args.out)
+        source = args.from_json
+    else:
+        if sm90.library() is None:
+            print(f"sm90_probe: no library (set {sm90.LIB_ENV} or build it)", file=sys.stderr)
+            return 2
+        # The reference and the "triton" arm are the Triton kernels alone: the route is switched off
+        # (gemm() would otherwise serve table picks with these very configurations).
+        with determinism.scoped({sm90.MODE_ENV: "off"}):
+            doc = probe(shape_names(args.shapes), [int(m) for m in args.m.split(",")], args.configs.split(","),
+                        args.out)
+        source = args.out
+    tables = [(p, json.load(open(p))) for p in args.eval_table]
     if args.table_out:
+        table = make_table(doc, source, set(shape_names(args.table_shapes)))
         with open(args.table_out, "w") as f:
-            json.dump(make_table(doc, args.out), f, indent=1)
-    print(f"sm90_probe: differing elements in total {doc['differing_total']}; errors {len(doc['errors'])}")
+            json.dump(table, f, indent=1)
+        tables.append((args.table_out, table))
+    doc["table_eval"] = [evaluate_table(doc, t, p) for p, t in tables]
+    for ev in doc["table_eval"]:
+        _print_eval(ev)
+    with open(args.out, "w") as f:
+        json.dump(doc, f, indent=1)
+    bad = sum(len(ev["bad_picks"]) for ev in doc["table_eval"])
+    print(f"sm90_probe: differing elements in total {doc['differing_total']}; errors {len(doc['errors'])}; "
+          f"table picks that differ or fail {bad}")
     for e in doc["errors"][:20]:
         print("  ", e)
-    return 0 if doc["differing_total"] == 0 and not doc["errors"] else 1
+    return 0 if doc["differing_total"] == 0 and not doc["errors"] and not bad else 1
 
 
 if __name__ == "__main__":

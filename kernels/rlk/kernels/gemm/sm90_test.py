@@ -103,6 +103,44 @@ def test_make_table_picks_the_fastest_that_beats_triton_and_never_one_that_diffe
     assert t["default"] == [[64, None], [128, "co128x96"], [None, "pp64x96"]]
 
 
+def test_the_default_rule_never_picks_a_configuration_that_loses_to_triton_at_a_probed_shape():
+    # pp64x96: geometric mean sqrt(0.5 * 1.1) = 0.74, the best, but slower than Triton at "b";
+    # co128x96 beats Triton at both shapes: the rule takes it. Entries still pick per shape.
+    rows = [_row("a", 64, 128, 64, 1.0, pp64x96=0.5, co128x96=0.9),
+            _row("b", 64, 256, 64, 1.0, pp64x96=1.1, co128x96=0.95),
+            _row("a", 64, 128, 128, 1.0, pp64x96=0.5, co128x96=1.2),
+            _row("b", 64, 256, 128, 1.0, pp64x96=1.1, co128x96=0.9)]
+    t = sm90_probe.make_table({"rows": rows, "device": "x", "timing": "y", "library": {}}, "src")
+    assert t["default"] == [[64, "co128x96"], [None, None]]
+    assert t["entries"] == {"64x128": [[None, "pp64x96"]], "64x256": [[None, "co128x96"]]}
+
+
+def test_a_table_from_some_shapes_scores_the_others_under_its_default_rule():
+    rows = [{**_row("a", 64, 128, M, 1.0, pp64x96=0.8, co128x96=0.9), "cublas_ms": 0.5} for M in (64, 128)]
+    rows += [{**_row("held", 64, 512, 64, 1.0, pp64x96=1.25, co128x96=0.9), "cublas_ms": 2.0},
+             {**_row("held", 64, 512, 128, 1.0, pp64x96=-0.5, co128x96=0.9), "cublas_ms": 2.0}]
+    doc = {"rows": rows, "device": "x", "timing": "y", "library": {}}
+    t = sm90_probe.make_table(doc, "src", shapes={"a"})
+    assert t["shapes"] == ["a"] and "64x512" not in t["entries"] and t["default"] == [[None, "pp64x96"]]
+    ev = sm90_probe.evaluate_table(doc, t, "t.json")
+    held = [r for r in ev["rows"] if r["shape"] == "held"]
+    # M 64: the rule's pick is 25% slower than Triton there (a cliff, reported); M 128: the pick
+    # gave other bytes at that shape: a bad pick, never scored as a time.
+    assert [(r["M"], r["rule"], r["pick"], r["route_vs_triton"], r["route_vs_cublas"]) for r in held] == \
+        [(64, "default", "pp64x96", 1.25, 0.625)]
+    assert ev["summary"]["default"]["rows_slower_than_triton"] == 1
+    assert ev["summary"]["entry"]["route_vs_triton_max"] == 0.8
+    assert [(b["shape"], b["M"], b["pick"]) for b in ev["bad_picks"]] == [("held", 128, "pp64x96")]
+
+
+def test_shape_names_expand_groups_and_refuse_unknown_names():
+    names = sm90_probe.shape_names("qkv,other,qkv")
+    assert names[0] == "qkv" and names.count("qkv") == 1 and "14b_down" in names and "o" not in names
+    assert sm90_probe.shape_names("8b") == list(sm90_probe.QWEN3_8B_GEMMS)
+    with pytest.raises(SystemExit, match="unknown shape"):
+        sm90_probe.shape_names("qkv,nope")
+
+
 def test_runs_merges_equal_neighbours_and_opens_the_last_bucket():
     assert sm90_probe._runs([(1, None), (8, None), (64, "a"), (128, "a"), (256, None)]) == \
         [[8, None], [128, "a"], [None, None]]

@@ -3,10 +3,11 @@ megatron-core's own native local (no TransformerEngine, no Apex) GPT model, on o
 
     python -m rlk.integrations.megatron.actor_bench --out DIR [--config qwen3-8b] [--layers 8] \\
         [--seqs 16] [--seq-len 2048] [--recompute full] [--recipe calibrated.v1] [--seed 0] \\
-        [--optimizer-offload [FRACTION]] [--skip-rlk-reference] [--skip-native] [--device cuda] [--tag h200]
+        [--optimizer-offload [FRACTION]] [--skip-rlk-reference] [--skip-native] [--native-micro-batches N] \
+        [--device cuda] [--tag h200]
 
-Writes ``DIR/megatron_actor_<tag>.json`` (tag ``h200`` on CUDA, ``cpu`` on the CPU), one progress
-line per phase on stderr; exit status 1 when a check fails.
+Writes ``DIR/megatron_actor_<tag>.json`` (tag from the GPU's name: ``h100``, ``h200``, else
+``cuda``; ``cpu`` on the CPU), one progress line per phase on stderr; exit status 1 when a check fails.
 
 Batch: ``seqs`` sequences of ``seq-len`` seeded random token ids (the first half prompt, the
 second half response), packed; ``Qwen3Config.named(config)`` with ``num_hidden_layers = layers``;
@@ -35,7 +36,11 @@ DDP fp32 ``main_grad``) + its DistributedOptimizer Adam step (lr 1e-5). ``--opti
   TE off, ``Float16Module`` (bf16) as megatron's training wraps it, the same recompute, DDP and
   optimizer (``actor.training_wrappers``), the same weights (checked by fingerprint), labels ->
   megatron's per-token cross entropy (``vocab_parallel_cross_entropy`` over materialized fp32
-  logits), logp = -ce, the same loss. Timed as strict.
+  logits), logp = -ce, the same loss. Timed as strict. ``--native-micro-batches N`` runs its
+  batch as N micro-batches (``micro_batch_size`` = seqs / N, gradients accumulated), as megatron's
+  users fit a batch whose fp32 logits (4 bytes x tokens x vocabulary: 20 GB at 32k tokens) do not
+  fit beside the model; the record's ``spec.micro_batches`` says so. The strict arm's fused LM head
+  materializes no logits and runs the batch as one micro-batch.
 
 Reduced depth: full Qwen3-8B (36 layers, 8.2B parameters) needs bf16 params + fp32 main_grad +
 fp32 main params + two fp32 Adam states = 18 bytes/param = 147 GB of model state alone, more than
@@ -307,35 +312,44 @@ class _NativeActor:
             self.f16, tc, lr=LR, betas=(0.9, 0.999), eps=1e-8, optimizer=optimizer,
             optimizer_offload=self.optimizer_offload)
 
-    def forward_backward(self, pk, loss, seqs: int) -> torch.Tensor:
+    def forward_backward(self, pk, loss, seqs: int, micro_batches: int = 1) -> torch.Tensor:
+        """One forward + backward of the batch's ``seqs`` equal-length sequences in
+        ``micro_batches`` micro-batches of ``seqs / micro_batches`` sequences (megatron's
+        ``micro_batch_size``, gradients accumulated in ``main_grad``, losses summed:
+        ``calculate_per_token_loss``); returns the logp ``[T]`` in packed order."""
         from megatron.core.pipeline_parallel.schedules import forward_backward_no_pipelining
 
+        from rlk.errors import UnsupportedConfigError
         from rlk.integrations.megatron.actor import cuda_names_on_cpu
 
+        if micro_batches < 1 or seqs % micro_batches:
+            raise UnsupportedConfigError(f"native: {seqs} sequences do not split into {micro_batches} micro-batches")
         T = pk.ids.shape[0]
         tokens, labels = pk.ids.view(seqs, T // seqs), pk.targets.view(seqs, T // seqs)
-        S = T // seqs
-        pos = torch.arange(S, device=tokens.device).expand(seqs, -1)
+        S, b = T // seqs, seqs // micro_batches
+        pos = torch.arange(S, device=tokens.device).expand(b, -1)
         # Causal mask as megatron's pretrain_gpt builds it (get_ltor_masks_and_position_ids): True = masked.
         mask = torch.triu(torch.ones(S, S, dtype=torch.bool, device=tokens.device), diagonal=1).view(1, 1, S, S)
         logps = []
 
         def forward_step(data_iterator, model):
-            next(data_iterator)
-            ce = model(tokens, pos, mask, labels=labels)  # [b, s] fp32 per-token cross entropy
-            logp = -ce.reshape(T)
+            j = next(data_iterator)
+            lo, hi = j * b * S, (j + 1) * b * S  # this micro-batch's rows of the packed batch
+            ce = model(tokens[j * b:(j + 1) * b], pos, mask, labels=labels[j * b:(j + 1) * b])  # [b, s] fp32 CE
+            logp = -ce.reshape(hi - lo)
             logps.append(logp.detach())
-            return loss(logp, 0, T).sum(), lambda out: (out, torch.tensor(T, dtype=torch.int), {"loss": out.detach()})
+            return loss(logp, lo, hi).sum(), lambda out: (out, torch.tensor(hi - lo, dtype=torch.int),
+                                                          {"loss": out.detach()})
 
         self.ddp.train()
         with cuda_names_on_cpu(), self._cpu_rng_fork():
             self.ddp.zero_grad_buffer()
             if self.optimizer is not None:
                 self.optimizer.zero_grad()
-            forward_backward_no_pipelining(forward_step_func=forward_step, data_iterator=iter([0]), model=[self.ddp],
-                                           num_microbatches=1, seq_length=S, micro_batch_size=seqs,
-                                           forward_only=False)
-        return logps[0]
+            forward_backward_no_pipelining(forward_step_func=forward_step, data_iterator=iter(range(micro_batches)),
+                                           model=[self.ddp], num_microbatches=micro_batches, seq_length=S,
+                                           micro_batch_size=b, forward_only=False)
+        return torch.cat(logps)
 
     @contextlib.contextmanager
     def _cpu_rng_fork(self):
@@ -406,7 +420,7 @@ def run(a) -> dict:
             nat = _NativeActor(cfg, _weights(cfg, a), a)
             same = sorted(k for k, p in nat.model.named_parameters() if _fingerprint(p) != loaded.get(k))
             checks["native_weights_equal_strict"] = not same
-            lp = nat.forward_backward(pk, loss, a.seqs)
+            lp = nat.forward_backward(pk, loss, a.seqs, a.native_micro_batches)
             nat.step()
             d = (lp.float() - strict_logp.float()).abs()
             nvs = {"max_abs_diff": float(d.max()), "mean_abs_diff": float(d.mean()),
@@ -416,7 +430,7 @@ def run(a) -> dict:
             # rounds its logits to bf16 before the fp32 cross entropy; tiny (2 layers) gives 0.025.
             checks["native_logp_close_to_strict"] = bool(torch.isfinite(lp).all()) and nvs["mean_abs_diff"] < 0.5
             _say("native: step 2 (timed)")
-            native = _timed(lambda: nat.forward_backward(pk, loss, a.seqs), nat.step, a.device)
+            native = _timed(lambda: nat.forward_backward(pk, loss, a.seqs, a.native_micro_batches), nat.step, a.device)
             native["optimizer"] = optimizer_placement(nat.optimizer)
             del nat
         except Exception as e:  # reported, not raised: the strict results are still written
@@ -438,6 +452,7 @@ def run(a) -> dict:
                      "recipe": a.recipe, "seed": a.seed, "device": a.device, "lr": LR,
                      "reason_reduced_depth": REASON_DEPTH_OFFLOAD if a.optimizer_offload else REASON_REDUCED_DEPTH,
                      "optimizer_offload": a.optimizer_offload, "optimizer_states": _states_at(a),
+                     "micro_batches": {"strict": 1, "native": a.native_micro_batches},
                      "rlk_reference": not a.skip_rlk_reference, "model_config": cfg.to_dict()},
             "strict": strict, "native": native, "strict_vs_native": ratios,
             "strict_vs_native_note": "ratios are strict / native (> 1: strict slower or larger)",
@@ -507,11 +522,22 @@ def _parser():
     ap.add_argument("--skip-rlk-reference", action="store_true",
                     help="leave out the comparison with rlk's trainer (it does not fit at full depth and 32k tokens)")
     ap.add_argument("--skip-native", action="store_true")
+    ap.add_argument("--native-micro-batches", type=int, default=1, metavar="N",
+                    help="native arm: the batch in N micro-batches (megatron's micro_batch_size = seqs / N), "
+                         "as its users fit a batch whose materialized logits do not fit at once; strict: one")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--tag")
     ap.add_argument("--worker-timeout", type=float, default=900.0)
     ap.add_argument("--worker", help=argparse.SUPPRESS)  # step 1's fingerprints to this JSON file
     return ap
+
+
+def _device_tag(device: str) -> str:
+    """``h100`` / ``h200`` from the GPU's name, ``cuda`` for another GPU, ``cpu``."""
+    if torch.device(device).type != "cuda":
+        return "cpu"
+    name = torch.cuda.get_device_name(torch.device(device)).lower()
+    return next((t for t in ("h200", "h100") if t in name), "cuda")
 
 
 def _args_of(a) -> list[str]:
@@ -524,6 +550,8 @@ def main(argv=None) -> int:
     ap = _parser()
     a = ap.parse_args(argv)
     a.recompute = None if a.recompute == "none" else a.recompute
+    if a.native_micro_batches < 1 or a.seqs % a.native_micro_batches:
+        ap.error(f"--native-micro-batches {a.native_micro_batches}: must divide --seqs {a.seqs}")
     if not 0.0 <= a.optimizer_offload <= 1.0:
         ap.error(f"--optimizer-offload {a.optimizer_offload}: a fraction in (0, 1] (no value: 1)")
     if a.worker:
@@ -533,7 +561,7 @@ def main(argv=None) -> int:
         return 0
     if not a.out:
         ap.error("--out is required")
-    tag = a.tag or ("h200" if torch.device(a.device).type == "cuda" else "cpu")
+    tag = a.tag or _device_tag(a.device)
     try:
         res = run(a)
     except Exception as e:  # a report is written even when a phase fails (e.g. out of memory)

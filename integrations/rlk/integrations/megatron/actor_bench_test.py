@@ -18,8 +18,10 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
+from rlk.errors import UnsupportedConfigError
 from rlk.integrations.megatron.testing import require_megatron
 
 ARGS = ["--config", "tiny", "--layers", "2", "--seqs", "2", "--seq-len", "16", "--device", "cpu"]
@@ -107,3 +109,30 @@ def test_optimizer_offload_reaches_both_arms_and_the_worker(tmp_path, monkeypatc
         assert where["offloaded_tensors"] == where["tensors"] == 19 and where["device_state_bytes"] == 0, where
         assert r[arm]["peak_host_rss_gib"] > 0
     assert r["peak_host_rss_gib"]["main"] > 0
+
+
+def test_native_micro_batches_add_up_to_the_one_batch_step():
+    """``--native-micro-batches 2``: each micro-batch's loss over its own rows of the packed batch,
+    gradients accumulated: logp and every main_grad as one micro-batch gives them (close, not
+    bitwise: the CPU's GEMMs at another batch size), the logp back in packed order."""
+    require_megatron()
+    from rlk.integrations.megatron import actor_bench as B
+
+    a = B._parser().parse_args(ARGS + ["--seqs", "4"])
+    cfg, hf, pk, loss, m = B._setup(a)
+    nat = B._NativeActor(cfg, hf, a, optimizer=False)
+    params = dict(nat.model.named_parameters())
+    runs = []
+    for n in (1, 2):
+        lp = nat.forward_backward(pk, loss, a.seqs, n)
+        runs.append((lp, {k: p.main_grad.clone() for k, p in params.items()}))
+    (lp1, g1), (lp2, g2) = runs
+    assert lp1.shape == lp2.shape == (4 * 16,)
+    torch.testing.assert_close(lp2, lp1, rtol=0, atol=2e-2)
+    for k in g1:
+        err = float((g2[k] - g1[k]).norm() / g1[k].norm().clamp_min(1e-30))
+        assert err < 2e-2, (k, err)
+    with pytest.raises(UnsupportedConfigError, match="micro-batches"):
+        nat.forward_backward(pk, loss, a.seqs, 3)
+    with pytest.raises(SystemExit):  # argparse: 3 does not divide --seqs 2
+        B.main(["--out", "/nonexistent", "--native-micro-batches", "3"] + ARGS)

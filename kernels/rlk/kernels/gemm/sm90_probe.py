@@ -126,13 +126,20 @@ def shape_names(spec: str) -> list[str]:
     return out
 
 
-def make_table(doc: dict, source: str, shapes=None) -> dict:
+RULES = ("beats_all", "geomean")
+
+
+def make_table(doc: dict, source: str, shapes=None, rule: str = "beats_all") -> dict:
     """The ``configs/sm90_cutlass.json`` table from a probe: per (K, N) and measured M, the fastest
     configuration where it beats the Triton kernel (else null: Triton serves), each M's choice
     serving the M range from the previous measured M up to it; the default rule (shapes without
     an entry) takes per M, among the configurations faster than the Triton kernel at every probed
-    shape, the one with the best geometric-mean time over the Triton kernel's (none: Triton).
-    Rows of shapes outside ``shapes`` (None: all) are left out."""
+    shape, the one with the best geometric-mean time over the Triton kernel's (none: Triton);
+    ``rule="geomean"`` (the earlier rule, kept to compare) drops the "every shape" condition and
+    takes the best geometric mean where it is below 1. Rows of shapes outside ``shapes`` (None:
+    all) are left out."""
+    if rule not in RULES:
+        raise ValueError(f"make_table: rule {rule!r}: one of {RULES}")
     import math  # noqa: PLC0415
     from collections import defaultdict  # noqa: PLC0415
 
@@ -160,12 +167,12 @@ def make_table(doc: dict, source: str, shapes=None) -> dict:
         # Candidates beat the Triton kernels at every probed shape (the rule serves shapes nobody
         # timed: a configuration that loses at one tuned shape may lose at an untuned one too).
         geo = {c: math.exp(sum(map(math.log, v)) / len(v)) for c, v in ratios[M].items()
-               if len(v) == n_shapes and max(v) < 1.0}
+               if len(v) == n_shapes and (rule == "geomean" or max(v) < 1.0)}
         best = min(geo, key=geo.get) if geo else None
-        default.append((M, best))
+        default.append((M, best if best and geo[best] < 1.0 else None))
     return {"what": "sm_90 GEMM route: [max_m, CUTLASS configuration or null (Triton kernels)] per K x N",
             "written_by": "python -m rlk.kernels.gemm.sm90_probe --table-out", "source": source,
-            "shapes": sorted({r["shape"] for r in doc["rows"] if only is None or r["shape"] in only}),
+            "shapes": sorted({r["shape"] for r in doc["rows"] if only is None or r["shape"] in only}), "rule": rule,
             "device": doc["device"], "timing": doc["timing"], "library_sha256": doc["library"].get("sha256"),
             "entries": {k: _runs(sorted(v)) for k, v in sorted(shapes.items())}, "default": _runs(default)}
 
@@ -209,6 +216,36 @@ def evaluate_table(doc: dict, table: dict, source: str) -> dict:
     return {"table": source, "table_device": table.get("device"), "summary": summary, "bad_picks": bad, "rows": rows}
 
 
+def leave_one_out(doc: dict, shapes, rule: str = "beats_all") -> dict:
+    """The default rule on shapes it never saw: for each K x N among ``shapes``, a table from the
+    other K x N (``make_table``) scores that one's rows, all of which its default rule serves.
+    Returns per held-out K x N and in total: rows, route / Triton geometric mean and maximum, rows
+    slower than the Triton kernels, route / cuBLAS geometric mean and maximum."""
+    import math  # noqa: PLC0415
+
+    by_kn: dict[str, set] = {}
+    for r in doc["rows"]:
+        if r["shape"] in shapes:
+            by_kn.setdefault(f"{r['K']}x{r['N']}", set()).add(r["shape"])
+    geo = lambda v: round(math.exp(sum(map(math.log, v)) / len(v)), 4)  # noqa: E731
+    out, every = {}, []
+    for kn, names in sorted(by_kn.items()):
+        table = make_table(doc, "leave-one-out", set(shapes) - names, rule)
+        rows = [x for x in evaluate_table(doc, table, kn)["rows"] if x["shape"] in names]
+        every += rows
+        out[kn] = _loo_summary(rows, geo)
+    return {"rule": rule, "held_out": out, "total": _loo_summary(every, geo)}
+
+
+def _loo_summary(rows: list, geo) -> dict:
+    if not rows:
+        return {"rows": 0}
+    t, c = [x["route_vs_triton"] for x in rows], [x["route_vs_cublas"] for x in rows]
+    return {"rows": len(rows), "route_vs_triton_geomean": geo(t), "route_vs_triton_max": max(t),
+            "rows_slower_than_triton": sum(x > 1.0 for x in t), "route_vs_cublas_geomean": geo(c),
+            "route_vs_cublas_max": max(c)}
+
+
 def _print_eval(ev: dict) -> None:
     for rule, s in ev["summary"].items():
         print(f"table {ev['table']} {rule:7s}: {s['rows']} rows of {len(s['shapes'])} shapes; route / Triton max "
@@ -235,6 +272,9 @@ def main(argv=None) -> int:
     ap.add_argument("--eval-table", action="append", default=[],
                     help="also score the rows under this table (repeatable; the --table-out table always is)")
     ap.add_argument("--from-json", default=None, help="tables and scores from an earlier probe's JSON (no GPU)")
+    ap.add_argument("--rule", default="beats_all", choices=RULES, help="the --table-out table's default rule")
+    ap.add_argument("--leave-one-out", action="store_true",
+                    help="also score each rule's default on every --table-shapes K x N left out of its table")
     args = ap.parse_args(argv)
     if args.from_json:
         doc = json.load(open(args.from_json))
@@ -251,13 +291,17 @@ def main(argv=None) -> int:
         source = args.out
     tables = [(p, json.load(open(p))) for p in args.eval_table]
     if args.table_out:
-        table = make_table(doc, source, set(shape_names(args.table_shapes)))
+        table = make_table(doc, source, set(shape_names(args.table_shapes)), args.rule)
         with open(args.table_out, "w") as f:
             json.dump(table, f, indent=1)
         tables.append((args.table_out, table))
     doc["table_eval"] = [evaluate_table(doc, t, p) for p, t in tables]
     for ev in doc["table_eval"]:
         _print_eval(ev)
+    if args.leave_one_out:
+        doc["leave_one_out"] = [leave_one_out(doc, set(shape_names(args.table_shapes)), r) for r in RULES]
+        for lo in doc["leave_one_out"]:
+            print(f"leave-one-out, default rule {lo['rule']}: {lo['total']}", flush=True)
     with open(args.out, "w") as f:
         json.dump(doc, f, indent=1)
     bad = sum(len(ev["bad_picks"]) for ev in doc["table_eval"])

@@ -133,6 +133,25 @@ def test_a_table_from_some_shapes_scores_the_others_under_its_default_rule():
     assert [(b["shape"], b["M"], b["pick"]) for b in ev["bad_picks"]] == [("held", 128, "pp64x96")]
 
 
+def test_leave_one_out_scores_each_shape_under_the_rule_built_without_it():
+    # At M 64 pp64x96 has the best geometric mean over Triton on any two shapes, but loses at "c":
+    # the geomean rule serves "c" with it (slower than Triton there), beats_all never does.
+    t = {"a": (0.5, 0.9), "b": (0.6, 0.9), "c": (1.3, 0.95)}
+    rows = [{**_row(n, 64, 128 * (i + 1), 64, 1.0, pp64x96=pp, co128x96=co), "cublas_ms": 1.0}
+            for i, (n, (pp, co)) in enumerate(t.items())]
+    doc = {"rows": rows, "device": "x", "timing": "y", "library": {}}
+    strict, loose = (sm90_probe.leave_one_out(doc, {"a", "b", "c"}, r) for r in ("beats_all", "geomean"))
+    assert set(strict["held_out"]) == {"64x128", "64x256", "64x384"} and strict["total"]["rows"] == 3
+    # held-out "c": the beats_all rule built from a, b alone takes pp64x96 too (it beat Triton at
+    # both): one slow row; held-out "a" / "b": built with "c", beats_all takes co128x96.
+    assert strict["held_out"]["64x384"]["route_vs_triton_max"] == 1.3
+    assert strict["held_out"]["64x128"]["route_vs_triton_max"] == 0.9
+    assert loose["held_out"]["64x128"]["route_vs_triton_max"] == 0.5
+    assert strict["total"]["rows_slower_than_triton"] == loose["total"]["rows_slower_than_triton"] == 1
+    with pytest.raises(ValueError, match="rule"):
+        sm90_probe.make_table(doc, "src", rule="fastest")
+
+
 def test_shape_names_expand_groups_and_refuse_unknown_names():
     names = sm90_probe.shape_names("qkv,other,qkv")
     assert names[0] == "qkv" and names.count("qkv") == 1 and "14b_down" in names and "o" not in names

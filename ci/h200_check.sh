@@ -73,7 +73,8 @@ stage rl_loop ${RL_LIMIT:-560} python3 -m rlk.rl --device cuda --model qwen3-8b 
   --out "$R/rl_loop" ${RL_ARGS:-}
 # Only when named: megatron-core actor steps, strict spec vs megatron's native (local) spec (carry .whl/: megatron-core).
 # Full depth: MACTOR_ARGS="--layers 36 --optimizer-offload 0.85 --skip-rlk-reference" (megatron's CPU optimizer
-# offload for both arms; fraction 1 needs ~122 GiB of host; rlk's own trainer does not fit 36 layers x 32k tokens).
+# offload for both arms; fraction 1 needs ~122 GiB of host; rlk's own trainer does not fit 36 layers x 32k tokens);
+# add "--native-micro-batches 4" where the native arm's 20 GB of fp32 logits do not fit beside the model (an 80 GB card).
 stage megatron_actor ${MACTOR_LIMIT:-540} python3 -m rlk.integrations.megatron.actor_bench --out "$R/megatron_actor" \
   ${MACTOR_ARGS:-}
 stage e2e ${E2E_LIMIT:-540} python3 -m rlk.bench e2e --out "$R/e2e" ${E2E_ARGS:-}

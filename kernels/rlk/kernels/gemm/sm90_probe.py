@@ -129,39 +129,39 @@ def shape_names(spec: str) -> list[str]:
 RULES = ("beats_all", "geomean")
 
 
-def make_table(doc: dict, source: str, shapes=None, rule: str = "beats_all") -> dict:
+def make_table(doc: dict, source: str, shapes=None, rule: str = "beats_all", rule_shapes=None,
+               rule_doc: dict | None = None) -> dict:
     """The ``configs/sm90_cutlass.json`` table from a probe: per (K, N) and measured M, the fastest
     configuration where it beats the Triton kernel (else null: Triton serves), each M's choice
     serving the M range from the previous measured M up to it; the default rule (shapes without
     an entry) takes per M, among the configurations faster than the Triton kernel at every probed
     shape, the one with the best geometric-mean time over the Triton kernel's (none: Triton);
     ``rule="geomean"`` (the earlier rule, kept to compare) drops the "every shape" condition and
-    takes the best geometric mean where it is below 1. Rows of shapes outside ``shapes`` (None:
-    all) are left out."""
+    takes the best geometric mean where it is below 1. Entries: the rows of ``shapes`` (None:
+    all); the default rule: the rows of ``rule_shapes`` (None: as ``shapes``) of ``rule_doc``
+    (None: ``doc``; another probe, e.g. one over more model sizes)."""
     if rule not in RULES:
         raise ValueError(f"make_table: rule {rule!r}: one of {RULES}")
     import math  # noqa: PLC0415
     from collections import defaultdict  # noqa: PLC0415
 
-    only = shapes
-
-    # Shapes probed twice under different names (e.g. qkv and tp4_gate_up, both 4096 x 6144) add up.
-    sums = defaultdict(lambda: defaultdict(float))
-    for r in doc["rows"]:
-        if only is not None and r["shape"] not in only:
-            continue
-        key = (f"{r['K']}x{r['N']}", r["M"])
-        sums[key]["triton"] += r["triton_ms"]
-        for c, v in r["configs"].items():
-            sums[key][c] += v["ms"] if "ms" in v and v.get("differing") == 0 else math.inf
-    shapes, ratios = defaultdict(list), defaultdict(lambda: defaultdict(list))
-    for (kn, M), t in sums.items():
-        ok = {c: ms for c, ms in t.items() if c != "triton" and ms < math.inf}
-        best = min(ok, key=ok.get) if ok else None
-        shapes[kn].append((M, best if best and ok[best] < t["triton"] else None))
-        for c, ms in ok.items():
-            ratios[M][c].append(ms / t["triton"])
-    n_shapes = len(shapes)
+    entries = _per_shape(doc, shapes)
+    rule_sums = _per_shape(rule_doc or doc, rule_shapes if rule_shapes is not None else shapes)
+    table_entries = {}
+    for kn, per_m in entries.items():
+        picks = []
+        for M, t in per_m.items():
+            ok = {c: ms for c, ms in t.items() if c != "triton" and ms < math.inf}
+            best = min(ok, key=ok.get) if ok else None
+            picks.append((M, best if best and ok[best] < t["triton"] else None))
+        table_entries[kn] = _runs(sorted(picks))
+    ratios = defaultdict(lambda: defaultdict(list))
+    for kn, per_m in rule_sums.items():
+        for M, t in per_m.items():
+            for c, ms in t.items():
+                if c != "triton" and ms < math.inf:
+                    ratios[M][c].append(ms / t["triton"])
+    n_shapes = len(rule_sums)
     default = []
     for M in sorted(ratios):
         # Candidates beat the Triton kernels at every probed shape (the rule serves shapes nobody
@@ -170,11 +170,58 @@ def make_table(doc: dict, source: str, shapes=None, rule: str = "beats_all") -> 
                if len(v) == n_shapes and (rule == "geomean" or max(v) < 1.0)}
         best = min(geo, key=geo.get) if geo else None
         default.append((M, best if best and geo[best] < 1.0 else None))
+    only, rdoc = shapes, rule_doc or doc
+    ronly = rule_shapes if rule_shapes is not None else shapes
     return {"what": "sm_90 GEMM route: [max_m, CUTLASS configuration or null (Triton kernels)] per K x N",
             "written_by": "python -m rlk.kernels.gemm.sm90_probe --table-out", "source": source,
             "shapes": sorted({r["shape"] for r in doc["rows"] if only is None or r["shape"] in only}), "rule": rule,
+            "rule_shapes": sorted({r["shape"] for r in rdoc["rows"] if ronly is None or r["shape"] in ronly}),
+            **({"rule_source": rule_doc.get("source", "rule_doc")} if rule_doc is not None else {}),
             "device": doc["device"], "timing": doc["timing"], "library_sha256": doc["library"].get("sha256"),
-            "entries": {k: _runs(sorted(v)) for k, v in sorted(shapes.items())}, "default": _runs(default)}
+            "entries": dict(sorted(table_entries.items())), "default": _runs(default)}
+
+
+def merge_probes(docs: list[dict]) -> dict:
+    """One probe from several: each shape's rows from the first probe that has that shape (a
+    shape's M grid and timings are never mixed across runs); device, timing and library from the
+    first; ``merged_from`` counts the rows taken from each. Probes of other devices or libraries
+    are refused."""
+    if len(docs) == 1:
+        return docs[0]
+    head = docs[0]
+    for d in docs[1:]:
+        for k in ("device", "timing"):
+            if d.get(k) != head.get(k):
+                raise SystemExit(f"sm90_probe: probes differ in {k}: {head.get(k)!r} vs {d.get(k)!r}")
+        if d.get("library", {}).get("sha256") != head.get("library", {}).get("sha256"):
+            raise SystemExit("sm90_probe: probes of different libraries (sha256) are not merged")
+    rows, seen, taken = [], set(), []
+    for d in docs:
+        mine = [r for r in d["rows"] if r["shape"] not in seen]
+        rows += mine
+        taken.append(len(mine))
+        seen |= {r["shape"] for r in d["rows"]}
+    out = {k: v for k, v in head.items() if k not in ("rows", "table_eval", "leave_one_out")}
+    out.update(rows=rows, merged_from=taken, differing_total=sum(r["differing_total"] for r in rows))
+    return out
+
+
+def _per_shape(doc: dict, shapes) -> dict:
+    """``{K x N: {M: {"triton": ms, config: ms or inf (differs / failed)}}}`` over the rows of
+    ``shapes`` (None: all); shapes probed twice under different names (e.g. qkv and tp4_gate_up,
+    both 4096 x 6144) add up."""
+    import math  # noqa: PLC0415
+    from collections import defaultdict  # noqa: PLC0415
+
+    sums = defaultdict(lambda: defaultdict(lambda: defaultdict(float)))
+    for r in doc["rows"]:
+        if shapes is not None and r["shape"] not in shapes:
+            continue
+        t = sums[f"{r['K']}x{r['N']}"][r["M"]]
+        t["triton"] += r["triton_ms"]
+        for c, v in r["configs"].items():
+            t[c] += v["ms"] if "ms" in v and v.get("differing") == 0 else math.inf
+    return sums
 
 
 def evaluate_table(doc: dict, table: dict, source: str) -> dict:
@@ -271,14 +318,21 @@ def main(argv=None) -> int:
     ap.add_argument("--table-shapes", default="8b", help="the rows the table is built from (others: its default rule)")
     ap.add_argument("--eval-table", action="append", default=[],
                     help="also score the rows under this table (repeatable; the --table-out table always is)")
-    ap.add_argument("--from-json", default=None, help="tables and scores from an earlier probe's JSON (no GPU)")
+    ap.add_argument("--from-json", default=None,
+                    help="tables and scores from earlier probes' JSON (no GPU); several, comma-separated: "
+                         "each shape's rows from the first that has it")
     ap.add_argument("--rule", default="beats_all", choices=RULES, help="the --table-out table's default rule")
+    ap.add_argument("--rule-shapes", default=None,
+                    help="the rows the default rule is built from (default: --table-shapes), e.g. 8b,0.6b_qkv,...")
+    ap.add_argument("--rule-from-json", default=None,
+                    help="build the default rule from this probe's rows instead (e.g. one over more model sizes)")
     ap.add_argument("--leave-one-out", action="store_true",
                     help="also score each rule's default on every --table-shapes K x N left out of its table")
     args = ap.parse_args(argv)
     if args.from_json:
-        doc = json.load(open(args.from_json))
-        source = args.from_json
+        paths = args.from_json.split(",")
+        doc = merge_probes([json.load(open(p)) for p in paths])
+        source = ",".join(paths)
     else:
         if sm90.library() is None:
             print(f"sm90_probe: no library (set {sm90.LIB_ENV} or build it)", file=sys.stderr)
@@ -291,7 +345,11 @@ def main(argv=None) -> int:
         source = args.out
     tables = [(p, json.load(open(p))) for p in args.eval_table]
     if args.table_out:
-        table = make_table(doc, source, set(shape_names(args.table_shapes)), args.rule)
+        rule_doc = None
+        if args.rule_from_json:
+            rule_doc = {**json.load(open(args.rule_from_json)), "source": args.rule_from_json}
+        table = make_table(doc, source, set(shape_names(args.table_shapes)), args.rule,
+                           set(shape_names(args.rule_shapes)) if args.rule_shapes else None, rule_doc)
         with open(args.table_out, "w") as f:
             json.dump(table, f, indent=1)
         tables.append((args.table_out, table))

@@ -152,6 +152,25 @@ def test_leave_one_out_scores_each_shape_under_the_rule_built_without_it():
         sm90_probe.make_table(doc, "src", rule="fastest")
 
 
+def test_merged_probes_take_each_shape_from_the_first_probe_that_has_it():
+    lib = {"sha256": "L"}
+    a = {"device": "d", "timing": "t", "library": lib,
+         "rows": [{**_row("a", 64, 128, M, 1.0, pp64x96=0.5), "differing_total": 0} for M in (16, 32, 48)]}
+    b = {"device": "d", "timing": "t", "library": lib,
+         "rows": [{**_row(n, 64, 128 if n == "a" else 256, 32, 1.0, pp64x96=2.0), "differing_total": 0}
+                  for n in ("a", "b")]}
+    m = sm90_probe.merge_probes([a, b])
+    assert [(r["shape"], r["M"]) for r in m["rows"]] == [("a", 16), ("a", 32), ("a", 48), ("b", 32)]
+    assert m["merged_from"] == [3, 1]
+    # entries from every shape; the default rule from "a" alone takes pp64x96 (it loses at "b")
+    t = sm90_probe.make_table(m, "src", rule_shapes={"a"})
+    assert t["entries"] == {"64x128": [[None, "pp64x96"]], "64x256": [[None, None]]}
+    assert t["default"] == [[None, "pp64x96"]] and t["rule_shapes"] == ["a"]
+    assert sm90_probe.make_table(m, "src")["default"] == [[None, None]]
+    with pytest.raises(SystemExit, match="libraries"):
+        sm90_probe.merge_probes([a, {**b, "library": {"sha256": "other"}}])
+
+
 def test_shape_names_expand_groups_and_refuse_unknown_names():
     names = sm90_probe.shape_names("qkv,other,qkv")
     assert names[0] == "qkv" and names.count("qkv") == 1 and "14b_down" in names and "o" not in names

@@ -145,8 +145,10 @@ def make_table(doc: dict, source: str, shapes=None, rule: str = "beats_all", rul
     import math  # noqa: PLC0415
     from collections import defaultdict  # noqa: PLC0415
 
+    rule_doc = rule_doc or doc
+    rule_shapes = rule_shapes if rule_shapes is not None else shapes
     entries = _per_shape(doc, shapes)
-    rule_sums = _per_shape(rule_doc or doc, rule_shapes if rule_shapes is not None else shapes)
+    rule_sums = _per_shape(rule_doc, rule_shapes)
     table_entries = {}
     for kn, per_m in entries.items():
         picks = []
@@ -170,13 +172,10 @@ def make_table(doc: dict, source: str, shapes=None, rule: str = "beats_all", rul
                if len(v) == n_shapes and (rule == "geomean" or max(v) < 1.0)}
         best = min(geo, key=geo.get) if geo else None
         default.append((M, best if best and geo[best] < 1.0 else None))
-    only, rdoc = shapes, rule_doc or doc
-    ronly = rule_shapes if rule_shapes is not None else shapes
     return {"what": "sm_90 GEMM route: [max_m, CUTLASS configuration or null (Triton kernels)] per K x N",
             "written_by": "python -m rlk.kernels.gemm.sm90_probe --table-out", "source": source,
-            "shapes": sorted({r["shape"] for r in doc["rows"] if only is None or r["shape"] in only}), "rule": rule,
-            "rule_shapes": sorted({r["shape"] for r in rdoc["rows"] if ronly is None or r["shape"] in ronly}),
-            **({"rule_source": rule_doc.get("source", "rule_doc")} if rule_doc is not None else {}),
+            "shapes": _names(doc, shapes), "rule": rule, "rule_shapes": _names(rule_doc, rule_shapes),
+            **({"rule_source": rule_doc.get("source", "rule_doc")} if rule_doc is not doc else {}),
             "device": doc["device"], "timing": doc["timing"], "library_sha256": doc["library"].get("sha256"),
             "entries": dict(sorted(table_entries.items())), "default": _runs(default)}
 
@@ -204,6 +203,10 @@ def merge_probes(docs: list[dict]) -> dict:
     out = {k: v for k, v in head.items() if k not in ("rows", "table_eval", "leave_one_out")}
     out.update(rows=rows, merged_from=taken, differing_total=sum(r["differing_total"] for r in rows))
     return out
+
+
+def _names(doc: dict, shapes) -> list[str]:
+    return sorted({r["shape"] for r in doc["rows"] if shapes is None or r["shape"] in shapes})
 
 
 def _per_shape(doc: dict, shapes) -> dict:

@@ -262,7 +262,11 @@ def buckets(K: int, N: int) -> list:
     """``[[max_m or None, config or None], ...]`` for (K, N): its entry, else the default rule."""
     if not table_path().is_file():
         return []
-    doc = table()
+    return buckets_in(table(), K, N)
+
+
+def buckets_in(doc: dict, K: int, N: int) -> list:
+    """(K, N)'s buckets in the table ``doc``: its entry, else the default rule."""
     return doc.get("entries", {}).get(f"{K}x{N}", doc.get("default", []))
 
 

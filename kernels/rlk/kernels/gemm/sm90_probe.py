@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
+from collections import defaultdict
 
 import torch
 
@@ -129,8 +131,7 @@ def shape_names(spec: str) -> list[str]:
 RULES = ("beats_all", "geomean")
 
 
-def make_table(doc: dict, source: str, shapes=None, rule: str = "beats_all", rule_shapes=None,
-               rule_doc: dict | None = None) -> dict:
+def make_table(doc: dict, source: str, shapes=None, rule: str = "beats_all", rule_shapes=None) -> dict:
     """The ``configs/sm90_cutlass.json`` table from a probe: per (K, N) and measured M, the fastest
     configuration where it beats the Triton kernel (else null: Triton serves), each M's choice
     serving the M range from the previous measured M up to it; the default rule (shapes without
@@ -138,17 +139,12 @@ def make_table(doc: dict, source: str, shapes=None, rule: str = "beats_all", rul
     shape, the one with the best geometric-mean time over the Triton kernel's (none: Triton);
     ``rule="geomean"`` (the earlier rule, kept to compare) drops the "every shape" condition and
     takes the best geometric mean where it is below 1. Entries: the rows of ``shapes`` (None:
-    all); the default rule: the rows of ``rule_shapes`` (None: as ``shapes``) of ``rule_doc``
-    (None: ``doc``; another probe, e.g. one over more model sizes)."""
+    all); the default rule: the rows of ``rule_shapes`` (None: as ``shapes``)."""
     if rule not in RULES:
         raise ValueError(f"make_table: rule {rule!r}: one of {RULES}")
-    import math  # noqa: PLC0415
-    from collections import defaultdict  # noqa: PLC0415
-
-    rule_doc = rule_doc or doc
     rule_shapes = rule_shapes if rule_shapes is not None else shapes
     entries = _per_shape(doc, shapes)
-    rule_sums = _per_shape(rule_doc, rule_shapes)
+    rule_sums = _per_shape(doc, rule_shapes)
     table_entries = {}
     for kn, per_m in entries.items():
         picks = []
@@ -168,14 +164,13 @@ def make_table(doc: dict, source: str, shapes=None, rule: str = "beats_all", rul
     for M in sorted(ratios):
         # Candidates beat the Triton kernels at every probed shape (the rule serves shapes nobody
         # timed: a configuration that loses at one tuned shape may lose at an untuned one too).
-        geo = {c: math.exp(sum(map(math.log, v)) / len(v)) for c, v in ratios[M].items()
+        geo = {c: _geomean(v) for c, v in ratios[M].items()
                if len(v) == n_shapes and (rule == "geomean" or max(v) < 1.0)}
         best = min(geo, key=geo.get) if geo else None
         default.append((M, best if best and geo[best] < 1.0 else None))
     return {"what": "sm_90 GEMM route: [max_m, CUTLASS configuration or null (Triton kernels)] per K x N",
             "written_by": "python -m rlk.kernels.gemm.sm90_probe --table-out", "source": source,
-            "shapes": _names(doc, shapes), "rule": rule, "rule_shapes": _names(rule_doc, rule_shapes),
-            **({"rule_source": rule_doc.get("source", "rule_doc")} if rule_doc is not doc else {}),
+            "shapes": _names(doc, shapes), "rule": rule, "rule_shapes": _names(doc, rule_shapes),
             "device": doc["device"], "timing": doc["timing"], "library_sha256": doc["library"].get("sha256"),
             "entries": dict(sorted(table_entries.items())), "default": _runs(default)}
 
@@ -201,8 +196,13 @@ def merge_probes(docs: list[dict]) -> dict:
         taken.append(len(mine))
         seen |= {r["shape"] for r in d["rows"]}
     out = {k: v for k, v in head.items() if k not in ("rows", "table_eval", "leave_one_out")}
-    out.update(rows=rows, merged_from=taken, differing_total=sum(r["differing_total"] for r in rows))
+    out.update(rows=rows, merged_from=taken, differing_total=sum(r["differing_total"] for r in rows),
+               errors=sorted({e for d in docs for e in d.get("errors", [])}))
     return out
+
+
+def _geomean(v) -> float:
+    return math.exp(sum(map(math.log, v)) / len(v))
 
 
 def _names(doc: dict, shapes) -> list[str]:
@@ -213,9 +213,6 @@ def _per_shape(doc: dict, shapes) -> dict:
     """``{K x N: {M: {"triton": ms, config: ms or inf (differs / failed)}}}`` over the rows of
     ``shapes`` (None: all); shapes probed twice under different names (e.g. qkv and tp4_gate_up,
     both 4096 x 6144) add up."""
-    import math  # noqa: PLC0415
-    from collections import defaultdict  # noqa: PLC0415
-
     sums = defaultdict(lambda: defaultdict(lambda: defaultdict(float)))
     for r in doc["rows"]:
         if shapes is not None and r["shape"] not in shapes:
@@ -233,12 +230,10 @@ def evaluate_table(doc: dict, table: dict, source: str) -> dict:
     kernels (the Triton kernels' own time where the pick is null). A pick whose configuration
     differed from the Triton kernels' bytes, or failed, at that row is listed under ``bad_picks``
     (the route would then change the arithmetic or fail: the table is wrong for that shape)."""
-    entries, default = table.get("entries", {}), table.get("default", [])
     rows, bad = [], []
     for r in doc["rows"]:
-        kn = f"{r['K']}x{r['N']}"
-        rule = "entry" if kn in entries else "default"
-        name = sm90.pick_in(entries.get(kn, default), r["M"])
+        rule = "entry" if f"{r['K']}x{r['N']}" in table.get("entries", {}) else "default"
+        name = sm90.pick_in(sm90.buckets_in(table, r["K"], r["N"]), r["M"])
         if name is None:
             ms = r["triton_ms"]
         else:
@@ -271,28 +266,25 @@ def leave_one_out(doc: dict, shapes, rule: str = "beats_all") -> dict:
     other K x N (``make_table``) scores that one's rows, all of which its default rule serves.
     Returns per held-out K x N and in total: rows, route / Triton geometric mean and maximum, rows
     slower than the Triton kernels, route / cuBLAS geometric mean and maximum."""
-    import math  # noqa: PLC0415
-
     by_kn: dict[str, set] = {}
     for r in doc["rows"]:
         if r["shape"] in shapes:
             by_kn.setdefault(f"{r['K']}x{r['N']}", set()).add(r["shape"])
-    geo = lambda v: round(math.exp(sum(map(math.log, v)) / len(v)), 4)  # noqa: E731
     out, every = {}, []
     for kn, names in sorted(by_kn.items()):
         table = make_table(doc, "leave-one-out", set(shapes) - names, rule)
         rows = [x for x in evaluate_table(doc, table, kn)["rows"] if x["shape"] in names]
         every += rows
-        out[kn] = _loo_summary(rows, geo)
-    return {"rule": rule, "held_out": out, "total": _loo_summary(every, geo)}
+        out[kn] = _loo_summary(rows)
+    return {"rule": rule, "held_out": out, "total": _loo_summary(every)}
 
 
-def _loo_summary(rows: list, geo) -> dict:
+def _loo_summary(rows: list) -> dict:
     if not rows:
         return {"rows": 0}
     t, c = [x["route_vs_triton"] for x in rows], [x["route_vs_cublas"] for x in rows]
-    return {"rows": len(rows), "route_vs_triton_geomean": geo(t), "route_vs_triton_max": max(t),
-            "rows_slower_than_triton": sum(x > 1.0 for x in t), "route_vs_cublas_geomean": geo(c),
+    return {"rows": len(rows), "route_vs_triton_geomean": round(_geomean(t), 4), "route_vs_triton_max": max(t),
+            "rows_slower_than_triton": sum(x > 1.0 for x in t), "route_vs_cublas_geomean": round(_geomean(c), 4),
             "route_vs_cublas_max": max(c)}
 
 
@@ -327,8 +319,6 @@ def main(argv=None) -> int:
     ap.add_argument("--rule", default="beats_all", choices=RULES, help="the --table-out table's default rule")
     ap.add_argument("--rule-shapes", default=None,
                     help="the rows the default rule is built from (default: --table-shapes), e.g. 8b,0.6b_qkv,...")
-    ap.add_argument("--rule-from-json", default=None,
-                    help="build the default rule from this probe's rows instead (e.g. one over more model sizes)")
     ap.add_argument("--leave-one-out", action="store_true",
                     help="also score each rule's default on every --table-shapes K x N left out of its table")
     args = ap.parse_args(argv)
@@ -348,11 +338,8 @@ def main(argv=None) -> int:
         source = args.out
     tables = [(p, json.load(open(p))) for p in args.eval_table]
     if args.table_out:
-        rule_doc = None
-        if args.rule_from_json:
-            rule_doc = {**json.load(open(args.rule_from_json)), "source": args.rule_from_json}
         table = make_table(doc, source, set(shape_names(args.table_shapes)), args.rule,
-                           set(shape_names(args.rule_shapes)) if args.rule_shapes else None, rule_doc)
+                           set(shape_names(args.rule_shapes)) if args.rule_shapes else None)
         with open(args.table_out, "w") as f:
             json.dump(table, f, indent=1)
         tables.append((args.table_out, table))

@@ -136,3 +136,12 @@ def test_native_micro_batches_add_up_to_the_one_batch_step():
         nat.forward_backward(pk, loss, a.seqs, 3)
     with pytest.raises(SystemExit):  # argparse: 3 does not divide --seqs 2
         B.main(["--out", "/nonexistent", "--native-micro-batches", "3"] + ARGS)
+
+
+def test_the_record_is_named_after_the_gpu_it_ran_on(monkeypatch):
+    from rlk.integrations.megatron import actor_bench as B
+
+    assert B._device_tag("cpu") == "cpu"
+    for name, tag in (("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA H200", "h200"), ("NVIDIA A100-SXM4-80GB", "cuda")):
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None, n=name: n)
+        assert B._device_tag("cuda") == tag, name

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # vLLM 0.26.0 on the H200: the three arms of rlk.integrations.vllm.engine_bench, in stages.
 #
-#   STAGES=stage1 bash ci/h200_vllm.sh                      # call 1 (carry .vllm_bundle/part-aa)
-#   STAGES="stage2 prepare arm_rlk ..." bash ci/h200_vllm.sh  # call 2, right after (carry part-ab)
+#   STAGES="stage2 prepare arm_rlk ..." bash ci/h200_vllm.sh  # carry .vllm_bundle/{manifest.json,part-aa}
+# (a bundle of several parts: STAGES=stage1 with part-aa first, then stage2 with the rest in the
+# next call on the same warm machine)
 #
 # Stages, in this order: stage1 stage2 prepare arm_rlk arm_stock arm_batch_invariant (named only:
 # arm_rlk_eager, arm_rlk_mrv2) compare report

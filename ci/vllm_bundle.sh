@@ -1,19 +1,22 @@
 #!/usr/bin/env bash
 # vLLM 0.26.0 for the H200 machine, which has torch/triton but no vLLM and no registry, and
-# accepts at most 64 MiB of files per call: a pinned, hash-checked bundle in two parts.
+# accepts at most 64 MiB of files per call: a pinned, hash-checked bundle (one part of ~41 MiB
+# once pruned; several if PART_MIB is smaller).
 #
 #   bash ci/vllm_bundle.sh build          # CPU machine: download, verify, install, prune, pack
 #   PART_MIB=N bash ci/vllm_bundle.sh split  # re-split the packed bundle into parts of N MiB
-#   bash ci/vllm_bundle.sh stage1         # device, call 1: keep part 1 in $RLK_VLLM_DIR
-#   bash ci/vllm_bundle.sh stage2         # device, call 2 (same machine, right after call 1):
-#                                         #   reassemble, verify sha256, extract, register rlk's plugin
+#   bash ci/vllm_bundle.sh stage1         # device, several parts only: keep part 1 in $RLK_VLLM_DIR
+#   bash ci/vllm_bundle.sh stage2         # device, the call that runs vLLM (after stage1's, same machine,
+#                                         #   if several parts): reassemble, verify sha256, extract,
+#                                         #   register rlk's plugin
 #   eval "$(bash ci/vllm_bundle.sh env)"  # device: PYTHONPATH and the variables vLLM needs there
 #
 # Pins: third_party/vllm_h200/wheels.lock (name, version, sha256, file of every wheel the device
 # lacks: vLLM 0.26.0, its runtime packages, megatron-core 0.19.2). 0.26.0 is the newest vLLM whose
 # CUDA wheel pins the device's torch 2.11.0 (cu130). What a dense model on sm_90 never loads is
 # removed before packing (FA2's sm80 library, the MoE library, the Rust frontend, SM100 sources,
-# deep_gemm builds for other Pythons). The packed tarball is split into parts of $PART_MIB MiB in
+# deep_gemm builds for other Pythons; in every library, the device code an sm_90 GPU never loads,
+# zeroed in place by ci/fatbin_prune.py). The packed tarball is split into parts of $PART_MIB MiB in
 # .vllm_bundle/ (ignored by git); .vllm_bundle/manifest.json records every sha256.
 # Device calls carry .vllm_bundle/manifest.json plus one part each (`carry` of the device tool).
 set -euo pipefail
@@ -22,7 +25,7 @@ LOCK=$ROOT/third_party/vllm_h200/wheels.lock
 BUNDLE=$ROOT/.vllm_bundle
 CACHE=${RLK_VLLM_WHEEL_CACHE:-$ROOT/.cache/vllm_h200}
 DEV=${RLK_VLLM_DIR:-/tmp/rlk_vllm}
-PART_MIB=${PART_MIB:-41}  # two parts of the ~80 MiB tarball; each call also carries the tree
+PART_MIB=${PART_MIB:-41}  # the pruned tarball fits one part: one call carries it with the tree
 log() { echo "vllm_bundle: $*" >&2; }
 
 # The device's interpreter (CPython 3.12, x86-64 glibc); pip picks cp312 / abi3 / pure wheels for it.
@@ -56,6 +59,11 @@ build() {
   rm -rf "$site"/vllm/vllm-rs "$site"/vllm/third_party/fmha_sm100 "$site"/bin
   find "$site"/vllm/third_party/deep_gemm -name '_C.cpython-*.so' ! -name '*cpython-312*' -delete 2>/dev/null || true
   find "$site" -name __pycache__ -type d -prune -exec rm -rf {} +
+  # Device code an sm_90 GPU never loads (other architectures' cubins, PTX where an sm_90 cubin
+  # exists): payloads zeroed in place, layout and kept images byte-identical (ci/fatbin_prune.py).
+  find "$site" -name '*.so' -print0 | xargs -0 python3 "$ROOT/ci/fatbin_prune.py" --keep-arch 90 \
+    > "$CACHE/fatbin_prune.jsonl"
+  python3 -c "import json,sys; r=[json.loads(l) for l in open(sys.argv[1])]; print('vllm_bundle: fatbin_prune zeroed', sum(x.get('zeroed_bytes',0) for x in r), 'bytes in', sum(1 for x in r if x.get('zeroed')), 'libraries', file=sys.stderr)" "$CACHE/fatbin_prune.jsonl"
   log "4/4 pack (tar | xz -9, deterministic order and times) ... ($((SECONDS - t0)) s)"
   rm -f "$BUNDLE"/part-* "$BUNDLE"/bundle.tar.xz
   tar -C "$site" --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner -cf - . \
@@ -86,6 +94,12 @@ rec["bundle_bytes"] = sum(p["bytes"] for p in rec["parts"])
 rec["wheels_lock_sha256"] = hashlib.sha256(open(lock, "rb").read()).hexdigest()
 rec["extracted_bytes"] = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(site) for f in fs)
 rec["vllm"] = "0.26.0"
+pruned = os.path.join(os.path.dirname(site), "fatbin_prune.jsonl")
+if os.path.exists(pruned):
+    rows = [json.loads(l) for l in open(pruned)]
+    rec["fatbin_prune"] = {"keep_arch": 90, "libraries": sum(1 for r in rows if r.get("zeroed")),
+                           "zeroed_entries": sum(r.get("zeroed", 0) for r in rows),
+                           "zeroed_bytes": sum(r.get("zeroed_bytes", 0) for r in rows)}
 json.dump(rec, open(os.path.join(b, "manifest.json"), "w"), indent=1)
 print(json.dumps({k: v for k, v in rec.items() if k != "parts"}), [(p["name"], p["bytes"]) for p in rec["parts"]])
 EOF

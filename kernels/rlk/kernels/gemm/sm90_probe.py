@@ -21,6 +21,7 @@ none) over cuBLAS and over the Triton kernels, per row and per rule.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import sys
@@ -175,6 +176,23 @@ def make_table(doc: dict, source: str, shapes=None, rule: str = "beats_all", rul
             "entries": dict(sorted(table_entries.items())), "default": _runs(default)}
 
 
+def overlay_entries(table: dict, other: dict, source: str, sha256: str, kns=None) -> dict:
+    """``table`` with ``other``'s entry in place of its own for each K x N of ``kns`` (None: every
+    K x N ``other`` has an entry for); the default rule and the other entries stay. For picks an
+    engine run preferred to the probe's (a GEMM probe times one projection in isolation; the
+    engine measures the decode step): which entries came from where is recorded under
+    ``entries_from``."""
+    have = other.get("entries", {})
+    kns = sorted(have if kns is None else set(kns))
+    missing = [kn for kn in kns if kn not in have]
+    if not kns or missing:
+        raise SystemExit(f"sm90_probe: --entries-from {source}: no entry for {missing or 'any K x N'}")
+    out = dict(table)
+    out["entries"] = dict(sorted({**table["entries"], **{kn: have[kn] for kn in kns}}.items()))
+    out["entries_from"] = {"table": source, "sha256": sha256, "kn": kns}
+    return out
+
+
 def merge_probes(docs: list[dict]) -> dict:
     """One probe from several: each shape's rows from the first probe that has that shape (a
     shape's M grid and timings are never mixed across runs); device, timing and library from the
@@ -319,6 +337,10 @@ def main(argv=None) -> int:
     ap.add_argument("--rule", default="beats_all", choices=RULES, help="the --table-out table's default rule")
     ap.add_argument("--rule-shapes", default=None,
                     help="the rows the default rule is built from (default: --table-shapes), e.g. 8b,0.6b_qkv,...")
+    ap.add_argument("--entries-from", default=None,
+                    help="a table whose entries replace the --table-out table's (recorded in the table)")
+    ap.add_argument("--entries-shapes", default=None,
+                    help="with --entries-from: only these shapes' K x N (default: every entry it has)")
     ap.add_argument("--leave-one-out", action="store_true",
                     help="also score each rule's default on every --table-shapes K x N left out of its table")
     args = ap.parse_args(argv)
@@ -340,6 +362,11 @@ def main(argv=None) -> int:
     if args.table_out:
         table = make_table(doc, source, set(shape_names(args.table_shapes)), args.rule,
                            set(shape_names(args.rule_shapes)) if args.rule_shapes else None)
+        if args.entries_from:
+            raw = open(args.entries_from, "rb").read()
+            kns = ({f"{SHAPES[n][0]}x{SHAPES[n][1]}" for n in shape_names(args.entries_shapes)}
+                   if args.entries_shapes else None)
+            table = overlay_entries(table, json.loads(raw), args.entries_from, hashlib.sha256(raw).hexdigest(), kns)
         with open(args.table_out, "w") as f:
             json.dump(table, f, indent=1)
         tables.append((args.table_out, table))

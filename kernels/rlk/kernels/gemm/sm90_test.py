@@ -171,6 +171,24 @@ def test_merged_probes_take_each_shape_from_the_first_probe_that_has_it():
         sm90_probe.merge_probes([a, {**b, "library": {"sha256": "other"}}])
 
 
+def test_entries_from_another_table_replace_only_the_k_x_n_it_has(tmp_path):
+    table = {"entries": {"64x128": [[None, "pp64x96"]], "64x256": [[None, None]]}, "default": [[32, "pp64x128"]]}
+    other = {"entries": {"64x128": [[16, None], [None, "co128x96"]], "8x8": [[None, None]]},
+             "default": [[None, "co128x256"]]}
+    out = sm90_probe.overlay_entries(table, other, "before.json", "abc")
+    assert out["entries"] == {"64x128": [[16, None], [None, "co128x96"]], "64x256": [[None, None]], "8x8": [[None, None]]}
+    assert out["default"] == table["default"]  # the rule stays the probe's
+    assert out["entries_from"] == {"table": "before.json", "sha256": "abc", "kn": ["64x128", "8x8"]}
+    assert table["entries"]["64x128"] == [[None, "pp64x96"]]  # the input is not changed
+    only = sm90_probe.overlay_entries(table, other, "before.json", "abc", kns={"64x128"})
+    assert only["entries"] == {"64x128": [[16, None], [None, "co128x96"]], "64x256": [[None, None]]}
+    assert only["entries_from"]["kn"] == ["64x128"]
+    with pytest.raises(SystemExit, match="no entry"):
+        sm90_probe.overlay_entries(table, {"default": []}, "empty.json", "0")
+    with pytest.raises(SystemExit, match="64x256"):
+        sm90_probe.overlay_entries(table, other, "before.json", "abc", kns={"64x256"})
+
+
 def test_shape_names_expand_groups_and_refuse_unknown_names():
     names = sm90_probe.shape_names("qkv,other,qkv")
     assert names[0] == "qkv" and names.count("qkv") == 1 and "14b_down" in names and "o" not in names

@@ -19,6 +19,8 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
+
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
 #include "cutlass/epilogue/collective/collective_builder.hpp"
@@ -91,7 +93,11 @@ enum : int {
   kLaunch = 6,          // the launch failed (cudaGetLastError after it)
 };
 
-static int g_sm_count = 0;
+// SM count per device ordinal, queried once per device (a process may drive several GPUs, from
+// several threads). It sets the persistent grid's size only: every tile's K walk and arithmetic
+// are the same whatever the count.
+constexpr int kMaxDevices = 64;
+static std::atomic<int> g_sm_count[kMaxDevices];
 
 }  // namespace RLK_SYMBOL_ns
 
@@ -105,10 +111,16 @@ extern "C" int RLK_SYMBOL(const void* x, const void* w, void* y, int M, int N, i
       ldy % kAlign || ldx < K || ldw < K || ldy < N) {
     return kBadAlignment;
   }
-  if (g_sm_count == 0) {
-    int dev = 0;
-    cudaGetDevice(&dev);
-    g_sm_count = cutlass::KernelHardwareInfo::query_device_multiprocessor_count(dev);
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    cudaGetLastError();
+    return kLaunch;
+  }
+  const bool cached = dev >= 0 && dev < kMaxDevices;
+  int sm_count = cached ? g_sm_count[dev].load(std::memory_order_relaxed) : 0;
+  if (sm_count == 0) {
+    sm_count = cutlass::KernelHardwareInfo::query_device_multiprocessor_count(dev);
+    if (cached) g_sm_count[dev].store(sm_count, std::memory_order_relaxed);
   }
   using StrideA = typename Gemm::GemmKernel::StrideA;
   using StrideB = typename Gemm::GemmKernel::StrideB;
@@ -119,7 +131,7 @@ extern "C" int RLK_SYMBOL(const void* x, const void* w, void* y, int M, int N, i
   StrideD stride_d = make_stride(static_cast<int64_t>(ldy), _1{}, int64_t(0));
 
   cutlass::KernelHardwareInfo hw_info;
-  hw_info.sm_count = g_sm_count;
+  hw_info.sm_count = sm_count;
   typename Gemm::Arguments args{
       cutlass::gemm::GemmUniversalMode::kGemm,
       {M, N, K, 1},

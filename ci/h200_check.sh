@@ -49,6 +49,9 @@ stage gemm_bench ${GEMM_BENCH_LIMIT:-300} python3 -m rlk.kernels.gemm.gemm_bench
 # `python -m rlk.kernels.gemm.sm90 build`): every configuration's bytes against the Triton kernels and
 # its time against cuBLAS; SM90_ARGS="--table-out $R/sm90_cutlass.json" also writes a route table.
 stage sm90_probe ${SM90_LIMIT:-240} python3 -m rlk.kernels.gemm.sm90_probe --out "$R/sm90_probe.json" ${SM90_ARGS:-}
+# Only when named: route tables A/B on a decode step's GEMMs (36 layers x qkv, o, gate_up, down in one
+# CUDA graph per arm and M), e.g. SM90_STEP_ARGS="--tables A.json,B.json".
+stage sm90_step ${SM90_STEP_LIMIT:-180} python3 -m rlk.kernels.gemm.sm90_step --out "$R/sm90_step.json" ${SM90_STEP_ARGS:-}
 stage gemm_bwd_bench ${GEMM_BWD_LIMIT:-240} python3 -m rlk.kernels.gemm.gemm_bench --backward --out "$R/gemm_bwd_h200.json"
 # Only when named (not in the default STAGES): the opt-in contract gemm.bf16.v2 against v1 and
 # cuBLAS on the same tensors (M 1-512, CUDA graphs), its GPU invariance tests, and v2's own

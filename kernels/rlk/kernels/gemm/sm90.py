@@ -87,6 +87,13 @@ def library_path() -> Path:
     return Path(os.environ.get(LIB_ENV) or DEFAULT_OUT / LIB_NAME)
 
 
+def library_manifest() -> dict:
+    """The ``manifest.json`` beside the library :func:`library` loads (configurations, sha256), or
+    ``{"missing": path}``."""
+    m = library_path().with_name("manifest.json")
+    return json.loads(m.read_text()) if m.is_file() else {"missing": str(m)}
+
+
 def table_path() -> Path:
     """The route table: ``$RLK_GEMM_SM90_TABLE``, else the checked-in ``configs/sm90_cutlass.json``."""
     return Path(os.environ.get(TABLE_ENV) or TABLE)

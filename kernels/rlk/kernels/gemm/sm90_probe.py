@@ -92,7 +92,7 @@ def probe(shapes, m_list, configs, out_path: str) -> dict:
                   f"differing {row['differing_total']}", flush=True)
         del ring, w
     doc = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "triton": __import__("triton").__version__, "library": _manifest(), "timing":
+           "triton": __import__("triton").__version__, "library": sm90.library_manifest(), "timing":
            "CUDA graph replay of back-to-back calls, cold weights (ring of copies >= 4x L2), median of 3",
            "baseline": "cuBLAS via torch.nn.functional.linear, same process, same inputs",
            "rows": rows, "seconds": time.perf_counter() - t0}
@@ -314,11 +314,6 @@ def _print_eval(ev: dict) -> None:
               f"({s['rows_over_cublas']} rows > 1)", flush=True)
     for b in ev["bad_picks"][:20]:
         print(f"  bad pick: {b}", flush=True)
-
-
-def _manifest() -> dict:
-    m = sm90.library_path().with_name("manifest.json")
-    return json.loads(m.read_text()) if m.is_file() else {"missing": str(m)}
 
 
 def main(argv=None) -> int:

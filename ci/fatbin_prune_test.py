@@ -9,13 +9,14 @@ import pytest
 import fatbin_prune as fp
 
 
-def _entry(kind: int, arch: int, payload: bytes, zstd_of: int = 0) -> bytes:
-    """An entry; ``zstd_of`` > 0 marks the payload as a zstd frame of that many bytes."""
-    flags = fp.FLAG_ZSTD if zstd_of else 0
-    head = struct.pack("<HHIQIIHHIIIQQQ", kind, 0x101, 64, len(payload), len(payload), 0, 0, 0, arch, 0, 0,
+def _entry(kind: int, arch: int, payload: bytes, zstd_of: int = 0, header: int = 80, flags: int = 0) -> bytes:
+    """An entry with a ``header``-byte header (real libraries have 64, 80 and 112; the bytes past
+    64 are filled, as a name would); ``zstd_of`` > 0 marks the payload as a zstd frame of that
+    many bytes."""
+    flags |= fp.FLAG_ZSTD if zstd_of else 0
+    head = struct.pack("<HHIQIIHHIIIQQQ", kind, 0x101, header, len(payload), len(payload), 0, 0, 0, arch, 0, 0,
                        flags, 0, zstd_of)
-    assert len(head) == 64
-    return head + payload
+    return head + b"\xee" * (header - 64) + payload
 
 
 def _container(*entries: bytes) -> bytes:
@@ -53,7 +54,8 @@ def _library() -> bytearray:
     # Module B has none: its compute_80 PTX is what an sm_90 GPU would JIT, so it stays.
     a = _container(_entry(2, 80, P["elf80"], zstd_of=300_000), _entry(2, 90, P["elf90"], zstd_of=100),
                    _entry(1, 80, P["ptx80"]), _entry(1, 100, P["ptx100"]))
-    b = _container(_entry(2, 75, P["elf75"]), _entry(1, 80, P["ptx80_only"]), _entry(2, 120, P["elf120"]))
+    b = _container(_entry(2, 75, P["elf75"], header=64), _entry(1, 80, P["ptx80_only"], header=112),
+                   _entry(2, 120, P["elf120"]))
     return _elf(a + bytes(8) + b)
 
 
@@ -74,7 +76,8 @@ def test_only_what_sm90_never_loads_is_zeroed_and_nothing_moves():
     zeroed = [e for e in ents if data[e["payload"]:e["payload"] + e["bytes"]] != orig[e["payload"]:e["payload"] + e["bytes"]]]
     assert len(zeroed) == 5
     diff = [i for i in range(len(orig)) if orig[i] != data[i]]
-    assert diff and all(any(e["header"] <= i < e["payload"] + e["bytes"] for e in zeroed) for i in diff)
+    assert diff and all(any(e["payload"] <= i < e["payload"] + e["bytes"] or e["header"] + 16 <= i < e["header"] + 20
+                            for e in zeroed) for i in diff)
     # The zstd entry now holds a frame of as many zeros as it held before; its compressed size says so.
     e80 = next(e for e in ents if e["arch"] == 80 and e["kind"] == 2)
     frame = fp.zstd_zeros(300_000)
@@ -85,10 +88,36 @@ def test_only_what_sm90_never_loads_is_zeroed_and_nothing_moves():
 
 
 @pytest.mark.skipif(shutil.which("zstd") is None, reason="needs the zstd command")
-@pytest.mark.parametrize("n", [0, 1, 5576, 128 << 10, (128 << 10) + 1, 3_000_000])
+@pytest.mark.parametrize("n", [0, 1, 5576, 128 << 10, (128 << 10) + 1, 3_000_000, 200 << 20])
 def test_the_zero_frame_decompresses_to_as_many_zeros(n):
     out = subprocess.run(["zstd", "-d", "-c"], input=fp.zstd_zeros(n), capture_output=True, check=True).stdout
     assert out == bytes(n)
+
+
+def test_ptx_is_kept_where_no_cubin_runs_and_another_gpu_keeps_its_own_major():
+    lib = _elf(_container(_entry(2, 80, P["elf80"]), _entry(1, 90, P["ptx80"])) + _container(_entry(1, 86, P["ptx100"])))
+    rec = fp.prune(bytearray(lib), 90)
+    assert rec["kept_archs"] == [(1, 86), (1, 90)]  # no sm_90 cubin beside them: PTX <= 9.0 is what it would JIT
+    data = bytearray(lib)
+    rec = fp.prune(data, 86)  # an sm_86 GPU runs the sm_80 cubin: its module's PTX goes, the other's stays
+    assert rec["kept_archs"] == [(1, 86), (2, 80)] and P["elf80"] in data and P["ptx80"] not in data
+
+
+@pytest.mark.parametrize("case", ["lz4", "frame_too_big"])
+def test_an_entry_that_cannot_be_zeroed_truthfully_is_refused_before_any_change(case):
+    bad = (_entry(2, 80, P["elf80"], flags=fp.FLAG_LZ4) if case == "lz4"
+           else _entry(2, 80, bytes(16), zstd_of=1 << 40))  # the frame of 2^40 zeros needs ~33 MB
+    lib = _elf(_container(_entry(2, 90, P["elf90"]), _entry(2, 75, P["elf75"], zstd_of=500), bad))
+    data = bytearray(lib)
+    with pytest.raises(fp.FatbinError, match="LZ4" if case == "lz4" else "does not fit"):
+        fp.prune(data, 90)
+    assert data == lib
+
+
+def test_a_container_that_would_never_end_is_refused():
+    stuck = struct.pack("<IHHQ", fp.MAGIC, 1, 0, 0)  # header size 0: the walk would not advance
+    with pytest.raises(fp.FatbinError, match="outside its section"):
+        fp.prune(_elf(stuck + bytes(8)), 90)
 
 
 def test_a_library_without_device_code_is_left_alone():
@@ -113,10 +142,14 @@ def test_a_fatbin_that_does_not_parse_is_refused_and_the_file_kept(tmp_path, dam
 
 
 def test_the_command_prunes_in_place_and_reports(tmp_path, capsys):
-    f = tmp_path / "lib.so"
+    f, script = tmp_path / "lib.so", tmp_path / "ld.so"
     f.write_bytes(bytes(_library()))
-    assert fp.main(["--keep-arch", "90", str(f)]) == 0
-    rec = json.loads(capsys.readouterr().out)
+    f.chmod(0o755)
+    script.write_text("/* GNU ld script */\nGROUP ( libc.so.6 )\n")  # a *.so that is not ELF: skipped
+    assert fp.main(["--keep-arch", "90", str(script), str(f)]) == 0
+    skipped, rec = (json.loads(line) for line in capsys.readouterr().out.splitlines())
+    assert skipped == {"file": str(script), "skipped": "not an ELF file"}
+    assert f.stat().st_mode & 0o777 == 0o755 and not list(tmp_path.glob("*.tmp"))
     assert rec["zeroed"] == 5 and P["elf90"] in f.read_bytes() and P["elf80"] not in f.read_bytes()
     # Idempotent: a second run zeroes the same entries again and changes no byte.
     once = f.read_bytes()

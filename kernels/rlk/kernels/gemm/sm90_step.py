@@ -11,8 +11,10 @@ activations between the GEMMs: what it isolates is the route's picks in sequence
 
 Arms: ``cublas`` (``torch.nn.functional.linear``, the native route), ``triton`` (the route off),
 and one per route table (``RLK_GEMM_SM90=require`` with ``RLK_GEMM_SM90_TABLE`` set while the arm
-is captured). Every arm's last-layer outputs must equal the Triton kernels' bytes (cuBLAS's are
-not expected to; its max difference is recorded).
+is captured). Each row records what the route picks per shape under each arm's environment
+(``routes``: a configuration name, or null for the Triton kernels), and every arm's last-layer
+outputs must equal the Triton kernels' bytes (earlier layers' outputs are overwritten in the graph
+and not compared; cuBLAS's bytes are not expected to match: its max difference is recorded).
 
     python -m rlk.kernels.gemm.sm90_step --tables A.json,B.json --out step.json \
         [--m 1,8,16,...] [--layers 36] [--shapes qkv,o,gate_up,down] [--rounds 5]
@@ -32,6 +34,7 @@ import torch
 
 from rlk import determinism
 from rlk.kernels.gemm import sm90
+from rlk.kernels.gemm.contract import split_rule
 from rlk.kernels.gemm.launch import gemm
 from rlk.testing.shapes import QWEN3_8B_GEMMS
 
@@ -80,17 +83,17 @@ def totals(rows: list[dict], arms: list[str]) -> dict:
     return out
 
 
-def _capture(fn, env: dict):
+def _capture(fn, env: dict, side=None):
     """A CUDA graph of ``fn`` captured with ``env`` exported (the route reads its mode and table
-    while the graph is captured; warmed up once on a side stream); on the CPU, ``fn`` run with
-    ``env`` exported on every call."""
+    while the graph is captured; warmed up once on the ``side`` stream); on the CPU, ``fn`` run
+    with ``env`` exported on every call."""
     if not torch.cuda.is_available():
         def run():
             with determinism.scoped(env):
                 fn()
         return run
     with determinism.scoped(env):
-        s = torch.cuda.Stream()
+        s = side or torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(s):
             fn()
@@ -122,10 +125,11 @@ def step(m_list, arms, layers: int, shapes=STEP_SHAPES, rounds: int = 5, seed: i
     gen = torch.Generator(device=dev).manual_seed(seed)
     weights = [{n: (torch.randn(dims[n][::-1], generator=gen, device=dev) * dims[n][0] ** -0.5).to(torch.bfloat16)
                 for n in shapes} for _ in range(layers)]
+    side = torch.cuda.Stream() if torch.cuda.is_available() else None  # one warm-up stream for every capture
     rows, t0 = [], time.perf_counter()
     for M in m_list:
         xs = {n: torch.randn((M, dims[n][0]), generator=gen, device=dev).to(torch.bfloat16) for n in shapes}
-        outs, runs = {}, {}
+        outs, runs, routes = {}, {}, {}
         for arm, table in arms:
             ys = {}
 
@@ -134,14 +138,18 @@ def step(m_list, arms, layers: int, shapes=STEP_SHAPES, rounds: int = 5, seed: i
                     for n in shapes:
                         ys[n] = (torch.nn.functional.linear(xs[n], lw[n]) if arm == "cublas" else gemm(xs[n], lw[n]))
 
-            runs[arm] = _capture(fn, arm_env(arm, table))
+            runs[arm] = _capture(fn, arm_env(arm, table), side)
             runs[arm]()
+            if arm != "cublas":
+                with determinism.scoped(arm_env(arm, table)):
+                    routes[arm] = {n: sm90.route(xs[n], weights[0][n], M, *dims[n], split_rule(*dims[n]))
+                                   for n in shapes}
             outs[arm] = {n: ys[n].clone() for n in shapes}
         ms = {a: [] for a, _ in arms}
         for _ in range(rounds):
             for a, _ in arms:
                 ms[a].append(_time_ms(runs[a]))
-        row = {"M": M, "arms": summarize(ms), "differing": {}, "cublas_max_abs_diff": 0.0}
+        row = {"M": M, "arms": summarize(ms), "routes": routes, "differing": {}, "cublas_max_abs_diff": 0.0}
         for a, _ in arms:
             if a == "cublas":
                 row["cublas_max_abs_diff"] = max(float((outs[a][n].float() - outs["triton"][n].float()).abs().max())
@@ -177,9 +185,11 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     shapes = tuple(a.shapes.split(","))
     unknown = [n for n in shapes if n not in QWEN3_8B_GEMMS]
-    if unknown or a.layers < 1 or a.rounds < 1:
-        raise SystemExit(f"sm90_step: unknown shapes {unknown} (of {sorted(QWEN3_8B_GEMMS)}), or layers/rounds < 1")
-    doc = step([int(m) for m in a.m.split(",")], parse_arms(a.tables), a.layers, shapes, a.rounds)
+    m_list = [int(m) for m in a.m.split(",")]
+    if unknown or a.layers < 1 or a.rounds < 1 or min(m_list) < 1:
+        raise SystemExit(f"sm90_step: unknown shapes {unknown} (of {sorted(QWEN3_8B_GEMMS)}), or M, layers or "
+                         "rounds < 1")
+    doc = step(m_list, parse_arms(a.tables), a.layers, shapes, a.rounds)
     with open(a.out, "w") as f:
         json.dump(doc, f, indent=1)
     for arm, t in doc["totals"].items():

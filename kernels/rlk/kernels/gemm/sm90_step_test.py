@@ -54,14 +54,17 @@ def test_step_times_every_arm_and_counts_bytes_that_differ_from_the_triton_kerne
     for r in doc["rows"]:
         assert set(r["arms"]) == {a for a, _ in arms} and all(len(v["rounds_ms"]) == 2 for v in r["arms"].values())
         assert r["differing"] == {"triton": 0, "table:same": 0, "table:off_by_one": 2}  # one per shape
+        assert r["routes"]["triton"] == {"a": None, "b": None}  # the route's picks are recorded per arm
         assert r["cublas_max_abs_diff"] < 0.1
     assert doc["differing_total"] == 4 and set(doc["totals"]) == {a for a, _ in arms}
     json.dumps(doc)
 
 
-def test_the_command_refuses_unknown_shapes(tmp_path):
+def test_the_command_refuses_unknown_shapes_and_empty_batches(tmp_path):
     with pytest.raises(SystemExit, match="unknown shapes"):
         sm90_step.main(["--out", str(tmp_path / "o.json"), "--shapes", "qkv,lm_head"])
+    with pytest.raises(SystemExit, match="M, layers"):
+        sm90_step.main(["--out", str(tmp_path / "o.json"), "--m", "0,8"])
 
 
 @pytest.mark.gpu
@@ -71,3 +74,6 @@ def test_the_checked_in_table_gives_the_triton_kernels_bytes_in_a_captured_step(
     arms = [("cublas", None), ("triton", None), ("table:checked_in", str(sm90.TABLE))]
     doc = sm90_step.step([1, 77, 200, 256], arms, layers=2, rounds=1)
     assert doc["differing_total"] == 0 and all("table:checked_in" in r["differing"] for r in doc["rows"])
+    # the table arm did route to CUTLASS (qkv at M 77-256 has entries), the Triton arm never did
+    assert any(r["routes"]["table:checked_in"]["qkv"] for r in doc["rows"])
+    assert not any(v for r in doc["rows"] for v in r["routes"]["triton"].values())

@@ -62,8 +62,7 @@ build() {
   # Device code an sm_90 GPU never loads (other architectures' cubins, PTX where an sm_90 cubin
   # exists): payloads zeroed in place, layout and kept images byte-identical (ci/fatbin_prune.py).
   find "$site" -name '*.so' -print0 | xargs -0 python3 "$ROOT/ci/fatbin_prune.py" --keep-arch 90 \
-    > "$CACHE/fatbin_prune.jsonl"
-  python3 -c "import json,sys; r=[json.loads(l) for l in open(sys.argv[1])]; print('vllm_bundle: fatbin_prune zeroed', sum(x.get('zeroed_bytes',0) for x in r), 'bytes in', sum(1 for x in r if x.get('zeroed')), 'libraries', file=sys.stderr)" "$CACHE/fatbin_prune.jsonl"
+    > "$CACHE/fatbin_prune.jsonl"  # summed into manifest.json's fatbin_prune by split_parts
   log "4/4 pack (tar | xz -9, deterministic order and times) ... ($((SECONDS - t0)) s)"
   rm -f "$BUNDLE"/part-* "$BUNDLE"/bundle.tar.xz
   tar -C "$site" --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner -cf - . \

@@ -201,6 +201,13 @@ def library():
     return _LIB[0]
 
 
+def usable_here() -> bool:
+    """An sm_90 GPU and a library that loads: where the route's configurations can run (the GPU tests' condition)."""
+    import torch  # noqa: PLC0415
+
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0) and library() is not None
+
+
 def available(name: str) -> bool:
     lib = library()
     return lib is not None and hasattr(lib, symbol(name))

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import sys
 import time
@@ -79,7 +78,7 @@ def totals(rows: list[dict], arms: list[str]) -> dict:
     for a in arms:
         s = sum(r["arms"][a]["ms"] for r in rows)
         out[a] = {"sum_ms": s, "sum_vs_cublas": s / sum(r["arms"]["cublas"]["ms"] for r in rows),
-                  "geomean_vs_cublas": math.exp(statistics.fmean(math.log(r["arms"][a]["vs_cublas"]) for r in rows))}
+                  "geomean_vs_cublas": statistics.geometric_mean(r["arms"][a]["vs_cublas"] for r in rows)}
     return out
 
 

@@ -68,8 +68,7 @@ def test_the_command_refuses_unknown_shapes_and_empty_batches(tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
-                         and sm90.library() is not None), reason="needs an sm_90 GPU and the built library")
+@pytest.mark.skipif(not sm90.usable_here(), reason="needs an sm_90 GPU and the built library")
 def test_the_checked_in_table_gives_the_triton_kernels_bytes_in_a_captured_step():
     arms = [("cublas", None), ("triton", None), ("table:checked_in", str(sm90.TABLE))]
     doc = sm90_step.step([1, 77, 200, 256], arms, layers=2, rounds=1)

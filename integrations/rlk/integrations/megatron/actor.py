@@ -43,6 +43,7 @@ keeps no fp32 main parameter on the device, requires it).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable, Optional, Union
 
 import torch
@@ -266,8 +267,14 @@ class RLTrainer:
             raise UnsupportedConfigError(f"device {lc.device!r} without CUDA")
         self.cfg = cfg
         self.clip_eps = lc.clip_eps
-        self.actor_ = MegatronActor(cfg, fused_to_hf(cfg, fused), lr=lc.lr, betas=tuple(lc.betas), eps=1e-8)
+        self.actor_ = MegatronActor(cfg, fused_to_hf(cfg, fused), lr=lc.lr, betas=tuple(lc.betas), eps=1e-8,
+                                    device=lc.device)
         self.generation = 0
+
+    @property
+    def device(self) -> torch.device:
+        """Where megatron holds the parameters (the batch goes there)."""
+        return next(self.actor_.model.parameters()).device
 
     @property
     def w(self) -> dict[str, torch.Tensor]:
@@ -284,7 +291,11 @@ class RLTrainer:
         from rlk.replay import trainer
         from rlk.rl.loop import actor_batch
 
-        pk, fn = actor_batch(self.cfg.vocab_size, prompts, responses, old_logp, adv, self.clip_eps)
+        dev = self.device
+        pk, fn = actor_batch(self.cfg.vocab_size, prompts, responses, old_logp, adv, self.clip_eps, dev)
+        # The packed rows on the parameters' device; host_cu keeps the boundaries on the host.
+        pk = dataclasses.replace(pk, ids=pk.ids.to(dev), cu_seqlens=pk.cu_seqlens.to(dev),
+                                 targets=pk.targets.to(dev), loss_mask=pk.loss_mask.to(dev))
         with host_validated():
             (lp,) = self.actor_.forward_backward([(pk, fn)])
         with torch.no_grad():

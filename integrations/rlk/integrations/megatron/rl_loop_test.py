@@ -52,3 +52,31 @@ def test_trainer_and_factory_must_agree(trainer_cls):
         loop.run_arm(loop.LoopConfig(route="strict", steps=1, **SMALL))
     with pytest.raises(UnsupportedConfigError, match="strict route only"):
         loop.run_arm(loop.LoopConfig(route="native", steps=1, **SMALL), make_trainer=trainer_cls)
+
+
+def test_actor_batch_goes_to_the_parameters_device(trainer_cls, monkeypatch):
+    """megatron's forward gets the packed rows on the device of the parameters (on a GPU the loop
+    builds them on the host): a stand-in device ("meta") shows where they went."""
+    import torch
+
+    from rlk.models.qwen3.layouts import hf_to_fused
+
+    lc = loop.LoopConfig(route="strict", steps=1, **SMALL)
+    cfg, hf = lc.weights()
+    t = trainer_cls(cfg, hf_to_fused(cfg, hf), "strict", lc)
+    monkeypatch.setattr(trainer_cls, "device", property(lambda self: torch.device("meta")))
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def capture(batches):
+        seen["pk"] = batches[0][0]
+        raise Stop
+
+    monkeypatch.setattr(t.actor_, "forward_backward", capture)
+    with pytest.raises(Stop):
+        t.actor([[1, 2, 3]], [[4, 5]], [torch.zeros(2)], torch.ones(1))
+    pk = seen["pk"]
+    assert {x.device.type for x in (pk.ids, pk.cu_seqlens, pk.targets, pk.loss_mask)} == {"meta"}
+    assert pk.host_cu == [0, 5]

@@ -6,7 +6,7 @@
 # next call on the same warm machine)
 #
 # Stages, in this order: stage1 stage2 prepare arm_rlk arm_stock arm_batch_invariant (named only:
-# arm_rlk_eager, arm_rlk_mrv2) compare report
+# arm_rlk_eager, arm_rlk_mrv1) compare report
 # baselines (rlk's kernels vs vLLM's own, rlk.integrations.vllm.kernel_baselines_bench)
 # prod_pairs prod_report (rlk.integrations.production.bench: paired P/P vs R/R, vLLM rollout +
 # megatron-core trainer, results under $R/production; complete pairs are skipped, so the pairs
@@ -54,12 +54,12 @@ for arm in rlk stock batch_invariant; do
   stage "arm_$arm" "$limit" $BENCH arm --arm "$arm" --dir "$CKPT" --out "$R/arm_$arm.json" \
     --workloads "$WORKLOADS" ${PROFILE:+--profile ${PROFILE_ARGS:-}}
 done
-# Diagnostics, only when named: the rlk arm without CUDA graphs; the rlk arm on vLLM's Model
-# Runner V2 (stock's runner; the strict path is validated on V1: `compare` then checks its bits).
+# Diagnostics, only when named: the rlk arm without CUDA graphs; the rlk arm on vLLM's V1 model
+# runner (the default on a GPU is Model Runner V2, stock's runner; `compare` checks its bits too).
 stage arm_rlk_eager "${ARM_LIMIT:-420}" $BENCH arm --arm rlk --eager --dir "$CKPT" --out "$R/arm_rlk_eager.json" \
   --workloads "$WORKLOADS"
-stage arm_rlk_mrv2 "${ARM_LIMIT:-420}" $BENCH arm --arm rlk --model-runner v2 --dir "$CKPT" \
-  --out "$R/arm_rlk_mrv2.json" --workloads "$WORKLOADS"
+stage arm_rlk_mrv1 "${ARM_LIMIT:-420}" $BENCH arm --arm rlk --model-runner v1 --dir "$CKPT" \
+  --out "$R/arm_rlk_mrv1.json" --workloads "$WORKLOADS"
 stage compare 420 $BENCH compare --dir "$CKPT" --arms $(ls "$R"/arm_*.json 2>/dev/null) --out "$R/compare.json" \
   ${COMPARE_ARGS:-}
 stage report 60 $BENCH report --results "$R" --out "$R/vllm_h200.json"

@@ -543,7 +543,8 @@ def _memory() -> dict:
 
 
 def plot_title(lc: LoopConfig, engine: str | None = None) -> str:
-    return (f"rlk RL loop on {lc.describe_model()}{f', rollout engine: {engine}' if engine else ''}, "
+    actor = ", actor: megatron-core GPTModel (rlk spec)" if lc.trainer == "megatron" else ""
+    return (f"rlk RL loop on {lc.describe_model()}{actor}{f', rollout engine: {engine}' if engine else ''}, "
             f"reward: {lc.task().reward_rule()}, "
             f"{lc.prompts_per_step} prompt(s) x "
             f"{lc.group_size} samples x {lc.response_len} tokens, lr {lc.lr}, seed {lc.seed}")

@@ -33,6 +33,10 @@ def test_megatron_actor_ratios_exactly_one(trainer_cls):
     digests = [arm["initial_sync"]["sha256_rollout"]] + [r["sync"]["sha256_rollout"] for r in arm["steps"]]
     assert arm["steps"][0]["grad_norm"] > 0 and digests[1] != digests[0]  # megatron's step moved the weights
     assert arm["config"]["trainer"] == "megatron"
+    # The plot names the actor (the rlk trainer's title names none).
+    lc = loop.LoopConfig.from_dict(arm["config"])
+    assert "actor: megatron-core GPTModel" in loop.plot_title(lc)
+    assert "actor:" not in loop.plot_title(loop.LoopConfig(route="strict", steps=2))
 
 
 def test_engine_weight_changed_after_sync_is_caught(trainer_cls):

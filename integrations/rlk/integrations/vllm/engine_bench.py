@@ -230,6 +230,15 @@ def _outputs(outs, lens):
     return torch.tensor(toks, dtype=torch.int32), torch.tensor(lps, dtype=torch.float64)
 
 
+def runner_suffix(arm: str, v2: bool) -> str:
+    """The rlk arm's name suffix when its engine ran the model runner that is not the platform's
+    default (``_mrv1`` / ``_mrv2``), so that the report's ``rlk`` is always the default runner."""
+    from rlk.integrations.vllm.plugin import default_model_runner
+
+    ran = "v2" if v2 else "v1"
+    return f"_mr{ran}" if arm == "rlk" and ran != default_model_runner() else ""
+
+
 def run_arm(arm: str, model_dir: str, out: str, workloads: list[str], w0_reps: int = 3, eager: bool = False,
             profile: bool = False, warmup_runs: int = 1, profile_workload: str | None = None,
             profile_tokens: int | None = None, model_runner: str | None = None,
@@ -244,9 +253,11 @@ def run_arm(arm: str, model_dir: str, out: str, workloads: list[str], w0_reps: i
     response lengths, or ``profile_tokens`` each (defaults: :data:`PROFILE`), its prompts cut to
     ``profile_prompt_len`` tokens when given (:func:`profile_requests`).
 
-    ``model_runner`` (rlk arm only, a diagnostic): ``v2`` serves the strict model on vLLM's Model
-    Runner V2 (``plugin.worker_env``). Every record says which runner ran (``use_v2_model_runner``,
-    read from the engine's config); an rlk arm on V2 is recorded as ``rlk_mrv2``."""
+    ``model_runner`` (rlk arm only): ``v1`` or ``v2`` serves the strict model on that vLLM model
+    runner instead of the platform's default (``plugin.worker_env``: V2 on a GPU). Every record
+    says which runner ran (``use_v2_model_runner``, read from the engine's config); an rlk arm on
+    the runner that is not the default is recorded as ``rlk_mrv1`` / ``rlk_mrv2``
+    (:func:`runner_suffix`)."""
     if arm not in ARMS:
         raise SystemExit(f"--arm {arm!r}: one of {ARMS}")
     if model_runner is not None:
@@ -276,7 +287,7 @@ def run_arm(arm: str, model_dir: str, out: str, workloads: list[str], w0_reps: i
     llm, start_s = start_engine(kw, arm, trace_dir if profile else None)
     vc = llm.llm_engine.vllm_config
     v2 = bool(getattr(vc, "use_v2_model_runner", False))
-    rec = {"arm": arm + ("_eager" if eager else "") + ("_mrv2" if arm == "rlk" and v2 else ""),
+    rec = {"arm": arm + ("_eager" if eager else "") + runner_suffix(arm, v2),
            "engine_start_s": round(start_s, 2), "engine_kwargs": {k: v for k, v in kw.items()},
            "vllm_version": importlib.metadata.version("vllm"), "use_v2_model_runner": v2,
            "cudagraph_mode": str(vc.compilation_config.cudagraph_mode),
@@ -368,7 +379,8 @@ def main(argv=None) -> int:
     a_.add_argument("--warmup-runs", type=int, default=1, help="untimed runs of each workload before its timed ones")
     a_.add_argument("--eager", action="store_true", help="rlk arm without CUDA graphs (diagnostic)")
     a_.add_argument("--model-runner", default=None, choices=["v1", "v2"],
-                    help="rlk arm: vLLM's model runner for the strict model (default v1; v2 is a diagnostic)")
+                    help="rlk arm: vLLM's model runner for the strict model (default: v2 on a GPU, v1 on the CPU build; "
+                         "an arm on the other one is recorded as rlk_mrv1 / rlk_mrv2)")
     a_.add_argument("--profile", action="store_true", help="attribution: one profiled generate after the timed ones")
     a_.add_argument("--profile-workload", default=None, help=f"the profiled workload (default {PROFILE['workload']})")
     a_.add_argument("--profile-tokens", type=int, default=None,

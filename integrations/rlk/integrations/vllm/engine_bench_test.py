@@ -36,9 +36,18 @@ def test_model_runner_of_the_strict_engine(monkeypatch):
 
     monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
     monkeypatch.delenv(plugin.MODEL_RUNNER_ENV, raising=False)
-    assert plugin.worker_env()["VLLM_USE_V2_MODEL_RUNNER"] == "0"  # V1: what the GPU runs validated
+    monkeypatch.setattr(plugin, "_cuda_available", lambda: False)
+    assert plugin.worker_env()["VLLM_USE_V2_MODEL_RUNNER"] == "0"  # the CPU build refuses V2
+    assert engine_bench.runner_suffix("rlk", False) == "" and engine_bench.runner_suffix("rlk", True) == "_mrv2"
+    monkeypatch.setattr(plugin, "_cuda_available", lambda: True)
+    assert plugin.worker_env()["VLLM_USE_V2_MODEL_RUNNER"] == "1"  # a GPU: Model Runner V2, stock's runner
+    assert engine_bench.runner_suffix("rlk", True) == "" and engine_bench.runner_suffix("rlk", False) == "_mrv1"
+    assert engine_bench.runner_suffix("stock", False) == ""  # the baselines run vLLM's own choice
+    monkeypatch.setenv(plugin.MODEL_RUNNER_ENV, "v1")
+    assert plugin.worker_env()["VLLM_USE_V2_MODEL_RUNNER"] == "0"  # forced: vLLM refuses, never falls back
+    monkeypatch.setattr(plugin, "_cuda_available", lambda: False)
     monkeypatch.setenv(plugin.MODEL_RUNNER_ENV, "v2")
-    assert plugin.worker_env()["VLLM_USE_V2_MODEL_RUNNER"] == "1"  # forced: vLLM refuses, never falls back
+    assert plugin.worker_env()["VLLM_USE_V2_MODEL_RUNNER"] == "1"
     monkeypatch.setenv(plugin.MODEL_RUNNER_ENV, "v3")
     with pytest.raises(UnsupportedConfigError, match="RLK_VLLM_MODEL_RUNNER='v3'"):
         plugin.worker_env()

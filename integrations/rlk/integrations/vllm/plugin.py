@@ -92,6 +92,13 @@ MODEL_RUNNER_ENV = "RLK_VLLM_MODEL_RUNNER"
 MODEL_RUNNERS = {"v1": "0", "v2": "1"}  # rlk's name -> VLLM_USE_V2_MODEL_RUNNER
 
 
+def default_model_runner() -> str:
+    """The runner a strict engine gets unless told: ``v2`` on a GPU (vLLM 0.26's own default for
+    dense models; measured bitwise and faster than V1, and the RL loop's weight sync ran on it),
+    ``v1`` on the CPU build (vLLM's CPU build refuses V2: it requires Triton)."""
+    return "v2" if _cuda_available() else "v1"
+
+
 # What every engine process of the benchmarks and the loop runs with: no usage reports, no hub
 # access, vLLM's own sampler without FlashInfer (not on the device).
 BASE_ENGINE_ENV = {"VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
@@ -117,17 +124,18 @@ def worker_env(model_runner: str | None = None) -> dict[str, str]:
     the model runner; on CPU the Triton interpreter). Only the entries that differ from
     ``os.environ`` are returned.
 
-    Model runner: ``model_runner``, else ``$RLK_VLLM_MODEL_RUNNER`` (``v1``, the default, or ``v2``). The strict path was
-    validated on the GPU with vLLM's V1 runner; Model Runner V2 (vLLM 0.26's default for dense
-    models, which stock runs) pads full-graph batches differently (padding slots -1, zero
-    sequence lengths) and is the diagnostic ``v2`` until a bitwise run on the GPU says otherwise.
-    ``v2`` sets ``VLLM_USE_V2_MODEL_RUNNER=1``, with which vLLM refuses a configuration that V2
-    cannot run instead of falling back to V1."""
+    Model runner: ``model_runner``, else ``$RLK_VLLM_MODEL_RUNNER`` (``v1`` or ``v2``), else
+    :func:`default_model_runner`. Both runners are bitwise for the strict path on the GPU (every
+    returned logprob equal to both trainers'); Model Runner V2 pads full-graph batches with slots
+    -1 and zero sequence lengths, which the strict KV writes and attention skip. The choice is
+    forced: ``VLLM_USE_V2_MODEL_RUNNER`` is set either way, so vLLM refuses a configuration the
+    runner cannot serve instead of falling back to the other one.
+    """
     from rlk import determinism
     from rlk.errors import UnsupportedConfigError
 
     env = dict(determinism.STRICT_ENV)
-    runner = model_runner or os.environ.get(MODEL_RUNNER_ENV, "v1")
+    runner = model_runner or os.environ.get(MODEL_RUNNER_ENV) or default_model_runner()
     if runner not in MODEL_RUNNERS:
         raise UnsupportedConfigError(f"{MODEL_RUNNER_ENV}={runner!r}: one of {sorted(MODEL_RUNNERS)}")
     env["VLLM_USE_V2_MODEL_RUNNER"] = MODEL_RUNNERS[runner]

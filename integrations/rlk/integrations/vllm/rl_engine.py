@@ -183,11 +183,14 @@ class VllmRolloutEngine:
         object built it with (none when it was given an engine)."""
         import vllm
 
+        vc = getattr(getattr(self.llm, "llm_engine", None), "vllm_config", None)
+        v2 = None if vc is None else bool(getattr(vc, "use_v2_model_runner", False))  # which runner served
         if self.route == "strict":
             return {"name": "vLLM + rlk strict plugin", "vllm_version": getattr(vllm, "__version__", None),
-                    "architecture": "RlkStrictQwen3ForCausalLM", "engine_kwargs": self.kwargs}
+                    "architecture": "RlkStrictQwen3ForCausalLM", "engine_kwargs": self.kwargs,
+                    "use_v2_model_runner": v2}
         return {"name": "stock vLLM", "vllm_version": getattr(vllm, "__version__", None),
-                "architecture": "Qwen3ForCausalLM", "engine_kwargs": self.kwargs,
+                "architecture": "Qwen3ForCausalLM", "engine_kwargs": self.kwargs, "use_v2_model_runner": v2,
                 # held: the parameters' bytes; loaded: what the worker read (a platform that
                 # repacks weights, vLLM's CPU build, keeps no checkpoint-layout copy).
                 "fingerprint_basis": getattr(self, "fingerprint_basis", None)}

@@ -92,8 +92,8 @@ def test_unknown_route_refused():
 
 def test_engine_built_here_starts_with_the_strict_arm_environment(tmp_path, monkeypatch):
     """An engine the loop builds itself (``python -m rlk.rl --engine vllm``) is created after the
-    trainer has initialized the device: vLLM must see rlk's plugin, the strict variables, the V1
-    runner and spawned engine processes before it starts (a forked engine process cannot use
+    trainer has initialized the device: vLLM must see rlk's plugin, the strict variables, the
+    platform's runner (V1 on the CPU build) and spawned engine processes before it starts (a forked engine process cannot use
     CUDA). A stand-in ``vllm.LLM`` records the environment it is created under."""
     import os
     import sys
@@ -130,6 +130,9 @@ def test_engine_built_here_starts_with_the_strict_arm_environment(tmp_path, monk
     assert eng.base == 1 and seen["kw"]["max_num_seqs"] == lc.prompts_per_step * lc.group_size
     d = eng.describe()
     assert d["name"] == "vLLM + rlk strict plugin" and d["engine_kwargs"]["max_num_seqs"] == seen["kw"]["max_num_seqs"]
+    assert d["use_v2_model_runner"] is None  # the stand-in has no engine config
+    eng.llm.llm_engine = types.SimpleNamespace(vllm_config=types.SimpleNamespace(use_v2_model_runner=True))
+    assert eng.describe()["use_v2_model_runner"] is True  # the report names the runner that served
 
 
 def test_native_route_on_stock_vllm_syncs_and_reports_the_ratio(vllm_workdir, tmp_path):

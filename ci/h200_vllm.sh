@@ -73,8 +73,9 @@ stage prod_report 120 $PROD report --results "$PROD_R" --out "$PROD_R/e2e_produc
 # The RL loop with vLLM as its rollout engine (strict route: rlk's plugin; native: stock vLLM):
 # Qwen3-8B shapes, rlk's trainer with Adam on the host, vLLM taking RL_ENGINE_MEMORY of the GPU beside it;
 # each step's weight sync goes through a safetensors file and collective_rpc (rlk.rl --engine vllm).
-# RL_TRAINER=megatron: megatron-core's GPTModel on rlk's spec is the actor (its DDP main_grad and Adam on the
-# GPU: 18 bytes/param, so RL_LAYERS=8 keeps the real widths and LM head within one card beside vLLM).
+# RL_TRAINER=megatron: megatron-core's GPTModel is the actor, on rlk's spec (strict) or its local spec (native;
+# RL_ROUTE=both: the production pair as a loop); its DDP main_grad and Adam stay on the GPU (18 bytes/param), so
+# RL_LAYERS keeps the real widths and LM head within one card beside vLLM (4 layers ran on an 80 GB H100).
 # RL_ARGS: more of rlk.rl's options.
 if [ "${RL_TRAINER:-rlk}" = megatron ]; then RL_ACTOR="--trainer megatron"; else RL_ACTOR="--optimizer-offload"; fi
 stage rl_loop_vllm "${RL_LIMIT:-560}" python3 -m rlk.rl --engine vllm --route "${RL_ROUTE:-strict}" --device cuda --model qwen3-8b \

@@ -14,13 +14,17 @@ bitwise equal to the rollout's and every weight sync verified; 1 otherwise. ``--
 G`` also fails a strict arm whose reward gain (mean of the last k steps minus the first k) is below
 ``G``. A fingerprint mismatch aborts with the diagnostic (status 2).
 
-``--trainer megatron --route strict``: the actor is megatron-core's GPTModel on rlk's strict spec
-(``rlk.integrations.megatron.actor.RLTrainer``: megatron's DDP with fp32 main_grad buffers, its
-no-pipelining schedule and DistributedOptimizer Adam); the rollout engine is unchanged.
+``--trainer megatron``: the actor is megatron-core's GPTModel (``rlk.integrations.megatron.actor.RLTrainer``:
+megatron's DDP with fp32 main_grad buffers, its no-pipelining schedule and DistributedOptimizer
+Adam), on rlk's strict spec for the strict route and on megatron's local spec (torch varlen
+attention, cuBLAS) for the native route; the rollout engine is unchanged. With ``--engine vllm
+--route both`` the two arms are the production pair in a loop: vLLM + rlk's plugin with megatron on
+rlk's spec, stock vLLM with megatron's native spec.
 
 ``--engine vllm``: the rollout engine is vLLM (``rlk.integrations.vllm.rl_engine.VllmRolloutEngine``;
 run with the vLLM venv's python), serving rlk's strict plugin on the strict route and stock vLLM's
-Qwen3 on the native route (the native trainer stays rlk's torch route); the
+Qwen3 on the native route (its trainer: rlk's torch route, a stand-in, unless ``--trainer
+megatron``); the
 weight sync writes a safetensors file and the workers load it through ``collective_rpc`` by
 method name, answering with the fingerprint of what they hold. On one GPU the trainer shares the
 device with vLLM: ``--engine-memory`` sets vLLM's share (``gpu_memory_utilization``).
@@ -57,8 +61,8 @@ def _parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--route", choices=("strict", "native", "both"), default="both")
     p.add_argument("--trainer", choices=("rlk", "megatron"), default="rlk",
-                   help="the actor: rlk's own trainer, or megatron-core's GPTModel on rlk's strict spec "
-                        "(megatron's DDP, schedule and Adam; strict route only)")
+                   help="the actor: rlk's own trainer, or megatron-core's GPTModel (megatron's DDP, schedule and "
+                        "Adam) on rlk's strict spec (strict route) or megatron's local spec (native route)")
     p.add_argument("--engine", choices=("rlk", "vllm"), default="rlk",
                    help="the rollout engine: rlk's replay executor, or vLLM (strict route: with rlk's strict "
                         "plugin; native route: stock vLLM; needs vLLM installed)")
@@ -172,8 +176,6 @@ def main(argv=None) -> int:
     routes = ["strict", "native"] if a.route == "both" else [a.route]
     make_trainer = None
     if a.trainer == "megatron":
-        if routes != ["strict"]:
-            parser.error("--trainer megatron runs the strict route only: add --route strict")
         from rlk.integrations.megatron.actor import RLTrainer
 
         make_trainer = RLTrainer

@@ -75,8 +75,9 @@ class LoopConfig:
     max_batch: int | None = None  # running requests at most (default: every request of the step)
     jitter: float = 0.25  # probability a ready request is deferred a step (batch composition changes)
     device: str = "cpu"
-    # The actor: "rlk" (Trainer below) or "megatron" (megatron-core's GPTModel on rlk's strict
-    # spec; its adapter sits above this layer, so run_arm receives it as ``make_trainer``).
+    # The actor: "rlk" (Trainer below) or "megatron" (megatron-core's GPTModel: rlk's strict spec
+    # on the strict route, megatron's local spec on the native one; its adapter sits above this
+    # layer, so run_arm receives it as ``make_trainer``).
     trainer: str = "rlk"
     # Adam's fp32 master weights and moments on the host (one fused CPU Adam per tensor, stepped
     # in turn; the bf16 weights go back to the device): a Qwen3-8B trainer + engine needs 16 bytes
@@ -117,9 +118,6 @@ class LoopConfig:
             raise UnsupportedConfigError(f"jitter must lie in [0, 1) (got {self.jitter})")
         if self.trainer not in TRAINERS:
             raise UnsupportedConfigError(f"trainer {self.trainer!r} unknown (known: {', '.join(TRAINERS)})")
-        if self.trainer == "megatron" and self.route != "strict":
-            raise UnsupportedConfigError("trainer 'megatron' runs the strict route only (the megatron actor is "
-                                         "built on rlk's strict spec)")
 
     def task(self):
         return TargetByteTask(target=self.target) if self.task_name == "target_byte" else TokenClassTask()
@@ -219,6 +217,12 @@ class Trainer:
             self.opt = torch.optim.Adam(list(self.master.values()), **hyper)
         self.generation = 0  # optimizer steps taken
         self.clip_eps = lc.clip_eps
+        self.route = route
+
+    def describe(self) -> dict:
+        """The actor in the loop's report (the native route's is a stand-in for megatron's)."""
+        what = "rlk's strict kernels" if self.route == "strict" else "rlk's torch route (a stand-in)"
+        return {"name": f"rlk trainer ({what})", "trainer": "rlk", "route": self.route}
 
     @property
     def w(self) -> dict[str, torch.Tensor]:
@@ -426,6 +430,7 @@ def _run_steps(lc: LoopConfig, hooks: Hooks, on_step, task, cfg, actor, engine, 
             on_step(rec)
     return {"route": lc.route, "config": lc.to_dict(), "task": task.to_dict(), "initial_sync": initial,
             "engine": engine.describe() if hasattr(engine, "describe") else {"name": type(engine).__name__},
+            "actor": actor.describe() if hasattr(actor, "describe") else {"name": type(actor).__name__},
             "model": {"what": lc.describe_model(), "layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size,
                       "vocab": cfg.vocab_size, "parameters": _n_params(actor.w),
                       "setup_seconds": round(setup_s, 3)},

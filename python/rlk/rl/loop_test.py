@@ -35,6 +35,7 @@ def test_strict_steps_have_every_ratio_exactly_one(tmp_path):
     assert on_disk["passed"] and len(open(rep["files"]["jsonl"]).read().splitlines()) == 2
     # The record says which engine rolled out (here rlk's own executor) and the plot title names it.
     assert arm["engine"]["name"] == "rlk executor" and loop.engine_names(rep["arms"]) == "strict: rlk executor"
+    assert arm["actor"] == {"name": "rlk trainer (rlk's strict kernels)", "trainer": "rlk", "route": "strict"}
     assert "rollout engine: strict: rlk executor" in loop.plot_title(lc, loop.engine_names(rep["arms"]))
 
 

@@ -250,31 +250,52 @@ def actor_step(actor: MegatronActor, batches, optimizer_step: bool = True) -> tu
 
 class RLTrainer:
     """The RL loop's actor (``rlk.rl.loop.run_arm(..., make_trainer=RLTrainer)``, ``python -m rlk.rl
-    --trainer megatron``) on :class:`MegatronActor`: the same packed batch and GRPO loss as the
+    --trainer megatron``): megatron-core's GPTModel with the same packed batch and GRPO loss as the
     loop's own ``Trainer`` (``rlk.rl.loop.actor_batch``), megatron's forward/backward and Adam
     (the loop's lr and betas, eps 1e-8), weights handed to the sync in rlk's fused layout (exact
     copies; megatron's interleaved QKV rows reordered to ``[Q|K|V]``).
 
-    Args as ``rlk.rl.loop.Trainer``: cfg, fused weights, route (strict only), the LoopConfig.
+    Route ``strict``: :class:`MegatronActor` (rlk's spec). Route ``native``: megatron's local spec
+    with torch's varlen attention and cuBLAS (``rlk.integrations.production.train_bench.ArmTrainer``
+    ``"pp"``, the production benchmark's native trainer), what a megatron user trains with.
+
+    Args as ``rlk.rl.loop.Trainer``: cfg, fused weights, route, the LoopConfig.
     """
 
     def __init__(self, cfg, fused: dict[str, torch.Tensor], route: str, lc):
         from rlk.models.qwen3.layouts import fused_to_hf
 
-        if route != "strict":
-            raise UnsupportedConfigError(f"the megatron actor runs rlk's strict spec; route {route!r} is not covered")
+        if route not in ("strict", "native"):
+            raise UnsupportedConfigError(f"the megatron actor: route {route!r} (strict: rlk's spec; native: "
+                                         "megatron's local spec)")
         if torch.device(lc.device).type != "cpu" and not torch.cuda.is_available():
             raise UnsupportedConfigError(f"device {lc.device!r} without CUDA")
-        self.cfg = cfg
+        self.cfg, self.route = cfg, route
         self.clip_eps = lc.clip_eps
-        self.actor_ = MegatronActor(cfg, fused_to_hf(cfg, fused), lr=lc.lr, betas=tuple(lc.betas), eps=1e-8,
-                                    device=lc.device)
+        hf = fused_to_hf(cfg, fused)
+        if route == "strict":
+            self.actor_ = MegatronActor(cfg, hf, lr=lc.lr, betas=tuple(lc.betas), eps=1e-8, device=lc.device)
+            self._gpt = self.actor_.model
+        else:
+            from rlk.integrations.production.train_bench import ArmTrainer
+
+            self.actor_ = ArmTrainer("pp", cfg, hf, torch.device(lc.device), None, True, lr=lc.lr,
+                                     betas=tuple(lc.betas))
+            self._gpt = self.actor_.gpt
         self.generation = 0
+
+    def describe(self) -> dict:
+        """The actor in the loop's report."""
+        from megatron.core import package_info
+
+        spec = "rlk's strict spec" if self.route == "strict" else "local spec, torch varlen attention, cuBLAS"
+        return {"name": f"megatron-core {package_info.__version__} GPTModel ({spec})", "trainer": "megatron",
+                "route": self.route}
 
     @property
     def device(self) -> torch.device:
         """Where megatron holds the parameters (the batch goes there)."""
-        return next(self.actor_.model.parameters()).device
+        return next(self._gpt.parameters()).device
 
     @property
     def w(self) -> dict[str, torch.Tensor]:
@@ -282,7 +303,7 @@ class RLTrainer:
         and copies them)."""
         from rlk.models.qwen3.layouts import megatron_to_fused
 
-        return megatron_to_fused(self.cfg, {k: p.detach() for k, p in self.actor_.model.named_parameters()})
+        return megatron_to_fused(self.cfg, {k: p.detach() for k, p in self._gpt.named_parameters()})
 
     def actor(self, prompts, responses, old_logp, adv):
         """Forward + backward of the clipped loss (one micro-batch); returns (logp per sequence,

@@ -289,9 +289,10 @@ def _native_state(cfg, hf) -> dict[str, torch.Tensor]:
 
 class _NativeActor:
     """``core_attention``: see :func:`_native_model`; ``optimizer=False``: DDP ``main_grad``
-    buffers only (``actor.training_wrappers``), :meth:`step` refuses."""
+    buffers only (``actor.training_wrappers``), :meth:`step` refuses; ``lr``, ``betas``: Adam's."""
 
-    def __init__(self, cfg, hf, a, core_attention=None, optimizer: bool = True):
+    def __init__(self, cfg, hf, a, core_attention=None, optimizer: bool = True, lr: float = LR,
+                 betas: tuple[float, float] = (0.9, 0.999)):
         from megatron.core import tensor_parallel
 
         from rlk.integrations.megatron import spec, weights
@@ -309,7 +310,7 @@ class _NativeActor:
         self.model = self.f16.module
         weights.load_into(self.model, _native_state(cfg, hf))  # fail closed: every parameter covered
         _, _, self.ddp, self.optimizer = training_wrappers(
-            self.f16, tc, lr=LR, betas=(0.9, 0.999), eps=1e-8, optimizer=optimizer,
+            self.f16, tc, lr=lr, betas=tuple(betas), eps=1e-8, optimizer=optimizer,
             optimizer_offload=self.optimizer_offload)
 
     def forward_backward(self, pk, loss, seqs: int, micro_batches: int = 1) -> torch.Tensor:
@@ -367,14 +368,16 @@ class _NativeActor:
         finally:
             del tracker.fork
 
-    def step(self) -> None:
+    def step(self) -> dict:
+        """megatron's optimizer step; returns ``{"grad_norm"}`` as ``MegatronActor.step``."""
         from rlk.integrations.megatron.offload import optimizer_step
 
         if self.optimizer is None:
             raise RuntimeError("native actor built with optimizer=False: no optimizer step")
-        ok, _, _ = optimizer_step(self.optimizer)
+        ok, grad_norm, _ = optimizer_step(self.optimizer)
         if not ok:
             raise RuntimeError("native optimizer step skipped (inf/nan gradients)")
+        return {"grad_norm": None if grad_norm is None else float(grad_norm)}
 
 
 # ---- the run -----------------------------------------------------------------------------------

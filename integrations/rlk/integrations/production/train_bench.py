@@ -144,27 +144,35 @@ def compare_bitwise(rollout: list, trainer: list) -> dict:
 
 
 # ---- the two trainers --------------------------------------------------------------------------
-class _Trainer:
-    """``forward(pk) -> logp [T]`` (no grad) and ``forward_backward([(pk, token_loss)]) ->
-    [logp [T]]`` over megatron's schedule, for one arm."""
+class ArmTrainer:
+    """megatron-core trainer of one arm: ``"rr"`` GPTModel on rlk's strict spec, ``"pp"`` its
+    local spec with torch's varlen attention (:class:`VarlenCoreAttention`) and cuBLAS.
+    ``forward(pk) -> logp [T]`` (no grad), ``forward_backward([(pk, token_loss)]) -> [logp [T]]``
+    over megatron's schedule, ``step()`` (Adam: ``lr``, ``betas``), ``model`` (the module megatron
+    trains; ``gpt``: its GPTModel)."""
 
-    def __init__(self, arm, cfg, hf, device, recompute, optimizer):
+    def __init__(self, arm, cfg, hf, device, recompute, optimizer, lr: float = LR,
+                 betas: tuple[float, float] = (0.9, 0.999)):
         from megatron.core import package_info
 
         self.arm, self.cfg, self.device = arm, cfg, device
         if arm == "rr":
             from rlk.integrations.megatron.actor import MegatronActor
 
-            self.actor = MegatronActor(cfg, hf, lr=LR, recompute=recompute, device=str(device), optimizer=optimizer)
+            self.actor = MegatronActor(cfg, hf, lr=lr, betas=tuple(betas), recompute=recompute, device=str(device),
+                                       optimizer=optimizer)
             self.model, self.ddp, self.optimizer = self.actor.model, self.actor.ddp, self.actor.optimizer
+            self.gpt = self.actor.model
             self.description = STRICT_TRAINER.format(v=package_info.__version__)
         else:
             from rlk.integrations.megatron.actor_bench import _NativeActor
             from rlk.integrations.production.attention import VarlenCoreAttention
 
             a = types.SimpleNamespace(device=str(device), recompute=recompute)
-            self.actor = _NativeActor(cfg, hf, a, core_attention=VarlenCoreAttention, optimizer=optimizer)
+            self.actor = _NativeActor(cfg, hf, a, core_attention=VarlenCoreAttention, optimizer=optimizer, lr=lr,
+                                      betas=betas)
             self.model, self.ddp, self.optimizer = self.actor.f16, self.actor.ddp, self.actor.optimizer
+            self.gpt = self.actor.model
             self.description = NATIVE_TRAINER.format(v=package_info.__version__)
 
     @staticmethod
@@ -279,7 +287,7 @@ def run_train(arm: str, model_dir: str, rollout_path: str, out: str, *, micro_to
         torch.cuda.empty_cache()
     t0 = time.perf_counter()
     hf = load_safetensors(model_dir, cfg, device=str(dev))
-    tr = _Trainer(arm, cfg, hf, dev, recompute, optimizer_step)
+    tr = ArmTrainer(arm, cfg, hf, dev, recompute, optimizer_step)
     del hf
     _sync(dev)
     load_s = time.perf_counter() - t0

@@ -177,7 +177,7 @@ def test_warm_up_passes_cover_every_micro_batch(setup, monkeypatch):
     from rlk.integrations.production import train_bench
 
     seen = {"forward": [], "fwd_bwd": []}
-    fwd, fb = train_bench._Trainer.forward, train_bench._Trainer.forward_backward
+    fwd, fb = train_bench.ArmTrainer.forward, train_bench.ArmTrainer.forward_backward
 
     def forward(self, pk):
         seen["forward"].append(pk.ids.shape[0])
@@ -187,8 +187,8 @@ def test_warm_up_passes_cover_every_micro_batch(setup, monkeypatch):
         seen["fwd_bwd"].append([pk.ids.shape[0] for pk, _ in batches])
         return fb(self, batches)
 
-    monkeypatch.setattr(train_bench._Trainer, "forward", forward)
-    monkeypatch.setattr(train_bench._Trainer, "forward_backward", forward_backward)
+    monkeypatch.setattr(train_bench.ArmTrainer, "forward", forward)
+    monkeypatch.setattr(train_bench.ArmTrainer, "forward_backward", forward_backward)
     rec = train_bench.run_train("pp", setup["ckpt"], setup["good"], str(setup["d"] / "warm.json"), micro_tokens=20,
                                 warmup=1, device="cpu", profile=True)
     sizes = seen["fwd_bwd"][-1]  # the timed forward/backward: every micro-batch

@@ -20,8 +20,9 @@ generation the engine held when this object was made; an engine can serve severa
 
 The native route's weight sync uses :class:`~rlk.integrations.vllm.worker_ext.StockWorkerExtension`
 (vLLM's own ``load_weights``; the fingerprint over the names the trainer sends, since vLLM's
-parameter names and row layouts are rlk's fused ones). The loop's native *trainer* stays rlk's
-torch route, a stand-in for megatron-core's native path. vLLM reports no sampling entropy
+parameter names and row layouts are rlk's fused ones). The loop's native *trainer* is rlk's
+torch route (a stand-in) unless the loop runs ``--trainer megatron`` (megatron-core's local spec).
+vLLM reports no sampling entropy
 (``entropy`` is None; the loop records NaN).
 """
 

@@ -9,3 +9,15 @@ check CLI), :mod:`.replay` (frozen replay: rlk's strict
 rollout fixture re-scored by the megatron-core trainer; the H200 CLI). megatron-core itself is
 imported lazily.
 """
+
+
+def version() -> str | None:
+    """megatron-core's version from its package metadata (None when it is not installed).
+    megatron's own ``package_info.__version__`` appends the short hash of the git checkout the
+    process runs in, i.e. the caller's repository, not megatron's: records never use it."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("megatron-core")
+    except importlib.metadata.PackageNotFoundError:
+        return None

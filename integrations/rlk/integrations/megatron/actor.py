@@ -286,10 +286,10 @@ class RLTrainer:
 
     def describe(self) -> dict:
         """The actor in the loop's report."""
-        from megatron.core import package_info
+        from rlk.integrations.megatron import version
 
         spec = "rlk's strict spec" if self.route == "strict" else "local spec, torch varlen attention, cuBLAS"
-        return {"name": f"megatron-core {package_info.__version__} GPTModel ({spec})", "trainer": "megatron",
+        return {"name": f"megatron-core {version()} GPTModel ({spec})", "trainer": "megatron",
                 "route": self.route}
 
     @property

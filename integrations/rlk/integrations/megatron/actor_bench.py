@@ -477,13 +477,11 @@ def _states_at(a) -> str:
 
 def _provenance(a) -> dict:
     try:
-        from megatron.core import package_info
-
-        from rlk.integrations.megatron import spec
+        from rlk.integrations.megatron import spec, version
         from rlk.provenance import capability_record
 
         return capability_record("strict", contract_ids=sorted(set(spec.CONTRACTS.values())), load_contracts=False,
-                                 extra={"engine": "megatron-core", "engine_version": package_info.__version__,
+                                 extra={"engine": "megatron-core", "engine_version": version(),
                                         "pattern": "megatron_actor_bench", "config": a.config, "layers": a.layers})
     except Exception as e:  # the report is still written
         return {"error": repr(e)}
@@ -498,12 +496,6 @@ def _versions() -> dict:
             out[name] = metadata.version(name)
         except Exception as e:
             out[name] = repr(e)
-    try:
-        from megatron.core import package_info
-
-        out["megatron.core.package_info"] = package_info.__version__
-    except Exception as e:
-        out["megatron.core.package_info"] = repr(e)
     if torch.cuda.is_available():
         out["gpu"] = torch.cuda.get_device_name()
         out["cuda"] = torch.version.cuda

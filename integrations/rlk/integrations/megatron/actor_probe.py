@@ -144,13 +144,11 @@ def run() -> dict:
     if not (control["run_to_run_differ"] and control["vs_rlk_grad_differ"]):
         failures.append("the negative control shows no difference (the checks could not fail)")
     try:
-        from megatron.core import package_info
-
-        from rlk.integrations.megatron import spec
+        from rlk.integrations.megatron import spec, version
         from rlk.provenance import capability_record
 
         prov = capability_record("strict", contract_ids=sorted(set(spec.CONTRACTS.values())),
-                                 extra={"engine": "megatron-core", "engine_version": package_info.__version__,
+                                 extra={"engine": "megatron-core", "engine_version": version(),
                                         "pattern": "megatron_actor"}, load_contracts=False)
     except Exception as e:  # the record is still written
         prov = {"torch": torch.__version__, "error": repr(e)}

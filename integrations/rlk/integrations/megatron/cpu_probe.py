@@ -49,9 +49,7 @@ def _grad_mismatches(cfg, grads, ref_grads, tp, rank) -> tuple[int, int]:
 
 
 def run(tps=(1, 2), cps=()) -> dict:
-    from megatron.core import package_info
-
-    from rlk.integrations.megatron import audit, harness, spec
+    from rlk.integrations.megatron import audit, harness, spec, version
     from rlk.models.qwen3 import Qwen3Config
 
     rows, total, mism, audit_ok = [], 0, 0, True
@@ -105,7 +103,7 @@ def run(tps=(1, 2), cps=()) -> dict:
         from rlk.provenance import capability_record
 
         prov = capability_record("strict", contract_ids=sorted(set(spec.CONTRACTS.values())),
-                                 extra={"engine": "megatron-core", "engine_version": package_info.__version__},
+                                 extra={"engine": "megatron-core", "engine_version": version()},
                                  load_contracts=False)
     except Exception as e:  # a record is still written; the gate checks provenance itself
         import triton
@@ -113,7 +111,7 @@ def run(tps=(1, 2), cps=()) -> dict:
         prov = {"torch": torch.__version__, "triton": triton.__version__, "error": repr(e)}
     return {
         "provenance": prov,
-        "engine": {"name": "megatron-core", "version": package_info.__version__},
+        "engine": {"name": "megatron-core", "version": version()},
         "contracts": spec.CONTRACTS,
         "reference": "rlk.models.qwen3.Qwen3(route='strict').trainer_logp (TP=1, CP=1)",
         "tp_sizes": list(tps),

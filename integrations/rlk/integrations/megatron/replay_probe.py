@@ -62,20 +62,19 @@ def _say(msg: str) -> None:
 
 def megatron_version() -> str:
     """The installed megatron-core version; raises ``RuntimeError`` naming the fix when it is missing."""
-    import importlib.metadata
-
     try:
         import megatron.core  # noqa: F401
     except ImportError as e:
         raise RuntimeError(f"megatron-core is not importable ({e}): install megatron-core==0.19.2 "
                            "(ci/setup_megatron.sh; on the H200 pip install the carried wheel with "
                            "--no-deps)") from e
-    try:
-        return importlib.metadata.version("megatron-core")
-    except importlib.metadata.PackageNotFoundError:
-        from megatron.core import package_info
+    from rlk.integrations.megatron import version
 
-        return package_info.__version__
+    v = version()
+    if v is None:  # importable without package metadata (a bare source tree on the path)
+        raise RuntimeError("megatron-core imports but has no package metadata: install it with pip "
+                           "(ci/setup_megatron.sh)")
+    return v
 
 
 def _check_device(device: str) -> None:

@@ -33,6 +33,9 @@ def test_megatron_actor_ratios_exactly_one(trainer_cls):
     digests = [arm["initial_sync"]["sha256_rollout"]] + [r["sync"]["sha256_rollout"] for r in arm["steps"]]
     assert arm["steps"][0]["grad_norm"] > 0 and digests[1] != digests[0]  # megatron's step moved the weights
     assert arm["config"]["trainer"] == "megatron" and "strict spec" in arm["actor"]["name"]
+    import importlib.metadata
+
+    assert arm["actor"]["name"].startswith(f"megatron-core {importlib.metadata.version('megatron-core')} GPTModel")
     # The plot names the actor (the rlk trainer's title names none).
     lc = loop.LoopConfig.from_dict(arm["config"])
     assert "actor: megatron-core GPTModel" in loop.plot_title(lc)
@@ -103,3 +106,4 @@ def test_actor_batch_goes_to_the_parameters_device(trainer_cls, monkeypatch):
     pk = seen["pk"]
     assert {x.device.type for x in (pk.ids, pk.cu_seqlens, pk.targets, pk.loss_mask)} == {"meta"}
     assert pk.host_cu == [0, 5]
+

@@ -153,7 +153,7 @@ class ArmTrainer:
 
     def __init__(self, arm, cfg, hf, device, recompute, optimizer, lr: float = LR,
                  betas: tuple[float, float] = (0.9, 0.999)):
-        from megatron.core import package_info
+        from rlk.integrations.megatron import version
 
         self.arm, self.cfg, self.device = arm, cfg, device
         if arm == "rr":
@@ -163,7 +163,7 @@ class ArmTrainer:
                                        optimizer=optimizer)
             self.model, self.ddp, self.optimizer = self.actor.model, self.actor.ddp, self.actor.optimizer
             self.gpt = self.actor.model
-            self.description = STRICT_TRAINER.format(v=package_info.__version__)
+            self.description = STRICT_TRAINER.format(v=version())
         else:
             from rlk.integrations.megatron.actor_bench import _NativeActor
             from rlk.integrations.production.attention import VarlenCoreAttention
@@ -173,7 +173,7 @@ class ArmTrainer:
                                       betas=betas)
             self.model, self.ddp, self.optimizer = self.actor.f16, self.actor.ddp, self.actor.optimizer
             self.gpt = self.actor.model
-            self.description = NATIVE_TRAINER.format(v=package_info.__version__)
+            self.description = NATIVE_TRAINER.format(v=version())
 
     @staticmethod
     def _psp(pk):

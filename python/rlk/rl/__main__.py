@@ -14,7 +14,7 @@ bitwise equal to the rollout's and every weight sync verified; 1 otherwise. ``--
 G`` also fails a strict arm whose reward gain (mean of the last k steps minus the first k) is below
 ``G``. A fingerprint mismatch aborts with the diagnostic (status 2).
 
-``--trainer megatron``: the actor is megatron-core's GPTModel (``rlk.integrations.megatron.actor.RLTrainer``:
+``--trainer megatron``: the actor is megatron-core's GPTModel (``rlk.integrations.megatron.rl_trainer.RLTrainer``:
 megatron's DDP with fp32 main_grad buffers, its no-pipelining schedule and DistributedOptimizer
 Adam), on rlk's strict spec for the strict route and on megatron's local spec (torch varlen
 attention, cuBLAS) for the native route; the rollout engine is unchanged. With ``--engine vllm
@@ -176,7 +176,7 @@ def main(argv=None) -> int:
     routes = ["strict", "native"] if a.route == "both" else [a.route]
     make_trainer = None
     if a.trainer == "megatron":
-        from rlk.integrations.megatron.actor import RLTrainer
+        from rlk.integrations.megatron.rl_trainer import RLTrainer
 
         make_trainer = RLTrainer
     make_engine = None

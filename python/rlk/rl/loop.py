@@ -333,7 +333,7 @@ def run_arm(lc: LoopConfig, hooks: Hooks | None = None, on_step: Callable[[dict]
     is made. Raises :class:`rlk.rl.sync.WeightSyncError` on a fingerprint mismatch or stale weights.
 
     ``make_trainer(cfg, fused, route, lc)``: the actor when ``lc.trainer`` is not ``"rlk"`` (e.g.
-    ``rlk.integrations.megatron.actor.RLTrainer``); it offers :class:`Trainer`'s ``w``,
+    ``rlk.integrations.megatron.rl_trainer.RLTrainer``); it offers :class:`Trainer`'s ``w``,
     ``generation``, ``actor(...)`` and ``apply(grads)``.
 
     ``make_engine(cfg, fused, route, lc)``: the rollout engine instead of :class:`RolloutEngine`

@@ -4,7 +4,8 @@ exact weight conversion, fail-closed config guard and audits.
 Modules: :mod:`.spec` (build), :mod:`.modules` (slot adapters), :mod:`.logp` (output
 processor), :mod:`.weights` (HF <-> megatron, per-rank shards), :mod:`.audit` (post-build and
 forward audits), :mod:`.actor` (the actor: megatron's DDP, schedule and optimizer over the
-strict model, the LM head's d_weight accumulated into ``main_grad``), :mod:`.check` (the CPU
+strict model, the LM head's d_weight accumulated into ``main_grad``), :mod:`.native` (megatron's
+own local-spec trainer, the baseline), :mod:`.rl_trainer` (the RL loop's actor on either), :mod:`.check` (the CPU
 check CLI), :mod:`.replay` (frozen replay: rlk's strict
 rollout fixture re-scored by the megatron-core trainer; the H200 CLI). megatron-core itself is
 imported lazily.

@@ -70,7 +70,6 @@ device (no 30 GB host copy): integer sums modulo a prime are exact in any reduct
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import json
 import os
@@ -101,6 +100,7 @@ def _say(msg: str) -> None:
 
 
 # Exact per-tensor fingerprints computed on the device: the weight sync's (rlk.rl.sync).
+from rlk.integrations.megatron.native import NativeActor  # noqa: E402
 from rlk.rl.sync import tensor_fingerprint as _fingerprint  # noqa: E402
 
 
@@ -235,151 +235,6 @@ def _run_worker(a) -> dict:
             return json.load(f)
 
 
-# ---- native ------------------------------------------------------------------------------------
-def _native_model(cfg, a, core_attention=None):
-    """megatron-core's local-spec GPTModel (module docstring), bf16 through ``Float16Module``;
-    ``core_attention``: a class for the spec's core-attention slot instead of megatron's local
-    ``DotProductAttention`` (e.g. one that takes packed ``thd`` sequences)."""
-    import torch.nn.functional as F
-    from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-    from megatron.core.transformer.module import Float16Module
-    from megatron.core.transformer.transformer_config import TransformerConfig
-
-    from rlk.integrations.megatron.actor import _RECOMPUTE
-
-    on_gpu = torch.device(a.device).type == "cuda"
-    tc = TransformerConfig(
-        num_layers=cfg.num_hidden_layers, hidden_size=cfg.hidden_size, ffn_hidden_size=cfg.intermediate_size,
-        num_attention_heads=cfg.num_attention_heads, num_query_groups=cfg.num_key_value_heads,
-        kv_channels=cfg.head_dim, layernorm_epsilon=cfg.rms_norm_eps, normalization="RMSNorm", qk_layernorm=True,
-        gated_linear_unit=True, activation_func=F.silu, add_bias_linear=False, add_qkv_bias=False,
-        hidden_dropout=0.0, attention_dropout=0.0, bf16=True, params_dtype=torch.bfloat16, transformer_impl="local",
-        masked_softmax_fusion=False, bias_activation_fusion=False, bias_dropout_fusion=False,
-        gradient_accumulation_fusion=False, persist_layer_norm=False, apply_rope_fusion=False,
-        cross_entropy_loss_fusion=False, calculate_per_token_loss=True, tensor_model_parallel_size=1,
-        use_cpu_initialization=not on_gpu, perform_initialization=False, **_RECOMPUTE[a.recompute])
-    layer_spec = get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm")
-    if core_attention is not None:
-        layer_spec.submodules.self_attention.submodules.core_attention = core_attention
-    model = GPTModel(config=tc, transformer_layer_spec=layer_spec,
-                     vocab_size=cfg.vocab_size, max_sequence_length=cfg.max_position_embeddings, pre_process=True,
-                     post_process=True, parallel_output=True,
-                     share_embeddings_and_output_weights=cfg.tie_word_embeddings, position_embedding_type="rope",
-                     rotary_base=cfg.rope_theta)
-    return Float16Module(tc, model).to(torch.device(a.device)), tc
-
-
-# rlk's megatron names -> the local spec's (identical in megatron-core 0.19.2: torch RMSNorm and
-# megatron's linears keep ".weight"); listed so a rename fails closed in weights.load_into.
-_NATIVE_RENAMES: dict[str, str] = {}
-
-
-def _native_state(cfg, hf) -> dict[str, torch.Tensor]:
-    from rlk.integrations.megatron import weights
-
-    sd = weights.hf_to_megatron(cfg, hf, 1, 0)
-    out = {}
-    for k, t in sd.items():
-        for old, new in _NATIVE_RENAMES.items():
-            k = k.replace(old, new)
-        out[k] = t
-    return out
-
-
-class _NativeActor:
-    """``core_attention``: see :func:`_native_model`; ``optimizer=False``: DDP ``main_grad``
-    buffers only (``actor.training_wrappers``), :meth:`step` refuses; ``lr``, ``betas``: Adam's."""
-
-    def __init__(self, cfg, hf, a, core_attention=None, optimizer: bool = True, lr: float = LR,
-                 betas: tuple[float, float] = (0.9, 0.999)):
-        from megatron.core import tensor_parallel
-
-        from rlk.integrations.megatron import spec, weights
-        from rlk.integrations.megatron.actor import cuda_names_on_cpu, training_wrappers
-
-        # --optimizer-offload applies to both arms (other callers' namespaces may not carry it).
-        self.optimizer_offload = getattr(a, "optimizer_offload", 0.0) if optimizer else 0.0
-
-        spec.init_parallel(1)
-        self.on_gpu = torch.device(a.device).type == "cuda"
-        if self.on_gpu:  # local DotProductAttention forks megatron's model-parallel CUDA RNG (dropout)
-            tensor_parallel.model_parallel_cuda_manual_seed(0)
-        with cuda_names_on_cpu():
-            self.f16, tc = _native_model(cfg, a, core_attention)
-        self.model = self.f16.module
-        weights.load_into(self.model, _native_state(cfg, hf))  # fail closed: every parameter covered
-        _, _, self.ddp, self.optimizer = training_wrappers(
-            self.f16, tc, lr=lr, betas=tuple(betas), eps=1e-8, optimizer=optimizer,
-            optimizer_offload=self.optimizer_offload)
-
-    def forward_backward(self, pk, loss, seqs: int, micro_batches: int = 1) -> torch.Tensor:
-        """One forward + backward of the batch's ``seqs`` equal-length sequences in
-        ``micro_batches`` micro-batches of ``seqs / micro_batches`` sequences (megatron's
-        ``micro_batch_size``, gradients accumulated in ``main_grad``, losses summed:
-        ``calculate_per_token_loss``); returns the logp ``[T]`` in packed order."""
-        from megatron.core.pipeline_parallel.schedules import forward_backward_no_pipelining
-
-        from rlk.errors import UnsupportedConfigError
-        from rlk.integrations.megatron.actor import cuda_names_on_cpu
-
-        if micro_batches < 1 or seqs % micro_batches:
-            raise UnsupportedConfigError(f"native: {seqs} sequences do not split into {micro_batches} micro-batches")
-        T = pk.ids.shape[0]
-        tokens, labels = pk.ids.view(seqs, T // seqs), pk.targets.view(seqs, T // seqs)
-        S, b = T // seqs, seqs // micro_batches
-        pos = torch.arange(S, device=tokens.device).expand(b, -1)
-        # Causal mask as megatron's pretrain_gpt builds it (get_ltor_masks_and_position_ids): True = masked.
-        mask = torch.triu(torch.ones(S, S, dtype=torch.bool, device=tokens.device), diagonal=1).view(1, 1, S, S)
-        logps = []
-
-        def forward_step(data_iterator, model):
-            j = next(data_iterator)
-            lo, hi = j * b * S, (j + 1) * b * S  # this micro-batch's rows of the packed batch
-            ce = model(tokens[j * b:(j + 1) * b], pos, mask, labels=labels[j * b:(j + 1) * b])  # [b, s] fp32 CE
-            logp = -ce.reshape(hi - lo)
-            logps.append(logp.detach())
-            return loss(logp, lo, hi).sum(), lambda out: (out, torch.tensor(hi - lo, dtype=torch.int),
-                                                          {"loss": out.detach()})
-
-        self.ddp.train()
-        with cuda_names_on_cpu(), self._cpu_rng_fork():
-            self.ddp.zero_grad_buffer()
-            if self.optimizer is not None:
-                self.optimizer.zero_grad()
-            forward_backward_no_pipelining(forward_step_func=forward_step, data_iterator=iter(range(micro_batches)),
-                                           model=[self.ddp], num_microbatches=micro_batches, seq_length=S,
-                                           micro_batch_size=b, forward_only=False)
-        return torch.cat(logps)
-
-    @contextlib.contextmanager
-    def _cpu_rng_fork(self):
-        """Without CUDA there is no generator for megatron's RNG tracker; the attention dropout is
-        0 (draws nothing), so on the CPU its ``fork()`` is a no-op context. Unused on a GPU."""
-        if self.on_gpu:
-            yield
-            return
-        from megatron.core import tensor_parallel
-
-        tracker = tensor_parallel.get_cuda_rng_tracker()
-        tracker.fork = lambda *a, **k: contextlib.nullcontext()
-        try:
-            yield
-        finally:
-            del tracker.fork
-
-    def step(self) -> dict:
-        """megatron's optimizer step; returns ``{"grad_norm"}`` as ``MegatronActor.step``."""
-        from rlk.integrations.megatron.offload import optimizer_step
-
-        if self.optimizer is None:
-            raise RuntimeError("native actor built with optimizer=False: no optimizer step")
-        ok, grad_norm, _ = optimizer_step(self.optimizer)
-        if not ok:
-            raise RuntimeError("native optimizer step skipped (inf/nan gradients)")
-        return {"grad_norm": None if grad_norm is None else float(grad_norm)}
-
-
 # ---- the run -----------------------------------------------------------------------------------
 def run(a) -> dict:
     from rlk.integrations.megatron.offload import optimizer_placement
@@ -420,7 +275,8 @@ def run(a) -> dict:
     if not a.skip_native:
         _say("native: build megatron-core local-spec GPTModel, step 1")
         try:
-            nat = _NativeActor(cfg, _weights(cfg, a), a)
+            nat = NativeActor(cfg, _weights(cfg, a), device=a.device, recompute=a.recompute,
+                              optimizer_offload=a.optimizer_offload, lr=LR)
             same = sorted(k for k, p in nat.model.named_parameters() if _fingerprint(p) != loaded.get(k))
             checks["native_weights_equal_strict"] = not same
             lp = nat.forward_backward(pk, loss, a.seqs, a.native_micro_batches)

@@ -120,7 +120,9 @@ def test_native_micro_batches_add_up_to_the_one_batch_step():
 
     a = B._parser().parse_args(ARGS + ["--seqs", "4"])
     cfg, hf, pk, loss, m = B._setup(a)
-    nat = B._NativeActor(cfg, hf, a, optimizer=False)
+    from rlk.integrations.megatron.native import NativeActor
+
+    nat = NativeActor(cfg, hf, device=a.device, recompute=a.recompute, optimizer=False)
     params = dict(nat.model.named_parameters())
     runs = []
     for n in (1, 2):

@@ -1,4 +1,4 @@
-"""The RL loop (``rlk.rl.loop``) with the megatron-core actor (``actor.RLTrainer``) on the CPU:
+"""The RL loop (``rlk.rl.loop``) with the megatron-core actor (``rl_trainer.RLTrainer``) on the CPU:
 every importance ratio exactly 1.0 and every weight sync verified, also at the step after
 megatron's Adam update (the engine then runs the weights megatron's optimizer wrote); an engine
 weight changed after a verified sync makes the ratios differ from 1 (the check can fail).
@@ -19,7 +19,7 @@ SMALL = dict(prompts_per_step=1, group_size=4, response_len=3, trainer="megatron
 @pytest.fixture(scope="module")
 def trainer_cls():
     require_megatron()
-    from rlk.integrations.megatron.actor import RLTrainer
+    from rlk.integrations.megatron.rl_trainer import RLTrainer
 
     return RLTrainer
 

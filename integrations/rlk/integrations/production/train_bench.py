@@ -12,7 +12,7 @@ sequences of at most ``--micro-tokens`` tokens, request order, ``replay_probe.mi
   head + loss). Old logp = the rollout's, **reused**: the actor forward's logp of every response
   token is compared with the rollout's as raw fp32 bytes; one differing token and the run fails
   closed (exit status 3, the count in the message and the record) before any optimizer step.
-* ``pp``: megatron's local spec (``actor_bench._native_model``) with
+* ``pp``: megatron's local spec (:class:`rlk.integrations.megatron.native.NativeActor`) with
   :class:`~rlk.integrations.production.attention.VarlenCoreAttention` in the core-attention
   slot, megatron's RoPE, its per-token cross entropy over materialized logits (logp = -ce). Old
   logp **recomputed** by a no-grad trainer forward (the stock engine's logp is not the
@@ -148,46 +148,26 @@ class ArmTrainer:
     """megatron-core trainer of one arm: ``"rr"`` GPTModel on rlk's strict spec, ``"pp"`` its
     local spec with torch's varlen attention (:class:`VarlenCoreAttention`) and cuBLAS.
     ``forward(pk) -> logp [T]`` (no grad), ``forward_backward([(pk, token_loss)]) -> [logp [T]]``
-    over megatron's schedule, ``step()`` (Adam: ``lr``, ``betas``), ``model`` (the module megatron
-    trains; ``gpt``: its GPTModel)."""
+    over megatron's schedule, ``step()``, ``model`` (the module megatron trains)."""
 
-    def __init__(self, arm, cfg, hf, device, recompute, optimizer, lr: float = LR,
-                 betas: tuple[float, float] = (0.9, 0.999)):
+    def __init__(self, arm, cfg, hf, device, recompute, optimizer):
         from rlk.integrations.megatron import version
 
         self.arm, self.cfg, self.device = arm, cfg, device
         if arm == "rr":
             from rlk.integrations.megatron.actor import MegatronActor
 
-            self.actor = MegatronActor(cfg, hf, lr=lr, betas=tuple(betas), recompute=recompute, device=str(device),
-                                       optimizer=optimizer)
+            self.actor = MegatronActor(cfg, hf, lr=LR, recompute=recompute, device=str(device), optimizer=optimizer)
             self.model, self.ddp, self.optimizer = self.actor.model, self.actor.ddp, self.actor.optimizer
-            self.gpt = self.actor.model
             self.description = STRICT_TRAINER.format(v=version())
         else:
-            from rlk.integrations.megatron.actor_bench import _NativeActor
+            from rlk.integrations.megatron.native import NativeActor
             from rlk.integrations.production.attention import VarlenCoreAttention
 
-            a = types.SimpleNamespace(device=str(device), recompute=recompute)
-            self.actor = _NativeActor(cfg, hf, a, core_attention=VarlenCoreAttention, optimizer=optimizer, lr=lr,
-                                      betas=betas)
+            self.actor = NativeActor(cfg, hf, device=str(device), recompute=recompute,
+                                     core_attention=VarlenCoreAttention, optimizer=optimizer, lr=LR)
             self.model, self.ddp, self.optimizer = self.actor.f16, self.actor.ddp, self.actor.optimizer
-            self.gpt = self.actor.model
             self.description = NATIVE_TRAINER.format(v=version())
-
-    @staticmethod
-    def _psp(pk):
-        import torch
-        from megatron.core.packed_seq_params import PackedSeqParams
-
-        cu = pk.cu_seqlens.to(torch.int32)
-        ms = max(b - a for a, b in zip(pk.host_cu, pk.host_cu[1:]))
-        return PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=ms, max_seqlen_kv=ms)
-
-    def _native_logp(self, model, pk):
-        T = pk.ids.shape[0]
-        ce = model(pk.ids.view(1, T), None, None, labels=pk.targets.view(1, T), packed_seq_params=self._psp(pk))
-        return -ce.reshape(T)  # megatron's per-token cross entropy, fp32 [1, T]
 
     def forward(self, pk):
         """No-grad logp ``[T]`` in eval mode (megatron's activation recompute applies to training
@@ -204,39 +184,15 @@ class ArmTrainer:
             with host_validated():
                 return _forward(self.model, pk)
         with torch.no_grad(), cuda_names_on_cpu():
-            return self._native_logp(self.model, pk)
+            return self.actor.packed_logp(self.model, pk)
 
     def forward_backward(self, batches):
-        import torch
-
         if self.arm == "rr":
             from rlk.kernels.common import host_validated
 
             with host_validated():
                 return self.actor.forward_backward(batches)
-        from megatron.core.pipeline_parallel.schedules import forward_backward_no_pipelining
-
-        from rlk.integrations.megatron.actor import cuda_names_on_cpu
-
-        logps = []
-
-        def forward_step(data_iterator, model):
-            pk, token_loss = next(data_iterator)
-            T = pk.ids.shape[0]
-            logp = self._native_logp(model, pk)
-            logps.append(logp.detach())
-            return token_loss(logp, 0, T).sum(), lambda out: (out, torch.tensor(T, dtype=torch.int),
-                                                             {"loss": out.detach()})
-
-        self.ddp.train()
-        with cuda_names_on_cpu():
-            self.ddp.zero_grad_buffer()
-            if self.optimizer is not None:
-                self.optimizer.zero_grad()
-            forward_backward_no_pipelining(forward_step_func=forward_step, data_iterator=iter(batches),
-                                           model=[self.ddp], num_microbatches=len(batches), seq_length=0,
-                                           micro_batch_size=1, forward_only=False)
-        return logps
+        return self.actor.forward_backward_packed(batches)
 
     def step(self):
         return self.actor.step()

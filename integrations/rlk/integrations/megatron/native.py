@@ -22,6 +22,7 @@ from typing import Optional
 import torch
 
 from rlk.errors import UnsupportedConfigError
+from rlk.integrations.megatron.host_emulation import cuda_names_on_cpu
 
 # Adam's learning rate when the caller names none (the actor benchmark's).
 DEFAULT_LR = 1e-5
@@ -102,7 +103,7 @@ class NativeActor:
         from megatron.core import tensor_parallel
 
         from rlk.integrations.megatron import spec, weights
-        from rlk.integrations.megatron.actor import cuda_names_on_cpu, training_wrappers
+        from rlk.integrations.megatron.actor import training_wrappers
 
         self.optimizer_offload = optimizer_offload if optimizer else 0.0
         spec.init_parallel(1)
@@ -122,10 +123,6 @@ class NativeActor:
         ``micro_batches`` micro-batches of ``seqs / micro_batches`` sequences (megatron's
         ``micro_batch_size``, gradients accumulated in ``main_grad``, losses summed:
         ``calculate_per_token_loss``); returns the logp ``[T]`` in packed order."""
-        from megatron.core.pipeline_parallel.schedules import forward_backward_no_pipelining
-
-        from rlk.integrations.megatron.actor import cuda_names_on_cpu
-
         if micro_batches < 1 or seqs % micro_batches:
             raise UnsupportedConfigError(f"native: {seqs} sequences do not split into {micro_batches} micro-batches")
         T = pk.ids.shape[0]
@@ -145,14 +142,7 @@ class NativeActor:
             return loss(logp, lo, hi).sum(), lambda out: (out, torch.tensor(hi - lo, dtype=torch.int),
                                                           {"loss": out.detach()})
 
-        self.ddp.train()
-        with cuda_names_on_cpu(), self._cpu_rng_fork():
-            self.ddp.zero_grad_buffer()
-            if self.optimizer is not None:
-                self.optimizer.zero_grad()
-            forward_backward_no_pipelining(forward_step_func=forward_step, data_iterator=iter(range(micro_batches)),
-                                           model=[self.ddp], num_microbatches=micro_batches, seq_length=S,
-                                           micro_batch_size=b, forward_only=False)
+        self._schedule(forward_step, iter(range(micro_batches)), micro_batches, S, b)
         return torch.cat(logps)
 
     def packed_logp(self, model, pk) -> torch.Tensor:
@@ -166,10 +156,6 @@ class NativeActor:
         """Forward + backward of ``[(pk, token_loss)]`` micro-batches of packed sequences over
         megatron's no-pipelining schedule (gradients accumulated in ``main_grad``); returns each
         micro-batch's logp ``[T]``."""
-        from megatron.core.pipeline_parallel.schedules import forward_backward_no_pipelining
-
-        from rlk.integrations.megatron.actor import cuda_names_on_cpu
-
         if not batches:
             raise UnsupportedConfigError("native forward_backward_packed: no micro-batches")
         logps = []
@@ -182,15 +168,24 @@ class NativeActor:
             return token_loss(logp, 0, T).sum(), lambda out: (out, torch.tensor(T, dtype=torch.int),
                                                              {"loss": out.detach()})
 
+        self._schedule(forward_step, iter(batches), len(batches), 0, 1)
+        return logps
+
+    def _schedule(self, forward_step, data_iterator, num_microbatches: int, seq_length: int,
+                  micro_batch_size: int) -> None:
+        """megatron's no-pipelining forward + backward over the micro-batches, gradients zeroed
+        first and accumulated in ``main_grad``."""
+        from megatron.core.pipeline_parallel.schedules import forward_backward_no_pipelining
+
         self.ddp.train()
         with cuda_names_on_cpu(), self._cpu_rng_fork():
             self.ddp.zero_grad_buffer()
             if self.optimizer is not None:
                 self.optimizer.zero_grad()
-            forward_backward_no_pipelining(forward_step_func=forward_step, data_iterator=iter(batches),
-                                           model=[self.ddp], num_microbatches=len(batches), seq_length=0,
-                                           micro_batch_size=1, forward_only=False)
-        return logps
+            forward_backward_no_pipelining(forward_step_func=forward_step, data_iterator=data_iterator,
+                                           model=[self.ddp], num_microbatches=num_microbatches,
+                                           seq_length=seq_length, micro_batch_size=micro_batch_size,
+                                           forward_only=False)
 
     @contextlib.contextmanager
     def _cpu_rng_fork(self):

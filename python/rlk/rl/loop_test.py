@@ -36,6 +36,8 @@ def test_strict_steps_have_every_ratio_exactly_one(tmp_path):
     # The record says which engine rolled out (here rlk's own executor) and the plot title names it.
     assert arm["engine"]["name"] == "rlk executor" and loop.engine_names(rep["arms"]) == "strict: rlk executor"
     assert arm["actor"] == {"name": "rlk trainer (rlk's strict kernels)", "trainer": "rlk", "route": "strict"}
+    assert loop.actor_names(rep["arms"]) == "strict: rlk trainer (rlk's strict kernels)"
+    assert loop.actor_names({"strict": {}}) is None  # a report written before the record
     assert "rollout engine: strict: rlk executor" in loop.plot_title(lc, loop.engine_names(rep["arms"]))
 
 

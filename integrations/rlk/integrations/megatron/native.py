@@ -9,7 +9,7 @@ training wraps it, megatron's DDP (fp32 ``main_grad``) and Adam (``actor.trainin
 logp = -(megatron's per-token cross entropy over materialized fp32 logits). Its core attention is
 megatron's local ``DotProductAttention`` on ``[b, s]`` with a causal mask (equal-length
 sequences: :meth:`NativeActor.forward_backward`) unless ``core_attention`` fills the slot, e.g.
-:class:`rlk.integrations.production.attention.VarlenCoreAttention` for packed ``thd`` sequences
+:class:`rlk.integrations.megatron.varlen_attention.VarlenCoreAttention` for packed ``thd`` sequences
 (:meth:`NativeActor.forward_backward_packed`). Weights in megatron's naming (``weights.hf_to_megatron``),
 loaded fail-closed (every parameter covered).
 """

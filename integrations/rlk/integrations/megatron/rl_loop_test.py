@@ -1,7 +1,9 @@
 """The RL loop (``rlk.rl.loop``) with the megatron-core actor (``rl_trainer.RLTrainer``) on the CPU:
 every importance ratio exactly 1.0 and every weight sync verified, also at the step after
 megatron's Adam update (the engine then runs the weights megatron's optimizer wrote); an engine
-weight changed after a verified sync makes the ratios differ from 1 (the check can fail).
+weight changed after a verified sync makes the ratios differ from 1 (the check can fail). The
+native route trains megatron's local spec (its logp the same model's, not bitwise); on both
+routes the packed batch reaches megatron on the parameters' device.
 
 megatron-core 0.19.2 is required (``CI`` set: the tests fail when it is missing).
 """
@@ -36,10 +38,9 @@ def test_megatron_actor_ratios_exactly_one(trainer_cls):
     import importlib.metadata
 
     assert arm["actor"]["name"].startswith(f"megatron-core {importlib.metadata.version('megatron-core')} GPTModel")
-    # The plot names the actor (the rlk trainer's title names none).
-    lc = loop.LoopConfig.from_dict(arm["config"])
-    assert "actor: megatron-core GPTModel" in loop.plot_title(lc)
-    assert "actor:" not in loop.plot_title(loop.LoopConfig(route="strict", steps=2))
+    # The plot names each arm's actor.
+    title = loop.plot_title(loop.LoopConfig.from_dict(arm["config"]), actor=loop.actor_names({"strict": arm}))
+    assert "actor: strict: megatron-core" in title and "(rlk's strict spec)" in title
 
 
 def test_engine_weight_changed_after_sync_is_caught(trainer_cls):
@@ -71,6 +72,7 @@ def test_native_arm_trains_megatron_local_spec(trainer_cls):
     engine is rlk's torch route), megatron's Adam moves the weights and every sync is verified."""
     arm = loop.run_arm(loop.LoopConfig(route="native", steps=2, **SMALL), make_trainer=trainer_cls)
     assert arm["actor"]["route"] == "native" and "local spec" in arm["actor"]["name"], arm["actor"]
+    assert "native: megatron-core" in loop.actor_names({"native": arm}) and "strict spec" not in arm["actor"]["name"]
     for r in arm["steps"]:
         assert r["sync"]["match"] and r["tokens"] == 12, r
         # The same model in other kernels: bf16 rounding apart (about 3e-2 mean here), far from a
@@ -80,16 +82,17 @@ def test_native_arm_trains_megatron_local_spec(trainer_cls):
     assert arm["steps"][0]["grad_norm"] > 0 and digests[1] != digests[0]
 
 
-def test_actor_batch_goes_to_the_parameters_device(trainer_cls, monkeypatch):
+@pytest.mark.parametrize("route,method", [("strict", "forward_backward"), ("native", "forward_backward_packed")])
+def test_actor_batch_goes_to_the_parameters_device(trainer_cls, monkeypatch, route, method):
     """megatron's forward gets the packed rows on the device of the parameters (on a GPU the loop
-    builds them on the host): a stand-in device ("meta") shows where they went."""
+    builds them on the host), on both routes: a stand-in device ("meta") shows where they went."""
     import torch
 
     from rlk.models.qwen3.layouts import hf_to_fused
 
-    lc = loop.LoopConfig(route="strict", steps=1, **SMALL)
+    lc = loop.LoopConfig(route=route, steps=1, **SMALL)
     cfg, hf = lc.weights()
-    t = trainer_cls(cfg, hf_to_fused(cfg, hf), "strict", lc)
+    t = trainer_cls(cfg, hf_to_fused(cfg, hf), route, lc)
     monkeypatch.setattr(trainer_cls, "device", property(lambda self: torch.device("meta")))
     seen = {}
 
@@ -100,7 +103,7 @@ def test_actor_batch_goes_to_the_parameters_device(trainer_cls, monkeypatch):
         seen["pk"] = batches[0][0]
         raise Stop
 
-    monkeypatch.setattr(t.actor_, "forward_backward", capture)
+    monkeypatch.setattr(t.actor_, method, capture)
     with pytest.raises(Stop):
         t.actor([[1, 2, 3]], [[4, 5]], [torch.zeros(2)], torch.ones(1))
     pk = seen["pk"]

@@ -42,7 +42,7 @@ class RLTrainer:
             self.actor_ = MegatronActor(cfg, hf, lr=lc.lr, betas=tuple(lc.betas), eps=1e-8, device=lc.device)
         else:
             from rlk.integrations.megatron.native import NativeActor
-            from rlk.integrations.production.attention import VarlenCoreAttention
+            from rlk.integrations.megatron.varlen_attention import VarlenCoreAttention
 
             self.actor_ = NativeActor(cfg, hf, device=lc.device, core_attention=VarlenCoreAttention, lr=lc.lr,
                                       betas=tuple(lc.betas))
@@ -54,7 +54,7 @@ class RLTrainer:
         from rlk.integrations.megatron import version
 
         spec = "rlk's strict spec" if self.route == "strict" else "local spec, torch varlen attention, cuBLAS"
-        return {"name": f"megatron-core {version()} GPTModel ({spec})", "trainer": "megatron",
+        return {"name": f"megatron-core {version() or '(version unknown)'} GPTModel ({spec})", "trainer": "megatron",
                 "route": self.route}
 
     @property

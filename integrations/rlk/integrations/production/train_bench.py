@@ -13,7 +13,7 @@ sequences of at most ``--micro-tokens`` tokens, request order, ``replay_probe.mi
   token is compared with the rollout's as raw fp32 bytes; one differing token and the run fails
   closed (exit status 3, the count in the message and the record) before any optimizer step.
 * ``pp``: megatron's local spec (:class:`rlk.integrations.megatron.native.NativeActor`) with
-  :class:`~rlk.integrations.production.attention.VarlenCoreAttention` in the core-attention
+  :class:`~rlk.integrations.megatron.varlen_attention.VarlenCoreAttention` in the core-attention
   slot, megatron's RoPE, its per-token cross entropy over materialized logits (logp = -ce). Old
   logp **recomputed** by a no-grad trainer forward (the stock engine's logp is not the
   trainer's).
@@ -48,7 +48,6 @@ import json
 import os
 import sys
 import time
-import types
 
 LR = 1e-5
 CLIP = 0.2
@@ -162,7 +161,7 @@ class ArmTrainer:
             self.description = STRICT_TRAINER.format(v=version())
         else:
             from rlk.integrations.megatron.native import NativeActor
-            from rlk.integrations.production.attention import VarlenCoreAttention
+            from rlk.integrations.megatron.varlen_attention import VarlenCoreAttention
 
             self.actor = NativeActor(cfg, hf, device=str(device), recompute=recompute,
                                      core_attention=VarlenCoreAttention, optimizer=optimizer, lr=LR)

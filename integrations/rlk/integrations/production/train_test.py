@@ -120,7 +120,7 @@ def test_packed_attention_matches_megatron_local_attention(monkeypatch):
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     from rlk.integrations.megatron import spec
-    from rlk.integrations.production.attention import VarlenCoreAttention
+    from rlk.integrations.megatron.varlen_attention import VarlenCoreAttention
 
     spec.init_parallel(1)
     tc = TransformerConfig(num_layers=1, hidden_size=64, num_attention_heads=4, num_query_groups=2, kv_channels=16,
@@ -160,7 +160,7 @@ def test_packed_attention_matches_megatron_local_attention(monkeypatch):
 def test_flash_backend_matches_the_cpu_fallback_on_cuda():
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA (torch varlen flash attention)")
-    from rlk.integrations.production import attention
+    from rlk.integrations.megatron import varlen_attention as attention
 
     g = torch.Generator().manual_seed(0)
     cu = torch.tensor([0, 70, 300, 301, 512], dtype=torch.int32, device="cuda")

@@ -1,5 +1,6 @@
 """Core attention over packed ``thd`` sequences for megatron-core's *local* spec (the native
-P/P trainer of :mod:`rlk.integrations.production`).
+trainer, :mod:`rlk.integrations.megatron.native`: the P/P trainer of
+:mod:`rlk.integrations.production` and the RL loop's native arm).
 
 megatron-core 0.19.2's local ``DotProductAttention`` refuses ``PackedSeqParams`` and
 materializes ``[b, h, s, s]`` scores over a padded ``[b, s]`` batch; a megatron user on an H200

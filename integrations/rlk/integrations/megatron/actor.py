@@ -49,7 +49,7 @@ import torch
 
 from rlk.errors import UnsupportedConfigError
 from rlk.integrations.megatron.host_emulation import cuda_names_on_cpu
-from rlk.integrations.megatron.offload import _configure_offload, check_offload, optimizer_placement, optimizer_step
+from rlk.integrations.megatron.offload import _configure_offload, check_offload, checked_step, optimizer_placement
 
 # TransformerConfig fields of each recompute choice.
 _RECOMPUTE = {None: {}, "full": dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1),
@@ -207,13 +207,9 @@ class MegatronActor:
 
     def step(self) -> dict:
         """megatron's optimizer step (fp32 main parameters updated, copied back to bf16)."""
-        if self.optimizer is None:
-            raise UnsupportedConfigError("MegatronActor was built with optimizer=False: no optimizer step")
-        ok, grad_norm, zeros = optimizer_step(self.optimizer)
-        if not ok:
-            raise UnsupportedConfigError("megatron optimizer step skipped (found inf/nan in the gradients)")
+        out = checked_step(self.optimizer, "MegatronActor")
         self.steps += 1
-        return {"grad_norm": None if grad_norm is None else float(grad_norm)}
+        return out
 
     # ---- state --------------------------------------------------------------------------------
     def optimizer_placement(self) -> dict:

@@ -205,11 +205,6 @@ class NativeActor:
 
     def step(self) -> dict:
         """megatron's optimizer step; returns ``{"grad_norm"}`` as ``MegatronActor.step``."""
-        from rlk.integrations.megatron.offload import optimizer_step
+        from rlk.integrations.megatron.offload import checked_step
 
-        if self.optimizer is None:
-            raise RuntimeError("native actor built with optimizer=False: no optimizer step")
-        ok, grad_norm, _ = optimizer_step(self.optimizer)
-        if not ok:
-            raise RuntimeError("native optimizer step skipped (inf/nan gradients)")
-        return {"grad_norm": None if grad_norm is None else float(grad_norm)}
+        return checked_step(self.optimizer, "the native actor")

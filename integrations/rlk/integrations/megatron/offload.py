@@ -153,3 +153,16 @@ def optimizer_step(opt) -> tuple:
     offloading optimizer's placement queries need (:func:`cuda_names_on_cpu`)."""
     with cuda_names_on_cpu(placement=True):
         return opt.step()
+
+
+def checked_step(opt, who: str) -> dict:
+    """One optimizer step of ``who``'s optimizer (:func:`optimizer_step`); refuses a missing
+    optimizer and a skipped step (inf/nan gradients). Returns ``{"grad_norm"}``."""
+    from rlk.errors import UnsupportedConfigError
+
+    if opt is None:
+        raise UnsupportedConfigError(f"{who} was built with optimizer=False: no optimizer step")
+    ok, grad_norm, _ = optimizer_step(opt)
+    if not ok:
+        raise UnsupportedConfigError(f"{who}: megatron optimizer step skipped (found inf/nan in the gradients)")
+    return {"grad_norm": None if grad_norm is None else float(grad_norm)}

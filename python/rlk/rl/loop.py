@@ -529,8 +529,7 @@ def run_and_report(lc: LoopConfig, routes: list[str], out_dir: str, on_step: Cal
     failures = strict_failures(arms["strict"]) if "strict" in arms else []
     report = {"arms": arms, "routes": list(routes), "passed": not failures, "failures": failures,
               "provenance": _provenance(lc, routes)}
-    png = rep.plot(arms, paths["png"], title=plot_title(lc, engine_names(arms), actor_names(arms)),
-                   reward_rule=lc.task().reward_rule())
+    png = rep.plot(arms, paths["png"], title=rep.title_of(lc, arms), reward_rule=lc.task().reward_rule())
     report["files"] = {"json": paths["json"], "jsonl": paths["jsonl"],
                        "png": png or "not written: matplotlib is not importable"}
     rep.write_json(report, paths["json"])
@@ -548,16 +547,6 @@ def _memory() -> dict:
     return out
 
 
-def plot_title(lc: LoopConfig, engine: str | None = None, actor: str | None = None) -> str:
-    """The PNG's title: model, each arm's actor and rollout engine (``actor_names``,
-    ``engine_names``), task and batch."""
-    return (f"rlk RL loop on {lc.describe_model()}{f', actor: {actor}' if actor else ''}"
-            f"{f', rollout engine: {engine}' if engine else ''}, "
-            f"reward: {lc.task().reward_rule()}, "
-            f"{lc.prompts_per_step} prompt(s) x "
-            f"{lc.group_size} samples x {lc.response_len} tokens, lr {lc.lr}, seed {lc.seed}")
-
-
 def replot(json_path: str, png_path: str | None = None) -> str | None:
     """Draws the PNG of a written report again (``rl_loop_<tag>.json`` -> ``.png`` beside it)."""
     from rlk.rl import report as rep
@@ -566,27 +555,8 @@ def replot(json_path: str, png_path: str | None = None) -> str | None:
         report = json.load(f)
     arms = report["arms"]
     lc = LoopConfig.from_dict(next(iter(arms.values()))["config"])
-    return rep.plot(arms, png_path or os.path.splitext(json_path)[0] + ".png",
-                    title=plot_title(lc, engine_names(arms), actor_names(arms)),
+    return rep.plot(arms, png_path or os.path.splitext(json_path)[0] + ".png", title=rep.title_of(lc, arms),
                     reward_rule=lc.task().reward_rule())
-
-
-def actor_names(arms: dict) -> str | None:
-    """``route: actor`` of each arm (None when no arm records its actor, e.g. a report written
-    before the record existed)."""
-    if not any(arm.get("actor") for arm in arms.values()):
-        return None
-    return "; ".join(f"{route}: {arm['actor']['name'] if arm.get('actor') else 'actor not recorded'}"
-                     for route, arm in arms.items())
-
-
-def engine_names(arms: dict) -> str | None:
-    """``route: engine`` of each arm (None when no arm records its engine; an arm without the
-    record, e.g. one written before it existed, beside one with it: ``route: engine not recorded``)."""
-    if not any(arm.get("engine") for arm in arms.values()):
-        return None
-    return "; ".join(f"{route}: {arm['engine']['name'] if arm.get('engine') else 'engine not recorded'}"
-                     for route, arm in arms.items())
 
 
 def _release_memory() -> None:

@@ -8,7 +8,7 @@ import torch
 
 from rlk.models.qwen3 import trained_tiny_weights
 from rlk.models.qwen3.layouts import hf_to_fused
-from rlk.rl import loop, sync
+from rlk.rl import loop, report, sync
 
 # Small enough for CPU CI (about 10 s per strict step): 1 prompt x 4 samples x 3 tokens.
 SMALL = dict(prompts_per_step=1, group_size=4, response_len=3)
@@ -34,11 +34,11 @@ def test_strict_steps_have_every_ratio_exactly_one(tmp_path):
     on_disk = json.load(open(rep["files"]["json"]))
     assert on_disk["passed"] and len(open(rep["files"]["jsonl"]).read().splitlines()) == 2
     # The record says which engine rolled out (here rlk's own executor) and the plot title names it.
-    assert arm["engine"]["name"] == "rlk executor" and loop.engine_names(rep["arms"]) == "strict: rlk executor"
+    assert arm["engine"]["name"] == "rlk executor" and report.arm_names(rep["arms"], "engine") == "strict: rlk executor"
     assert arm["actor"] == {"name": "rlk trainer (rlk's strict kernels)", "trainer": "rlk", "route": "strict"}
-    assert loop.actor_names(rep["arms"]) == "strict: rlk trainer (rlk's strict kernels)"
-    assert loop.actor_names({"strict": {}}) is None  # a report written before the record
-    assert "rollout engine: strict: rlk executor" in loop.plot_title(lc, loop.engine_names(rep["arms"]))
+    assert report.arm_names(rep["arms"], "actor") == "strict: rlk trainer (rlk's strict kernels)"
+    assert report.arm_names({"strict": {}}, "actor") is None  # a report written before the record
+    assert "rollout engine: strict: rlk executor" in report.plot_title(lc, report.arm_names(rep["arms"], "engine"))
 
 
 def test_engine_weight_changed_after_sync_makes_ratios_not_one():

@@ -8,7 +8,7 @@ import os
 from rlk.errors import UnsupportedConfigError
 from rlk.models.qwen3.routes import ROUTES
 from rlk.rl import report as rep
-from rlk.rl.loop import LoopConfig, actor_names, engine_names, output_paths, plot_title, strict_failures
+from rlk.rl.loop import LoopConfig, output_paths, strict_failures
 
 # Config keys that may differ between merged reports' arms (the route is what tells them apart).
 _MERGE_FREE_CONFIG = {"route"}
@@ -77,8 +77,7 @@ def merge_reports(json_paths: list[str], out_dir: str, tag: str | None = None) -
     report = {"arms": arms, "routes": routes, "passed": not failures, "failures": failures,
               "provenance": {"merged_from": sources, "note": "arms from separate processes; each source's "
                              "provenance as it recorded it"}}
-    png = rep.plot(arms, paths["png"], title=plot_title(lc, engine_names(arms), actor_names(arms)),
-                   reward_rule=lc.task().reward_rule())
+    png = rep.plot(arms, paths["png"], title=rep.title_of(lc, arms), reward_rule=lc.task().reward_rule())
     report["files"] = {"json": paths["json"], "png": png or "not written: matplotlib is not importable"}
     rep.write_json(report, paths["json"])
     return report

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from rlk.errors import UnsupportedConfigError
-from rlk.rl import loop
+from rlk.rl import loop, report
 from rlk.rl.merge import merge_reports
 
 PROV = {"device": {"name": "NVIDIA H200"}, "toolchain": {"torch": "2.11.0", "vllm": "0.26.0"}, "fingerprint": "f"}
@@ -41,9 +41,9 @@ def test_merge_keeps_both_arms_and_each_source_provenance(tmp_path):
     on_disk = json.load(open(rep["files"]["json"]))
     assert on_disk["arms"]["native"]["steps"][0]["ratio_not_one"] == 5
     assert rep["files"]["json"].endswith("rl_loop_merged.json")
-    assert loop.engine_names(rep["arms"]) == "strict: vLLM + rlk; native: stock vLLM"
+    assert report.arm_names(rep["arms"], "engine") == "strict: vLLM + rlk; native: stock vLLM"
     del rep["arms"]["strict"]["engine"]  # a record written before arms named their engine
-    assert loop.engine_names(rep["arms"]) == "strict: engine not recorded; native: stock vLLM"
+    assert report.arm_names(rep["arms"], "engine") == "strict: engine not recorded; native: stock vLLM"
 
 
 def test_merge_recomputes_the_strict_verdict(tmp_path):

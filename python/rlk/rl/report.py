@@ -25,6 +25,31 @@ def write_json(report: dict, path: str) -> str:
     return path
 
 
+def arm_names(arms: dict, key: str) -> str | None:
+    """``route: name`` of each arm's ``key`` record (``"engine"``: its rollout engine, ``"actor"``:
+    its trainer); None when no arm has the record, ``route: <key> not recorded`` for an arm
+    without it (a report written before it existed) beside one with it."""
+    if not any(arm.get(key) for arm in arms.values()):
+        return None
+    return "; ".join(f"{route}: {arm[key]['name'] if arm.get(key) else f'{key} not recorded'}"
+                     for route, arm in arms.items())
+
+
+def plot_title(lc, engine: str | None = None, actor: str | None = None) -> str:
+    """The PNG's title: model (``lc``: the loop's ``LoopConfig``), each arm's actor and rollout
+    engine, task and batch."""
+    return (f"rlk RL loop on {lc.describe_model()}{f', actor: {actor}' if actor else ''}"
+            f"{f', rollout engine: {engine}' if engine else ''}, "
+            f"reward: {lc.task().reward_rule()}, "
+            f"{lc.prompts_per_step} prompt(s) x "
+            f"{lc.group_size} samples x {lc.response_len} tokens, lr {lc.lr}, seed {lc.seed}")
+
+
+def title_of(lc, arms: dict) -> str:
+    """:func:`plot_title` with the arms' recorded engines and actors."""
+    return plot_title(lc, arm_names(arms, "engine"), arm_names(arms, "actor"))
+
+
 def plot(arms: dict[str, dict], path: str, title: str = "", reward_rule: str = "reward") -> str | None:
     """Reward and importance-ratio statistics per step of each arm (``{route: run_arm result}``);
     ``reward_rule``: the task's reward in words. Returns ``path``, or ``None`` when matplotlib is

@@ -12,7 +12,7 @@ import pytest
 
 from rlk.errors import UnsupportedConfigError
 from rlk.integrations.megatron.testing import require_megatron
-from rlk.rl import loop
+from rlk.rl import loop, report
 
 # As rlk.rl's loop_test: 1 prompt x 4 samples x 3 tokens.
 SMALL = dict(prompts_per_step=1, group_size=4, response_len=3, trainer="megatron")
@@ -39,7 +39,8 @@ def test_megatron_actor_ratios_exactly_one(trainer_cls):
 
     assert arm["actor"]["name"].startswith(f"megatron-core {importlib.metadata.version('megatron-core')} GPTModel")
     # The plot names each arm's actor.
-    title = loop.plot_title(loop.LoopConfig.from_dict(arm["config"]), actor=loop.actor_names({"strict": arm}))
+    title = report.plot_title(loop.LoopConfig.from_dict(arm["config"]),
+                              actor=report.arm_names({"strict": arm}, "actor"))
     assert "actor: strict: megatron-core" in title and "(rlk's strict spec)" in title
 
 
@@ -72,7 +73,8 @@ def test_native_arm_trains_megatron_local_spec(trainer_cls):
     engine is rlk's torch route), megatron's Adam moves the weights and every sync is verified."""
     arm = loop.run_arm(loop.LoopConfig(route="native", steps=2, **SMALL), make_trainer=trainer_cls)
     assert arm["actor"]["route"] == "native" and "local spec" in arm["actor"]["name"], arm["actor"]
-    assert "native: megatron-core" in loop.actor_names({"native": arm}) and "strict spec" not in arm["actor"]["name"]
+    assert "native: megatron-core" in report.arm_names({"native": arm}, "actor")
+    assert "strict spec" not in arm["actor"]["name"]
     for r in arm["steps"]:
         assert r["sync"]["match"] and r["tokens"] == 12, r
         # The same model in other kernels: bf16 rounding apart (about 3e-2 mean here), far from a

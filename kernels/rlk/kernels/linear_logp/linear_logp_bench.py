@@ -29,7 +29,12 @@ trainer already holds (megatron's gradient-accumulation fusion; allocated before
 counted): its workspace is peak minus d_hidden (its only returned gradient); the like-for-like
 comparison is Liger with an fp32 accumulator (``ratio_vs_liger_fp32acc``; Liger's workspace there
 holds its fp32 accumulator). ``main_grad_equal_unfused``: from a zero main_grad, d_hidden and
-bf16(main_grad) torch.equal to the unfused path's gradients.
+bf16(main_grad) torch.equal to the unfused path's gradients. ``native_main_grad``: megatron-core's own
+route to the same buffer without TransformerEngine or Apex (whose fused wgrad GEMM the device
+lacks): native forward + backward, then DDP's post-backward hook, ``main_grad.add_(weight.grad)``
+and ``weight.grad = None``; ``ratio_vs_native_main_grad`` and ``workspace_ratio_vs_native_main_grad``
+compare like for like (its workspace: peak minus d_hidden, the bf16 weight gradient counted as the
+transient it is).
 
 ``--fused-budgets MB [MB ...]`` adds arms of the fused path with the row-chunk budget
 (``fused.ROWS_BUDGET_MB``, a bit-neutral schedule field) overridden; the ``fwd_bwd_fused`` row
@@ -78,6 +83,14 @@ def _liger():
         return LigerFusedLinearCrossEntropyFunction, None
     except Exception as e:  # noqa: BLE001
         return None, f"liger_kernel not importable: {e!r}"
+
+
+def ddp_accumulate(weight: torch.Tensor, main_grad: torch.Tensor) -> None:
+    """What megatron-core's DistributedDataParallel does after a parameter's backward when there is
+    no gradient-accumulation fusion: ``main_grad += weight.grad`` (fp32 add of the bf16 gradient),
+    then ``weight.grad = None``."""
+    main_grad.add_(weight.grad)
+    weight.grad = None
 
 
 def _peak_mb(fn) -> float:
@@ -192,12 +205,18 @@ def run(shapes, out_path, rounds: int = ROUNDS, dev: str = "cuda", fused_budgets
         def fused_mg_fb():
             linear_logp_loss(hg, wg, tg, lambda lp, lo, hi: lp * coef[lo:hi], main_grad=mg)[0].backward()
 
+        mg_native = torch.zeros(V, H, dtype=torch.float32, device=dev)
+
+        def native_mg_fb():
+            native_fb()
+            ddp_accumulate(wg, mg_native)
+
         passes = {
             "fwd": {"strict": _validated(strict_fwd), "strict_checked": strict_fwd, "native": native_fwd},
             "fwd_bwd": {"strict": _validated(strict_fb), "strict_checked": strict_fb, "native": native_fb,
                         **({"liger": liger_fb, "liger_fp32acc": liger_fp32acc_fb} if liger_fn is not None else {}),
                         "fused": _validated(fused_fb), "fused_checked": fused_fb,
-                        "fused_main_grad": _validated(fused_mg_fb),
+                        "fused_main_grad": _validated(fused_mg_fb), "native_main_grad": native_mg_fb,
                         **{_arm(mb): _validated(_with_budget(fused_fb, mb)) for mb in fused_budgets}},
         }
         for pas, fns in passes.items():
@@ -210,7 +229,7 @@ def run(shapes, out_path, rounds: int = ROUNDS, dev: str = "cuda", fused_budgets
             hg.grad = wg.grad = None
             peaks = {}
             for name in ("strict", "native", "liger", "liger_fp32acc", "fused", "fused_main_grad",
-                         *map(_arm, fused_budgets)):
+                         "native_main_grad", *map(_arm, fused_budgets)):
                 if name in fns and "us" in t[name]:
                     try:
                         peaks[name] = _peak_mb(fns[name])
@@ -301,14 +320,18 @@ def _main_grad_row(T, V, t, peaks) -> dict:
     if peaks.get("fused_main_grad") is not None:
         row["strict_peak_mb"] = peaks["fused_main_grad"]
         row["strict_workspace_mb"] = peaks["fused_main_grad"] - T * H * 2 / 2**20
-    for name in ("native", "liger_fp32acc"):
+    for name in ("native", "liger_fp32acc", "native_main_grad"):
         if name in t and "us" in t[name]:
             row[f"{name}_us"] = t[name]["us"]
             row[f"ratio_vs_{name}" if name != "native" else "ratio"] = arm["us"] / t[name]["us"]
             if peaks.get(name) is not None:
-                row[f"{name}_workspace_mb"] = peaks[name] - _out_mb("fwd_bwd", T, V)
+                # native_main_grad returns only d_hidden (its d_weight went into main_grad)
+                out_mb = T * H * 2 / 2**20 if name == "native_main_grad" else _out_mb("fwd_bwd", T, V)
+                row[f"{name}_workspace_mb"] = peaks[name] - out_mb
     if row.get("native_workspace_mb") and "strict_workspace_mb" in row:
         row["workspace_ratio"] = row["strict_workspace_mb"] / row["native_workspace_mb"]
+    if row.get("native_main_grad_workspace_mb") and "strict_workspace_mb" in row:
+        row["workspace_ratio_vs_native_main_grad"] = row["strict_workspace_mb"] / row["native_main_grad_workspace_mb"]
     return row
 
 

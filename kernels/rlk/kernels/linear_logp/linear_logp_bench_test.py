@@ -45,6 +45,12 @@ def test_rows_columns_and_budget_arms(fake_device, tmp_path, monkeypatch):
     assert mg["strict_workspace_mb"] == pytest.approx(mg["strict_peak_mb"] - 64 * B.H * 2 / 2**20)
     assert mg["ratio"] == pytest.approx(mg["strict_us"] / mg["native_us"])
     assert mg["strict_us"] not in (rows["fwd_bwd"]["strict_us"], rows["fwd_bwd_fused"]["strict_us"])
+    # megatron's own route to main_grad (native backward, then DDP's add_): its own measurement,
+    # its workspace without the d_weight it folded into the buffer.
+    assert mg["native_main_grad_us"] not in (mg["native_us"], mg["strict_us"])
+    assert mg["ratio_vs_native_main_grad"] == pytest.approx(mg["strict_us"] / mg["native_main_grad_us"])
+    assert mg["workspace_ratio_vs_native_main_grad"] == pytest.approx(
+        mg["strict_workspace_mb"] / mg["native_main_grad_workspace_mb"])
     for r in rows.values():
         assert r["ratio"] == pytest.approx(r["strict_us"] / r["native_us"])
         out_mb = B._out_mb("fwd" if r["pass"] == "fwd" else "fwd_bwd", 64, 160)
@@ -105,3 +111,15 @@ def test_variants_log_lines_report_their_rows_byte_checks():
     line = merge_line(row)
     assert "T=   256" in line and "S=594" in line and "num_stages=3" in line and line.endswith("same=False")
     assert " table " in merge_line(dict(row, merge_cfg="", same_lse=True))
+
+
+
+def test_ddp_accumulate_is_megatrons_hook():
+    """The native main_grad arm's step leaves what megatron-core's DDP hook leaves: main_grad plus
+    the bf16 weight gradient in fp32, and no weight.grad."""
+    w = torch.randn(8, 4).bfloat16().requires_grad_(True)
+    (w.float() * torch.randn(8, 4)).sum().backward()
+    g = w.grad.clone()
+    mg = torch.full((8, 4), 0.5, dtype=torch.float32)
+    B.ddp_accumulate(w, mg)
+    assert torch.equal(mg, 0.5 + g.float()) and w.grad is None

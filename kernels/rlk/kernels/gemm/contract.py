@@ -163,12 +163,16 @@ _KERNELS = ("gemm.segment", "gemm.fold", "gemm.tiled")
 _V1_SCHEDULE_FIELDS = {**_SCHEDULE_FIELDS, "sm90_cutlass": (
     "sm_90, split count 1, bf16 out: configs/sm90_cutlass.json may pick a CUTLASS configuration "
     "(sm90.CONFIGS: tile M 64/128/256 x tile N 96-256, tile K = the 64-chunk, ping-pong or cooperative, "
-    "cluster 1 or 2 along M) per (K, N) and M range instead of the Triton kernels")}
+    "cluster 1 or 2 along M; or operands swapped, y^T = w @ x^T: 64 or 128 weight rows x 48-208 tokens) "
+    "per (K, N) and M range instead of the Triton kernels")}
 _V1_EVIDENCE = {**_EVIDENCE, "sm90_cutlass": (
     "same arithmetic: one fp32 accumulator from zero per element, 64-wide K tiles ascending, each four "
     "wgmma k16 steps, alpha 1 and no C operand, one RNE rounding; sm90_probe@H100 (sm_90): 0 differing "
     "elements against the Triton kernels over 8 Qwen3-8B shapes x 15 M (odd M 77 and 200 included) x every "
-    "configuration; sm90_test.py (GPU: three (K, N) incl. 192 x 200, M 1-513, and a CUDA-graph replay)")}
+    "unswapped configuration; sm90_test.py (GPU: three (K, N) incl. 192 x 200, M 1-513, and a CUDA-graph "
+    "replay). The operand-swapped configurations (sw*: the same products and K chain per element) have no "
+    "GPU evidence: the checked-in table names none, and sm90_probe picks only configurations with 0 "
+    "differing elements")}
 
 CONTRACT = contracts.register(contracts.Contract(
     id=CONTRACT_ID,

@@ -51,25 +51,35 @@ TABLE_ENV = "RLK_GEMM_SM90_TABLE"
 MODE_ENV = "RLK_GEMM_SM90"
 MODES = ("auto", "off", "require")
 
-# name -> (tile_m, tile_n, cluster_m, cluster_n, coop). Tile K is the contract's chunk (64).
+# name -> (tile_m, tile_n, cluster_m, cluster_n, coop, swap_ab). Tile K is the contract's chunk (64).
 # Widths follow one wave on 132 SMs at Qwen3 shapes (N 4096, 6144, 24576; M 64-512) and the
 # tiles cuBLAS picks there; "pp" = ping-pong (two consumer warp groups on alternate 64-row
 # tiles), "co" = cooperative (both on one 128- or 256-row tile).
 CONFIGS = {
-    "pp64x96": (64, 96, 1, 1, 0),
-    "pp64x128": (64, 128, 1, 1, 0),
-    "pp64x192": (64, 192, 1, 1, 0),
-    "co128x96": (128, 96, 1, 1, 1),
-    "co128x128": (128, 128, 1, 1, 1),
-    "co128x192": (128, 192, 1, 1, 1),
-    "co128x256": (128, 256, 1, 1, 1),
-    "co256x128": (256, 128, 1, 1, 1),
+    "pp64x96": (64, 96, 1, 1, 0, 0),
+    "pp64x128": (64, 128, 1, 1, 0, 0),
+    "pp64x192": (64, 192, 1, 1, 0, 0),
+    "co128x96": (128, 96, 1, 1, 1, 0),
+    "co128x128": (128, 128, 1, 1, 1, 0),
+    "co128x192": (128, 192, 1, 1, 1, 0),
+    "co128x256": (128, 256, 1, 1, 1, 0),
+    "co256x128": (256, 128, 1, 1, 1, 0),
     # Clusters of two CTAs along M: the pair shares each weight tile (TMA multicast).
-    "pp64x96m2": (64, 96, 2, 1, 0),
-    "pp64x128m2": (64, 128, 2, 1, 0),
-    "pp64x192m2": (64, 192, 2, 1, 0),
-    "co128x96m2": (128, 96, 2, 1, 1),
-    "co128x192m2": (128, 192, 2, 1, 1),
+    "pp64x96m2": (64, 96, 2, 1, 0, 0),
+    "pp64x128m2": (64, 128, 2, 1, 0, 0),
+    "pp64x192m2": (64, 192, 2, 1, 0, 0),
+    "co128x96m2": (128, 96, 2, 1, 1, 0),
+    "co128x192m2": (128, 192, 2, 1, 1, 0),
+    # Operands swapped ("sw", gemm_sm90.cu's RLK_SWAP_AB): tile_m weight rows x tile_n tokens, so a
+    # decode batch of M tokens fills a tile of the next multiple of 16 instead of 64-row tiles
+    # (the M 77-208 buckets where the tiles above lose to cuBLAS). The probe's byte check and
+    # timing decide whether the table picks one (a configuration with a differing element never is).
+    "sw64x48": (64, 48, 1, 1, 0, 1),
+    "sw64x80": (64, 80, 1, 1, 0, 1),
+    "sw64x144": (64, 144, 1, 1, 0, 1),
+    "sw64x208": (64, 208, 1, 1, 0, 1),
+    "sw128x80": (128, 80, 1, 1, 1, 1),
+    "sw128x144": (128, 144, 1, 1, 1, 1),
 }
 
 # The C entry point's error codes (gemm_sm90.cu).
@@ -154,10 +164,10 @@ def build(out: Path, cutlass_dir: str | None = None, jobs: int | None = None, na
     nvcc_version = subprocess.run(["nvcc", "--version"], capture_output=True, text=True, check=True).stdout
 
     def compile_one(name: str) -> Path:
-        tm, tn, cm, cn, coop = CONFIGS[name]
+        tm, tn, cm, cn, coop, swap = CONFIGS[name]
         obj = out / f"{name}.o"
         cmd = ["nvcc", *flags, f"-DRLK_TILE_M={tm}", f"-DRLK_TILE_N={tn}", f"-DRLK_CLUSTER_M={cm}",
-               f"-DRLK_CLUSTER_N={cn}", f"-DRLK_COOP={coop}", f"-DRLK_SYMBOL={symbol(name)}",
+               f"-DRLK_CLUSTER_N={cn}", f"-DRLK_COOP={coop}", f"-DRLK_SWAP_AB={swap}", f"-DRLK_SYMBOL={symbol(name)}",
                "-c", str(SOURCE), "-o", str(obj)]
         t0 = time.perf_counter()
         r = subprocess.run(cmd, capture_output=True, text=True)

@@ -219,6 +219,46 @@ def test_build_refuses_unknown_configurations_and_a_checkout_of_another_version(
         sm90.build(tmp_path / "out", str(tmp_path / "nowhere"))
 
 
+def test_every_configuration_is_a_legal_tile_and_its_compile_names_it(tmp_path, monkeypatch):
+    """Each configuration's tile is one CUTLASS's sm_90 builders take (ping-pong: 64 rows per
+    consumer warp group; cooperative: 128 or 256; wgmma N a multiple of 8 up to 256), and the
+    build passes exactly its fields to nvcc, the operand swap included (a swapped configuration
+    compiled unswapped would be another kernel under its name)."""
+    for name, (tm, tn, cm, cn, coop, swap) in sm90.CONFIGS.items():
+        assert (tm == 64) if not coop else tm in (128, 256), name
+        assert tn % 8 == 0 and 8 <= tn <= 256 and swap in (0, 1) and cm in (1, 2) and cn == 1, name
+        assert name.startswith("sw") == bool(swap), name
+    inc = tmp_path / "cutlass" / "include" / "cutlass"
+    inc.mkdir(parents=True)
+    (inc / "cutlass.h").write_text("")
+    major, minor, patch = sm90.pin()["tag"].lstrip("v").split(".")
+    (inc / "version.h").write_text(f"#define CUTLASS_MAJOR {major}\n#define CUTLASS_MINOR {minor}\n"
+                                   f"#define CUTLASS_PATCH {patch}\n")
+    cmds = []
+
+    class Done:
+        returncode, stdout, stderr = 0, "nvcc: Cuda compilation tools, release 12.8", ""
+
+    def fake_run(cmd, **kw):
+        cmds.append(cmd)
+        if "-shared" in cmd:
+            open(cmd[cmd.index("-o") + 1], "wb").write(b"lib")
+        return Done()
+
+    monkeypatch.setattr(sm90.subprocess, "run", fake_run)
+    names = ["pp64x96", "co128x192m2", "sw64x48", "sw128x144"]
+    sm90.build(tmp_path / "out", str(tmp_path / "cutlass"), jobs=1, names=names)
+    compiles = {c[c.index("-o") + 1].rsplit("/", 1)[-1][:-2]: c for c in cmds if "-c" in c}
+    assert sorted(compiles) == sorted(names)
+    for name, cmd in compiles.items():
+        tm, tn, cm, cn, coop, swap = sm90.CONFIGS[name]
+        want = {f"-DRLK_TILE_M={tm}", f"-DRLK_TILE_N={tn}", f"-DRLK_CLUSTER_M={cm}", f"-DRLK_CLUSTER_N={cn}",
+                f"-DRLK_COOP={coop}", f"-DRLK_SWAP_AB={swap}", f"-DRLK_SYMBOL={sm90.symbol(name)}"}
+        assert want <= set(cmd), (name, cmd)
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["configs"]["sw64x48"] == [64, 48, 1, 1, 0, 1]
+
+
 def test_the_provenance_record_reads_what_the_route_reads(tmp_path):
     import hashlib
     from pathlib import Path

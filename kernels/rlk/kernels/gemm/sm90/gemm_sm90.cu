@@ -13,7 +13,15 @@
 //
 // Each compilation of this file is one configuration, chosen by macros (the build script passes
 // them): RLK_TILE_M, RLK_TILE_N, RLK_CLUSTER_M, RLK_CLUSTER_N, RLK_COOP (1: cooperative, 0:
-// ping-pong) and RLK_SYMBOL (the exported C function's name). The exported function has a C ABI
+// ping-pong), RLK_SWAP_AB and RLK_SYMBOL (the exported C function's name).
+//
+// RLK_SWAP_AB = 1 computes the transpose, y^T[N, M] = w[N, K] @ x[M, K]^T: the weight rows take
+// wgmma's M side (tiles of RLK_TILE_M weight rows) and the tokens its N side (RLK_TILE_N tokens,
+// any multiple of 8 up to 256), and the epilogue stores y^T column-major, i.e. y row-major. A
+// decode batch of M tokens then fills one tile exactly where the unswapped kernel rounds M up to
+// 64-row tiles. Each output element is the same dot product: the same products w[n, k] * x[m, k],
+// the same fp32 accumulator from zero over the same ascending 64-wide K chunks of four k16 steps,
+// one RNE rounding; the GPU test per configuration checks the bytes. The exported function has a C ABI
 // (called through ctypes, no libtorch linkage): it returns 0 on success, else an error code that
 // the Python side turns into a message.
 
@@ -31,8 +39,8 @@
 #include "cutlass/kernel_hardware_info.h"
 
 #if !defined(RLK_TILE_M) || !defined(RLK_TILE_N) || !defined(RLK_CLUSTER_M) || \
-    !defined(RLK_CLUSTER_N) || !defined(RLK_COOP) || !defined(RLK_SYMBOL)
-#error "build with -DRLK_TILE_M=.. -DRLK_TILE_N=.. -DRLK_CLUSTER_M=.. -DRLK_CLUSTER_N=.. -DRLK_COOP=.. -DRLK_SYMBOL=.."
+    !defined(RLK_CLUSTER_N) || !defined(RLK_COOP) || !defined(RLK_SWAP_AB) || !defined(RLK_SYMBOL)
+#error "build with -DRLK_TILE_M=.. -DRLK_TILE_N=.. -DRLK_CLUSTER_M=.. -DRLK_CLUSTER_N=.. -DRLK_COOP=.. -DRLK_SWAP_AB=.. -DRLK_SYMBOL=.."
 #endif
 
 #define RLK_CAT2(a, b) a##b
@@ -60,15 +68,24 @@ using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecialized;
 using Bf16 = cutlass::bfloat16_t;
 constexpr int kAlign = 8;  // 16 bytes of bf16: TMA's alignment for base addresses and row strides
 
+// Unswapped: D = y[M, N] row-major. Swapped: D = y^T[N, M] column-major (the same bytes as y
+// row-major with row stride ldy).
+#if RLK_SWAP_AB
+using LayoutD = cutlass::layout::ColumnMajor;
+#else
+using LayoutD = cutlass::layout::RowMajor;
+#endif
+
 // D = alpha * acc with alpha = 1 (exact in fp32), no C operand, one RNE conversion to bf16.
 using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
     cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
     cutlass::epilogue::collective::EpilogueTileAuto, float, float,
-    void, cutlass::layout::RowMajor, kAlign,
-    Bf16, cutlass::layout::RowMajor, kAlign,
+    void, LayoutD, kAlign,
+    Bf16, LayoutD, kAlign,
     EpilogueSchedule>::CollectiveOp;
 
-// x is K-major (RowMajor A); w[N, K] row-major is B stored K-major (ColumnMajor B).
+// Both operands K-major: A row-major (x, or w when swapped), B stored K-major (ColumnMajor B: w[N,
+// K] row-major, or x[M, K] row-major when swapped).
 using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
     cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
     Bf16, cutlass::layout::RowMajor, kAlign,
@@ -126,16 +143,28 @@ extern "C" int RLK_SYMBOL(const void* x, const void* w, void* y, int M, int N, i
   using StrideB = typename Gemm::GemmKernel::StrideB;
   using StrideD = typename Gemm::GemmKernel::StrideD;
   // Row strides are the callers' (views into wider buffers are served without a copy).
+#if RLK_SWAP_AB
+  const Bf16* a_ptr = static_cast<const Bf16*>(w);
+  const Bf16* b_ptr = static_cast<const Bf16*>(x);
+  StrideA stride_a = make_stride(static_cast<int64_t>(ldw), _1{}, int64_t(0));
+  StrideB stride_b = make_stride(static_cast<int64_t>(ldx), _1{}, int64_t(0));
+  StrideD stride_d = make_stride(_1{}, static_cast<int64_t>(ldy), int64_t(0));
+  const int gemm_m = N, gemm_n = M;
+#else
+  const Bf16* a_ptr = static_cast<const Bf16*>(x);
+  const Bf16* b_ptr = static_cast<const Bf16*>(w);
   StrideA stride_a = make_stride(static_cast<int64_t>(ldx), _1{}, int64_t(0));
   StrideB stride_b = make_stride(static_cast<int64_t>(ldw), _1{}, int64_t(0));
   StrideD stride_d = make_stride(static_cast<int64_t>(ldy), _1{}, int64_t(0));
+  const int gemm_m = M, gemm_n = N;
+#endif
 
   cutlass::KernelHardwareInfo hw_info;
   hw_info.sm_count = sm_count;
   typename Gemm::Arguments args{
       cutlass::gemm::GemmUniversalMode::kGemm,
-      {M, N, K, 1},
-      {static_cast<const Bf16*>(x), stride_a, static_cast<const Bf16*>(w), stride_b},
+      {gemm_m, gemm_n, K, 1},
+      {a_ptr, stride_a, b_ptr, stride_b},
       {{1.0f, 0.0f}, nullptr, stride_d, static_cast<Bf16*>(y), stride_d},
       hw_info};
   if (Gemm::can_implement(args) != cutlass::Status::kSuccess) return kCannotImplement;
@@ -166,5 +195,6 @@ extern "C" int RLK_SYMBOL(const void* x, const void* w, void* y, int M, int N, i
 #define RLK_STR(s) RLK_STR2(s)
 extern "C" const char* RLK_CAT(RLK_SYMBOL, _config)() {
   return "tile_m=" RLK_STR(RLK_TILE_M) " tile_n=" RLK_STR(RLK_TILE_N) " cluster_m=" RLK_STR(
-      RLK_CLUSTER_M) " cluster_n=" RLK_STR(RLK_CLUSTER_N) " coop=" RLK_STR(RLK_COOP) " chunk_k=64";
+      RLK_CLUSTER_M) " cluster_n=" RLK_STR(RLK_CLUSTER_N) " coop=" RLK_STR(RLK_COOP) " swap_ab=" RLK_STR(
+      RLK_SWAP_AB) " chunk_k=64";
 }

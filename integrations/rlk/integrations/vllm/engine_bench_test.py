@@ -258,3 +258,23 @@ def test_profile_requests_cut_prompts_and_set_lengths():
     p, n, what = engine_bench.profile_requests(prompts, lens, tokens=5, prompt_len=3)
     assert p == [[1, 2, 3], [5, 6]] and n == [5, 5] and what == "prompts cut to 3 tokens, 5 tokens each, profiled"
     assert prompts == [[1, 2, 3, 4], [5, 6]]  # the workload's own lists are not changed
+
+
+def test_report_engine_settings_come_from_the_first_folder_attribution_from_the_profiled_one(tmp_path):
+    """Engine settings and provenance are the first folder's record of an arm; a later, profiled
+    process lends only its attribution (its engine started warm, its timings are its own)."""
+    first, prof = tmp_path / "run1", tmp_path / "prof"
+    for d, start, att in ((first, 55.0, None), (prof, 20.0, {"span_s": 2.0, "device_s": {"gemm": 1.5}})):
+        d.mkdir()
+        for arm in ("stock", "rlk"):
+            _arm(d, arm, {"W0": 1000.0})
+            rec = json.loads((d / f"arm_{arm}.json").read_text())
+            rec["engine_start_s"] = start
+            if att:
+                rec["attribution"] = att
+            (d / f"arm_{arm}.json").write_text(json.dumps(rec))
+    _cmp(first, 0)
+    rep = engine_report_bench.build([str(first), str(prof)])
+    assert rep["engine"]["rlk"]["engine_start_s"] == 55.0 and rep["engine"]["stock"]["engine_start_s"] == 55.0
+    assert rep["attribution"]["rlk"]["device_s"] == {"gemm": 1.5}
+

@@ -64,13 +64,13 @@ def build(results) -> dict:
                for r in reps for a in r.values() if isinstance(a.get("provenance"), dict)} - {None}
     if len(bundles) > 1:
         raise ValueError(f"results folders ran different vLLM bundles: {sorted(bundles)}")
-    arms = {}  # the first record of each arm (engine settings, provenance, attribution)
+    arms = {}  # the first record of each arm: its engine settings and provenance
     for arms_d in reps:
         for a, rec in arms_d.items():
             arms.setdefault(a, rec)
-    for a, rec in list(arms.items()):
-        if not rec.get("attribution"):
-            arms[a] = next((r[a] for r in reps if a in r and r[a].get("attribution")), rec)
+    # The attribution of each arm from the first folder whose record has one (a profiled process).
+    attribution = {a: next(r[a]["attribution"] for r in reps if a in r and r[a].get("attribution"))
+                   for a in arms if any(a in r and r[a].get("attribution") for r in reps)}
     names = sorted({w for arms_d in reps for a in arms_d.values() for w in a["workloads"]})
     per = {}
     for w in names:
@@ -119,7 +119,7 @@ def build(results) -> dict:
                                                    "warmup_s", "cudagraph_mode", "compilation_mode", "env")}
                    for a in arms},
         "rlk_worker_counters": (arms.get("rlk") or {}).get("worker_counters"),
-        "attribution": {a: arms[a]["attribution"] for a in arms if arms[a].get("attribution")},
+        "attribution": attribution,
         "checkpoint": {k: ck.get(k) for k in ("sha256", "bytes", "config", "layers", "meta")} if ck else None,
         "bundle_sha256": next((a["provenance"].get("extra", {}).get("bundle_sha256") for a in arms.values()
                                if isinstance(a.get("provenance"), dict)), None),

@@ -263,7 +263,7 @@ def test_profile_requests_cut_prompts_and_set_lengths():
 def test_report_engine_settings_come_from_the_first_folder_attribution_from_the_profiled_one(tmp_path):
     """Engine settings and provenance are the first folder's record of an arm; a later, profiled
     process lends only its attribution (its engine started warm, its timings are its own)."""
-    first, prof = tmp_path / "run1", tmp_path / "prof"
+    first, prof = tmp_path / "first", tmp_path / "profiled"
     for d, start, att in ((first, 55.0, None), (prof, 20.0, {"span_s": 2.0, "device_s": {"gemm": 1.5}})):
         d.mkdir()
         for arm in ("stock", "rlk"):

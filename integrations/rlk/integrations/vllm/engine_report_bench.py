@@ -68,9 +68,11 @@ def build(results) -> dict:
     for arms_d in reps:
         for a, rec in arms_d.items():
             arms.setdefault(a, rec)
-    # The attribution of each arm from the first folder whose record has one (a profiled process).
-    attribution = {a: next(r[a]["attribution"] for r in reps if a in r and r[a].get("attribution"))
-                   for a in arms if any(a in r and r[a].get("attribution") for r in reps)}
+    attribution = {}  # each arm's from the first folder whose record has one (a profiled process)
+    for arms_d in reps:
+        for a, rec in arms_d.items():
+            if rec.get("attribution"):
+                attribution.setdefault(a, rec["attribution"])
     names = sorted({w for arms_d in reps for a in arms_d.values() for w in a["workloads"]})
     per = {}
     for w in names:

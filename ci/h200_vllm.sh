@@ -75,9 +75,11 @@ stage prod_report 120 $PROD report --results "$PROD_R" --out "$PROD_R/e2e_produc
 # each step's weight sync goes through a safetensors file and collective_rpc (rlk.rl --engine vllm).
 # RL_TRAINER=megatron: megatron-core's GPTModel is the actor, on rlk's spec (strict) or its local spec (native;
 # RL_ROUTE=both: the production pair as a loop); its DDP main_grad and Adam stay on the GPU (18 bytes/param), so
-# RL_LAYERS keeps the real widths and LM head within one card beside vLLM (4 layers ran on an 80 GB H100).
+# RL_LAYERS keeps the real widths and LM head within one card beside vLLM (4 layers ran on an 80 GB H100), or
+# RL_OFFLOAD=FRACTION moves that fraction's fp32 main parameters and Adam moments to the host (megatron's offload).
 # RL_ARGS: more of rlk.rl's options.
-if [ "${RL_TRAINER:-rlk}" = megatron ]; then RL_ACTOR="--trainer megatron"; else RL_ACTOR="--optimizer-offload"; fi
+if [ "${RL_TRAINER:-rlk}" = megatron ]; then RL_ACTOR="--trainer megatron ${RL_OFFLOAD:+--optimizer-offload $RL_OFFLOAD}"
+else RL_ACTOR="--optimizer-offload"; fi
 stage rl_loop_vllm "${RL_LIMIT:-560}" python3 -m rlk.rl --engine vllm --route "${RL_ROUTE:-strict}" --device cuda --model qwen3-8b \
   $RL_ACTOR ${RL_LAYERS:+--layers "$RL_LAYERS"} --task token_class --prompts 4 --group-size 8 --response-len 128 --lr 1e-4 \
   --steps "${RL_STEPS:-5}" --engine-memory "${RL_ENGINE_MEMORY:-0.3}" --tag h200_vllm --quiet --out "$R/rl_loop_vllm" ${RL_ARGS:-}

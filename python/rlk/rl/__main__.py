@@ -83,9 +83,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--task", default=d.task_name, choices=("target_byte", "token_class"),
                    help="target_byte: fraction of one byte (byte vocabularies); token_class: fraction of "
                         "even token ids (large vocabularies)")
-    p.add_argument("--optimizer-offload", action="store_true",
-                   help="Adam's fp32 masters and moments on the host (rlk trainer; a Qwen3-8B trainer and "
-                        "engine do not fit one H200 with them on the GPU)")
+    p.add_argument("--optimizer-offload", nargs="?", type=float, const=1.0, default=0.0, metavar="FRACTION",
+                   help="Adam's fp32 masters and moments on the host (a Qwen3-8B trainer and engine do not fit one "
+                        "H200 with them on the GPU): all of them (no value; the rlk trainer offloads all or none), "
+                        "or, with --trainer megatron, the FRACTION of the parameters megatron's CPU offload takes")
     p.add_argument("--fingerprint", default=d.fingerprint, choices=("auto", "sha256", "device"),
                    help="weight-sync fingerprint: auto = sha256 on the host for CPU runs, device on CUDA")
     p.add_argument("--tag", default=None, help="report name rl_loop_<tag>.json (default: the device type)")
@@ -132,6 +133,12 @@ def _progress(steps: int):
     return update, close
 
 
+def _offload(fraction: float) -> bool | float:
+    """``--optimizer-offload``'s value for LoopConfig: none and all as bools (the rlk trainer's
+    switch), anything else as given (LoopConfig.check refuses what is out of range)."""
+    return fraction == 1.0 if fraction in (0.0, 1.0) else fraction
+
+
 def engine_kwargs(a, parser) -> dict:
     """vLLM engine arguments from the command line (``--engine-memory``)."""
     if a.engine_memory is None:
@@ -171,7 +178,7 @@ def main(argv=None) -> int:
     lc = loop.LoopConfig(steps=a.steps, model=a.model, prompts_per_step=a.prompts, group_size=a.group_size,
                          response_len=a.response_len, lr=a.lr, clip_eps=a.clip_eps, target=ord(a.target),
                          seed=a.seed, jitter=a.jitter, device=a.device, trainer=a.trainer, recipe=a.recipe,
-                         layers=a.layers, task_name=a.task, optimizer_offload=a.optimizer_offload,
+                         layers=a.layers, task_name=a.task, optimizer_offload=_offload(a.optimizer_offload),
                          fingerprint=a.fingerprint)
     routes = ["strict", "native"] if a.route == "both" else [a.route]
     make_trainer = None

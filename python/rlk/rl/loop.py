@@ -79,10 +79,12 @@ class LoopConfig:
     # on the strict route, megatron's local spec on the native one; its adapter sits above this
     # layer, so run_arm receives it as ``make_trainer``).
     trainer: str = "rlk"
-    # Adam's fp32 master weights and moments on the host (one fused CPU Adam per tensor, stepped
-    # in turn; the bf16 weights go back to the device): a Qwen3-8B trainer + engine needs 16 bytes
-    # per parameter more than one H200 holds with them on the GPU.
-    optimizer_offload: bool = False
+    # Adam's fp32 master weights and moments on the host: a Qwen3-8B trainer + engine needs 16
+    # bytes per parameter more than one H200 holds with them on the GPU. The rlk trainer offloads
+    # all of them (True; one fused CPU Adam per tensor, stepped in turn, the bf16 weights go back
+    # to the device); the megatron actor takes True or a fraction of the parameters in (0, 1]
+    # (megatron's own CPU offload, rlk.integrations.megatron.offload).
+    optimizer_offload: bool | float = False
     # The weight sync's fingerprint (rlk.rl.sync): "auto" is sha256 on the CPU, "device" on CUDA.
     fingerprint: str = "auto"
 
@@ -103,8 +105,15 @@ class LoopConfig:
             raise UnsupportedConfigError(f"task {self.task_name!r} unknown (known: {', '.join(TASKS)})")
         if self.fingerprint not in FINGERPRINT_CHOICES:
             raise UnsupportedConfigError(f"fingerprint {self.fingerprint!r} unknown (known: {', '.join(FINGERPRINT_CHOICES)})")
-        if self.optimizer_offload and self.trainer != "rlk":
-            raise UnsupportedConfigError("optimizer_offload applies to the rlk trainer (megatron has its own optimizer)")
+        off = self.optimizer_offload
+        if isinstance(off, bool) or off in (0, 1):
+            pass
+        elif self.trainer == "rlk":
+            raise UnsupportedConfigError(f"optimizer_offload={off!r}: the rlk trainer offloads all of Adam's state "
+                                         "or none (True/False); fractions are megatron's (--trainer megatron)")
+        elif not (isinstance(off, (int, float)) and 0.0 < off < 1.0):
+            raise UnsupportedConfigError(f"optimizer_offload={off!r}: a bool or a fraction of the parameters in "
+                                         "(0, 1]")
         for name in ("steps", "prompts_per_step", "response_len"):
             if getattr(self, name) < 1:
                 raise UnsupportedConfigError(f"{name} must be >= 1 (got {getattr(self, name)})")

@@ -115,3 +115,22 @@ def test_engine_memory_option():
                 ["--engine", "vllm", "--engine-memory", "0"]):
         with _pytest.raises(SystemExit):
             engine_kwargs(p.parse_args(bad + ["--out", "x"]), p)
+
+
+def test_optimizer_offload_option(tmp_path):
+    from rlk.rl.__main__ import _offload, _parser
+
+    p = _parser()
+    got = {" ".join(a): _offload(p.parse_args(a + ["--out", "x"]).optimizer_offload)
+           for a in ([], ["--optimizer-offload"], ["--optimizer-offload", "0.85"], ["--optimizer-offload", "1"],
+                     ["--optimizer-offload", "0"])}
+    assert got == {"": False, "--optimizer-offload": True, "--optimizer-offload 0.85": 0.85,
+                   "--optimizer-offload 1": True, "--optimizer-offload 0": False}
+    assert all(type(v) is bool for k, v in got.items() if k != "--optimizer-offload 0.85")
+    # A fraction is megatron's offload; the rlk trainer's is all or none. Refused before any work.
+    for bad in (["--optimizer-offload", "0.5"], ["--optimizer-offload", "-1"],
+                ["--trainer", "megatron", "--optimizer-offload", "1.5"],
+                ["--trainer", "megatron", "--optimizer-offload", "-0.2"]):
+        with pytest.raises(SystemExit):
+            main(["--route", "native", "--steps", "1", "--out", str(tmp_path / "x")] + bad)
+    assert not (tmp_path / "x").exists()

@@ -62,7 +62,8 @@ def test_token_class_reward_and_config_errors():
     with pytest.raises(UnsupportedConfigError, match="modulus"):
         TokenClassTask(modulus=1).check(256)
     for bad in (dict(model="nope"), dict(model="tiny", layers=1), dict(task_name="x"), dict(fingerprint="md5"),
-                dict(recipe="x"), dict(trainer="megatron", optimizer_offload=True)):
+                dict(recipe="x"), dict(optimizer_offload=0.5), dict(trainer="megatron", optimizer_offload=1.5),
+                dict(trainer="megatron", optimizer_offload=-0.25)):
         with pytest.raises(UnsupportedConfigError):
             loop.LoopConfig(**bad).check()
     assert loop.LoopConfig(device="cpu").fingerprint_kind() == "sha256"

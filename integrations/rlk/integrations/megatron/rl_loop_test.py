@@ -44,6 +44,23 @@ def test_megatron_actor_ratios_exactly_one(trainer_cls):
     assert "actor: strict: megatron-core" in title and "(rlk's strict spec)" in title
 
 
+@pytest.mark.parametrize("route", ["strict", "native"])
+def test_optimizer_offload_runs_megatrons_hybrid_optimizer_in_the_loop(trainer_cls, route):
+    """``optimizer_offload=0.5``: megatron's HybridDeviceOptimizer keeps half the parameters' fp32
+    state on the host, on both routes. On the CPU its update is bitwise the one without offload
+    (rlk.integrations.megatron.offload), so the engine receives the same weights at every sync, and
+    the strict arm's ratios stay exactly 1."""
+    base = loop.run_arm(loop.LoopConfig(route=route, steps=2, **SMALL), make_trainer=trainer_cls)
+    off = loop.run_arm(loop.LoopConfig(route=route, steps=2, optimizer_offload=0.5, **SMALL), make_trainer=trainer_cls)
+    assert off["actor"]["optimizer_offload"] == 0.5 and off["actor"]["optimizer"] == "megatron HybridDeviceOptimizer"
+    assert base["actor"]["optimizer_offload"] == 0.0
+    assert off["config"]["optimizer_offload"] == 0.5
+    digests = [[r["sync"]["sha256_rollout"] for r in a["steps"]] for a in (base, off)]
+    assert digests[0] == digests[1] and digests[0][0] != off["initial_sync"]["sha256_rollout"]
+    if route == "strict":
+        assert loop.strict_failures(off) == []
+
+
 def test_engine_weight_changed_after_sync_is_caught(trainer_cls):
     def perturb(generation, engine):
         if generation == 0:

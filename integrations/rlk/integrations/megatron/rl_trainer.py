@@ -10,6 +10,7 @@ import torch
 
 from rlk.errors import UnsupportedConfigError
 from rlk.integrations.megatron.actor import MegatronActor
+from rlk.integrations.megatron.offload import offload_fraction, optimizer_placement
 
 
 class RLTrainer:
@@ -18,6 +19,9 @@ class RLTrainer:
     loop's own ``Trainer`` (``rlk.rl.loop.actor_batch``), megatron's forward/backward and Adam
     (the loop's lr and betas, eps 1e-8), weights handed to the sync in rlk's fused layout (exact
     copies; megatron's interleaved QKV rows reordered to ``[Q|K|V]``).
+
+    ``lc.optimizer_offload`` (True or a fraction): megatron's CPU offload of the fp32 main
+    parameters and Adam moments, on both routes (:mod:`rlk.integrations.megatron.offload`).
 
     Route ``strict``: :class:`MegatronActor` (rlk's spec). Route ``native``: megatron's local spec
     with torch's varlen attention and cuBLAS (:class:`rlk.integrations.megatron.native.NativeActor`
@@ -39,13 +43,14 @@ class RLTrainer:
         self.clip_eps = lc.clip_eps
         hf = fused_to_hf(cfg, fused)
         if route == "strict":
-            self.actor_ = MegatronActor(cfg, hf, lr=lc.lr, betas=tuple(lc.betas), eps=1e-8, device=lc.device)
+            self.actor_ = MegatronActor(cfg, hf, lr=lc.lr, betas=tuple(lc.betas), eps=1e-8, device=lc.device,
+                                        optimizer_offload=lc.optimizer_offload)
         else:
             from rlk.integrations.megatron.native import NativeActor
             from rlk.integrations.megatron.varlen_attention import VarlenCoreAttention
 
             self.actor_ = NativeActor(cfg, hf, device=lc.device, core_attention=VarlenCoreAttention, lr=lc.lr,
-                                      betas=tuple(lc.betas))
+                                      betas=tuple(lc.betas), optimizer_offload=offload_fraction(lc.optimizer_offload))
         self._gpt = self.actor_.model
         self.generation = 0
 
@@ -54,8 +59,10 @@ class RLTrainer:
         from rlk.integrations.megatron import version
 
         spec = "rlk's strict spec" if self.route == "strict" else "local spec, torch varlen attention, cuBLAS"
+        place = optimizer_placement(self.actor_.optimizer)
         return {"name": f"megatron-core {version() or '(version unknown)'} GPTModel ({spec})", "trainer": "megatron",
-                "route": self.route}
+                "route": self.route, "optimizer_offload": place.get("offload_fraction"),
+                "optimizer": place.get("inner")}
 
     @property
     def device(self) -> torch.device:

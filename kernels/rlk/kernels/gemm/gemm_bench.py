@@ -163,7 +163,10 @@ def main(argv=None) -> int:
                    "strict_tflops": round(flops / (strict_ms * 1e-3) / 1e12, 1),
                    "schedule": p["schedule"], "split_k": p["split_k"],
                    "config": {k: p[k] for k in schedule.SCHEDULE_KEYS[p["schedule"]] if k in p},
-                   "plan_source": source, "timing": timing, "contract": args.contract}
+                   "plan_source": source, "timing": timing, "contract": args.contract,
+                   # What served the strict arm: an sm_90 CUTLASS configuration (then schedule and
+                   # config above are the Triton plan it stands in for) or the Triton kernels.
+                   "served_by": launch.sm90_route(x, w, contract=args.contract) or "triton"}
             if ring is not None:
                 row["weight_copies"] = len(ring.ws)
             rows.append(row)

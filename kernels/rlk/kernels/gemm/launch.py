@@ -186,6 +186,19 @@ def _descriptor(t, layout, rows_block, k_block):
     return TensorDescriptor(t, list(t.shape), [t.stride(0), 1], [rows_block, k_block])
 
 
+def sm90_route(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfloat16,
+               contract: str = gemm_contract.CONTRACT_ID) -> str | None:
+    """The sm_90 CUTLASS configuration :func:`gemm` serves ``x @ w.T`` with (its default schedule
+    and config), or None where the Triton kernels do: a CUDA sm_90 device, bf16 out, contract
+    v1 and a pick of ``sm90.route`` (its table, split count 1, aligned operands)."""
+    if not (x.device.type == "cuda" and out_dtype == torch.bfloat16 and contract == gemm_contract.CONTRACT_ID
+            and arch_of(x.device) == "sm_90"):
+        return None
+    M, K = x.shape
+    N = w.shape[0]
+    return sm90.route(x, w, M, K, N, gemm_contract.split_rule(K, N))
+
+
 def gemm(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfloat16,
          schedule: str | None = None, config: dict | None = None, contract: str = gemm_contract.CONTRACT_ID,
          _handles: list | None = None) -> torch.Tensor:
@@ -214,11 +227,10 @@ def gemm(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfl
         return torch.empty((M, N), dtype=out_dtype, device=x.device)
     if K == 0:  # the fold of no segment: total = 0.0
         return torch.zeros((M, N), dtype=out_dtype, device=x.device)
-    if (x.device.type == "cuda" and out_dtype == torch.bfloat16 and contract == gemm_contract.CONTRACT_ID
-            and schedule is None and not config and _handles is None and arch_of(x.device) == "sm_90"):
+    if schedule is None and not config and _handles is None:
         # sm_90: CUTLASS kernels with v1's single-segment arithmetic (same bytes) where the
         # sm90_cutlass table picks one; otherwise the Triton kernels below.
-        name = sm90.route(x, w, M, K, N, gemm_contract.split_rule(K, N))
+        name = sm90_route(x, w, out_dtype=out_dtype, contract=contract)
         if name is not None:
             y = torch.empty((M, N), dtype=out_dtype, device=x.device)
             with torch.cuda.device(x.device):

@@ -335,3 +335,30 @@ def test_a_configuration_replays_from_a_cuda_graph_with_the_same_bytes():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(y0.view(torch.int16), y1.view(torch.int16))
+
+
+class _CudaStandIn:
+    """What ``launch.sm90_route`` reads of a tensor (device and shape), as a CUDA tensor has them."""
+
+    def __init__(self, *shape):
+        self.shape = shape
+        self.device = torch.device("cuda", 0)
+
+
+def test_sm90_route_names_what_gemm_serves(monkeypatch):
+    """``launch.sm90_route`` (gemm's dispatch and gemm_bench's ``served_by``) asks the table only on
+    an sm_90 CUDA device, for bf16 out under v1, with (M, K, N) and v1's split count."""
+    from rlk.kernels.gemm import contract, launch
+
+    asked = []
+    monkeypatch.setattr(sm90, "route", lambda x, w, M, K, N, split: asked.append((M, K, N, split)) or "pp64x96")
+    monkeypatch.setattr(launch, "arch_of", lambda device: "sm_90")
+    x, w = _CudaStandIn(5, 4096), _CudaStandIn(6144, 4096)
+    assert launch.sm90_route(x, w) == "pp64x96"
+    assert asked == [(5, 4096, 6144, contract.split_rule(4096, 6144))]
+    assert launch.sm90_route(x, w, contract="gemm.bf16.v2") is None
+    assert launch.sm90_route(x, w, out_dtype=torch.float32) is None
+    assert launch.sm90_route(torch.zeros(5, 4096, dtype=torch.bfloat16), torch.zeros(6144, 4096, dtype=torch.bfloat16)) is None
+    monkeypatch.setattr(launch, "arch_of", lambda device: "sm_100")
+    assert launch.sm90_route(x, w) is None
+    assert len(asked) == 1

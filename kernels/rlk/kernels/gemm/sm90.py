@@ -71,8 +71,9 @@ CONFIGS = {
     "co128x96m2": (128, 96, 2, 1, 1, 0),
     "co128x192m2": (128, 192, 2, 1, 1, 0),
     # Operands swapped ("sw", gemm_sm90.cu's RLK_SWAP_AB): tile_m weight rows x tile_n tokens, so a
-    # decode batch of M tokens fills a tile of the next multiple of 16 instead of 64-row tiles
-    # (the M 77-208 buckets where the tiles above lose to cuBLAS). The probe's byte check and
+    # decode batch of M tokens fills a tile of the next multiple of 16 instead of 64-row tiles.
+    # Built for the M 77-208 buckets where the tiles above lose to cuBLAS; on the H100 probe only
+    # sw64x48 wins, at M <= 96 (docs/results/h100_2026-12-07_session27). The probe's byte check and
     # timing decide whether the table picks one (a configuration with a differing element never is).
     "sw64x48": (64, 48, 1, 1, 0, 1),
     "sw64x80": (64, 80, 1, 1, 0, 1),

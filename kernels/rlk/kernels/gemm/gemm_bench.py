@@ -32,7 +32,8 @@ replayed from CUDA graphs, as vLLM decode runs; timing ``cold``: the same, each 
 copy of a weight ring ``gemm_tune.COLD_FACTOR`` times the L2, so the weights come from HBM as in a
 decode step through the layers, where ``cudagraph`` rereads one weight that the L2 partly holds)
 or of ``do_bench`` (timing ``eager``: at decode sizes this also measures each arm's host launch
-overhead). Cold rows record ``weight_copies``. Rows: shape, K, N, M, strict_us, native_us, ratio (= strict / native),
+overhead, so host jitter moves it: both arms are timed in ``EAGER_ROUNDS`` rounds of alternating
+order, each arm's median over its rounds, the rounds in ``rounds_us``). Cold rows record ``weight_copies``. Rows: shape, K, N, M, strict_us, native_us, ratio (= strict / native),
 strict_tbps (bytes of x, w, y over strict time), strict_tflops, schedule, split_k.
 """
 
@@ -41,6 +42,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import statistics
 import sys
 
 import torch
@@ -74,6 +76,25 @@ def _time(fn, eager: bool, rep: int = 100) -> float:
     if eager:
         return float(tt.do_bench(fn, warmup=25, rep=rep, return_mode="median"))
     return float(tt.do_bench_cudagraph(fn, rep=rep, return_mode="median"))
+
+
+EAGER_ROUNDS = 5
+
+
+def _time_pair(strict_fn, native_fn, eager: bool, rep: int = 100):
+    """(strict ms, native ms, rounds or None). CUDA-graph timing: one median each. Eager timing
+    (host launch overhead included, so host jitter moves it): ``EAGER_ROUNDS`` rounds of both arms
+    in alternating order, each arm's median over its rounds, and the per-round times, so a row
+    compares the two arms under the same host conditions and shows its spread."""
+    if not eager:
+        return _time(strict_fn, False, rep), _time(native_fn, False, rep), None
+    rounds = {"strict_ms": [], "native_ms": []}
+    per = max(1, rep // EAGER_ROUNDS)
+    for i in range(EAGER_ROUNDS):
+        order = (("strict_ms", strict_fn), ("native_ms", native_fn))
+        for key, fn in (order if i % 2 == 0 else order[::-1]):
+            rounds[key].append(_time(fn, True, per))
+    return statistics.median(rounds["strict_ms"]), statistics.median(rounds["native_ms"]), rounds
 
 
 def main(argv=None) -> int:
@@ -152,8 +173,8 @@ def main(argv=None) -> int:
             x = xa[:M]
             p = launch.plan(M, K, N, x.device, contract=args.contract)
             eager = timing == "eager"
-            strict_ms = _time(lambda: launch.gemm(x, wn(), contract=args.contract), eager, args.rep_ms)
-            native_ms = _time(lambda: torch.matmul(x, wn().T), eager, args.rep_ms)
+            strict_ms, native_ms, rounds = _time_pair(lambda: launch.gemm(x, wn(), contract=args.contract),
+                                                      lambda: torch.matmul(x, wn().T), eager, args.rep_ms)
             nbytes = 2 * (M * K + N * K + M * N)
             flops = 2.0 * M * N * K
             row = {"shape": name, "K": K, "N": N, "M": M,
@@ -169,6 +190,8 @@ def main(argv=None) -> int:
                    "served_by": launch.sm90_route(x, w, contract=args.contract) or "triton"}
             if ring is not None:
                 row["weight_copies"] = len(ring.ws)
+            if rounds is not None:
+                row["rounds_us"] = {k[:-3]: [round(t * 1e3, 2) for t in v] for k, v in rounds.items()}
             rows.append(row)
             print(f"{name:<14}{K:>6}{N:>7}{M:>6}{row['strict_us']:>11.2f}{row['native_us']:>11.2f}"
                   f"{row['ratio']:>7.3f}{row['strict_tbps']:>7.2f}{row['strict_tflops']:>9.1f}  {timing:<9} "

@@ -24,6 +24,9 @@
 # stage. Variables: WORKLOADS (default W0,W1,W2), CONFIG (qwen3-8b), SEED (0), RECIPE, LAYERS,
 # ARM_LIMIT (s per arm, 420; ARM_LIMIT_BI for the batch-invariant arm), COMPARE_ARGS, PROFILE (non-empty: attribution of stock and rlk;
 # PROFILE_ARGS e.g. "--profile-workload W2 --profile-tokens 128"; "--profile-prompt-len 16" for a decode-heavy trace).
+# A/B of sm_90 route tables in the engine: the same stages with R=DIR_A and R=DIR_B, the second with
+# RLK_GEMM_SM90_TABLE=<table JSON> (the engine's processes inherit it; the provenance names each table's sha256),
+# e.g. WORKLOADS=W2 STAGES="arm_rlk arm_stock", one process per table and arm, then `report` per folder.
 set -uo pipefail
 OUT=${OUT:-$PWD/out/h200_vllm}
 DEV=${RLK_VLLM_DIR:-/tmp/rlk_vllm}

@@ -106,14 +106,11 @@ class LoopConfig:
         if self.fingerprint not in FINGERPRINT_CHOICES:
             raise UnsupportedConfigError(f"fingerprint {self.fingerprint!r} unknown (known: {', '.join(FINGERPRINT_CHOICES)})")
         off = self.optimizer_offload
-        if isinstance(off, bool) or off in (0, 1):
-            pass
-        elif self.trainer == "rlk":
+        if not (isinstance(off, (bool, int, float)) and 0 <= off <= 1):
+            raise UnsupportedConfigError(f"optimizer_offload={off!r}: a bool or a fraction of the parameters in [0, 1]")
+        if self.trainer == "rlk" and off not in (0, 1):
             raise UnsupportedConfigError(f"optimizer_offload={off!r}: the rlk trainer offloads all of Adam's state "
                                          "or none (True/False); fractions are megatron's (--trainer megatron)")
-        elif not (isinstance(off, (int, float)) and 0.0 < off < 1.0):
-            raise UnsupportedConfigError(f"optimizer_offload={off!r}: a bool or a fraction of the parameters in "
-                                         "(0, 1]")
         for name in ("steps", "prompts_per_step", "response_len"):
             if getattr(self, name) < 1:
                 raise UnsupportedConfigError(f"{name} must be >= 1 (got {getattr(self, name)})")

@@ -10,7 +10,7 @@ import torch
 
 from rlk.errors import UnsupportedConfigError
 from rlk.integrations.megatron.actor import MegatronActor
-from rlk.integrations.megatron.offload import offload_fraction, optimizer_placement
+from rlk.integrations.megatron.offload import optimizer_placement
 
 
 class RLTrainer:
@@ -50,7 +50,7 @@ class RLTrainer:
             from rlk.integrations.megatron.varlen_attention import VarlenCoreAttention
 
             self.actor_ = NativeActor(cfg, hf, device=lc.device, core_attention=VarlenCoreAttention, lr=lc.lr,
-                                      betas=tuple(lc.betas), optimizer_offload=offload_fraction(lc.optimizer_offload))
+                                      betas=tuple(lc.betas), optimizer_offload=lc.optimizer_offload)
         self._gpt = self.actor_.model
         self.generation = 0
 

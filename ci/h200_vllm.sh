@@ -16,7 +16,8 @@
 # "--profile" adds the attribution: every phase repeated once under the profiler, not counted;
 # "--profile --profile-pairs 1" profiles pair 1 only))
 # rl_loop_vllm (the GRPO loop with vLLM as rollout engine: RL_ROUTE strict = vLLM + rlk's plugin,
-# native = stock vLLM, both = one arm after the other; RL_STEPS, RL_ENGINE_MEMORY, RL_TRAINER, RL_LAYERS, RL_ARGS),
+# native = stock vLLM, both = one arm after the other; RL_STEPS, RL_ENGINE_MEMORY, RL_TRAINER, RL_LAYERS, RL_ARGS;
+# RL_TRANSPORT=inproc: vLLM in the loop's process, the sync hands it the trainer's tensors, one route per call),
 # gate (the release gate, profile h200, all levels; its L5 is one production pair).
 # Everything but stage1 needs the extracted bundle (ci/vllm_bundle.sh). The checkpoint ($CKPT)
 # and results ($R) live under /tmp/rlk_vllm, which survives between calls while the machine stays
@@ -85,7 +86,8 @@ if [ "${RL_TRAINER:-rlk}" = megatron ]; then RL_ACTOR="--trainer megatron ${RL_O
 else RL_ACTOR="--optimizer-offload"; fi
 stage rl_loop_vllm "${RL_LIMIT:-560}" python3 -m rlk.rl --engine vllm --route "${RL_ROUTE:-strict}" --device cuda --model qwen3-8b \
   $RL_ACTOR ${RL_LAYERS:+--layers "$RL_LAYERS"} --task token_class --prompts 4 --group-size 8 --response-len 128 --lr 1e-4 \
-  --steps "${RL_STEPS:-5}" --engine-memory "${RL_ENGINE_MEMORY:-0.3}" --tag h200_vllm --quiet --out "$R/rl_loop_vllm" ${RL_ARGS:-}
+  --steps "${RL_STEPS:-5}" --engine-memory "${RL_ENGINE_MEMORY:-0.3}" ${RL_TRANSPORT:+--engine-transport "$RL_TRANSPORT"} \
+  --tag h200_vllm --quiet --out "$R/rl_loop_vllm" ${RL_ARGS:-}
 # The release gate, profile h200, all levels, in the bundle's environment (L5 is the production
 # pair: vLLM and megatron-core must be importable); the checkpoint of `prepare` is reused.
 # The gate's L5 skips the complete pairs already in $R/gate_h200/production: with

@@ -28,6 +28,10 @@ megatron``); the
 weight sync writes a safetensors file and the workers load it through ``collective_rpc`` by
 method name, answering with the fingerprint of what they hold. On one GPU the trainer shares the
 device with vLLM: ``--engine-memory`` sets vLLM's share (``gpu_memory_utilization``).
+``--engine-transport inproc`` runs vLLM's engine core and worker in the loop's process and hands
+the workers the trainer's tensors themselves (no file, nothing serialized; the engine starts on
+dummy weights and the initial verified sync loads the trainer's); one route per process (vLLM
+caches its environment in the process), tensor parallel size 1.
 
 ``--merge A.json,B.json --out DIR [--tag T]``: one report (JSON + PNG) of arms that ran in separate
 processes, e.g. the strict and the native arm of the 8B loop (one device call each); refused when
@@ -69,6 +73,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--engine-memory", type=float, default=None, metavar="FRACTION",
                    help="--engine vllm: vLLM's gpu_memory_utilization (the share of the GPU vLLM takes for "
                         "weights and KV cache); leave room for the trainer on the same GPU")
+    p.add_argument("--engine-transport", choices=("file", "inproc"), default=None,
+                   help="--engine vllm: how each weight sync reaches vLLM's workers: a safetensors file loaded by "
+                        "name (default: file), or the trainer's tensors handed over to an engine running in this "
+                        "process (inproc: one route per process)")
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--out", help="report folder (required unless --replot)")
     p.add_argument("--replot", metavar="REPORT_JSON", help="only draw the PNG of a written report again")
@@ -140,14 +148,22 @@ def _offload(fraction: float) -> bool | float:
 
 
 def engine_kwargs(a, parser) -> dict:
-    """vLLM engine arguments from the command line (``--engine-memory``)."""
+    """vLLM engine arguments from the command line (``--engine-memory``, ``--engine-transport``)."""
+    kw = {}
+    if a.engine_transport is not None:
+        if a.engine != "vllm":
+            parser.error("--engine-transport applies to --engine vllm")
+        if a.engine_transport == "inproc" and a.route == "both":
+            parser.error("--engine-transport inproc runs one route per process (vLLM caches its environment in "
+                         "the process): --route strict or --route native, then --merge the reports")
+        kw["transport"] = a.engine_transport
     if a.engine_memory is None:
-        return {}
+        return kw
     if a.engine != "vllm":
         parser.error("--engine-memory applies to --engine vllm")
     if not 0.0 < a.engine_memory <= 1.0:
         parser.error(f"--engine-memory must lie in (0, 1] (got {a.engine_memory})")
-    return {"gpu_memory_utilization": a.engine_memory}
+    return dict(kw, gpu_memory_utilization=a.engine_memory)
 
 
 def main(argv=None) -> int:
@@ -187,12 +203,13 @@ def main(argv=None) -> int:
 
         make_trainer = RLTrainer
     make_engine = None
+    ekw = engine_kwargs(a, parser)  # refuses engine options without --engine vllm
     if a.engine == "vllm":
         # strict: vLLM + rlk's plugin; native: stock vLLM. Each engine sets the environment its
         # processes start with (rlk.integrations.vllm.rl_engine).
         from rlk.integrations.vllm.rl_engine import make_engine as vllm_engine
 
-        make_engine = vllm_engine(**engine_kwargs(a, parser))
+        make_engine = vllm_engine(**ekw)
     try:
         for r in routes:
             dataclasses.replace(lc, route=r).check()  # bad arguments fail before any work

@@ -117,6 +117,26 @@ def test_engine_memory_option():
             engine_kwargs(p.parse_args(bad + ["--out", "x"]), p)
 
 
+def test_engine_transport_option():
+    import pytest as _pytest
+
+    from rlk.rl.__main__ import _parser, engine_kwargs
+
+    p = _parser()
+    for route in ("strict", "native"):
+        a = p.parse_args(["--engine", "vllm", "--engine-transport", "inproc", "--route", route, "--out", "x"])
+        assert engine_kwargs(a, p) == {"transport": "inproc"}
+    a = p.parse_args(["--engine", "vllm", "--engine-transport", "file", "--engine-memory", "0.2", "--out", "x"])
+    assert engine_kwargs(a, p) == {"transport": "file", "gpu_memory_utilization": 0.2}
+    # Refused: without vLLM, both routes in one process in process, an unknown transport.
+    for bad in (["--engine-transport", "file"], ["--engine", "vllm", "--engine-transport", "inproc"],
+                ["--engine", "vllm", "--engine-transport", "inproc", "--route", "both"]):
+        with _pytest.raises(SystemExit):
+            engine_kwargs(p.parse_args(bad + ["--out", "x"]), p)
+    with _pytest.raises(SystemExit):
+        p.parse_args(["--engine", "vllm", "--engine-transport", "ipc", "--out", "x"])
+
+
 def test_optimizer_offload_option(tmp_path):
     from rlk.rl.__main__ import _offload, _parser
 

@@ -18,6 +18,20 @@ Weight generations: vLLM's initial load is the strict model's generation 1 and e
 be newer, so trainer generation ``g`` is engine generation ``base + 1 + g`` (``base``: the
 generation the engine held when this object was made; an engine can serve several runs).
 
+Transport (``transport``): ``file`` (the default) as above; ``inproc`` builds vLLM's engine core
+and its one worker inside the loop's process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, tensor
+parallel size 1) and hands the workers the trainer's tensors themselves by name
+(``rlk_load_tensors``: a device-to-device copy, no file, no serialization; the worker refuses
+tensors from another process). The engine then starts from vLLM's dummy weights
+(``load_format="dummy"``: no checkpoint is written or read) and the loop's initial verified sync
+loads the trainer's. On one GPU this removes the file round trip of every step (a 16 GB
+safetensors file each way at Qwen3-8B's full depth). vLLM's own weight-transfer engines do not
+serve this case: its CUDA IPC backend carries the handles pickled (ray or HTTP;
+``VLLM_ALLOW_INSECURE_SERIALIZATION``), which rlk never unpickles, and NCCL needs two processes
+on distinct GPUs. An in-process engine caches vLLM's environment for the process (vLLM's
+``enable_envs_cache``): run one in-process engine per process (``ci/h200_vllm.sh`` runs each arm
+in its own).
+
 The native route's weight sync uses :class:`~rlk.integrations.vllm.worker_ext.StockWorkerExtension`
 (vLLM's own ``load_weights``; the fingerprint over the names the trainer sends, since vLLM's
 parameter names and row layouts are rlk's fused ones). The loop's native *trainer* is rlk's
@@ -67,6 +81,8 @@ def engine_env(workdir: str) -> dict[str, str]:
 
 
 ROUTES = ("strict", "native")
+TRANSPORTS = ("file", "inproc")
+INPROC_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # engine core and worker in this process
 
 
 def stock_engine_kwargs(**overrides) -> dict:
@@ -93,9 +109,10 @@ def stock_env() -> tuple[dict[str, str], list[str]]:
     return put, drop
 
 
-def write_model_dir(path: str, cfg, fused: dict[str, torch.Tensor]) -> str:
+def write_model_dir(path: str, cfg, fused: dict[str, torch.Tensor] | None) -> str:
     """config.json (``cfg`` as a Hugging Face Qwen3 config), model.safetensors (``fused`` in HF
-    naming, bf16) and a word-level tokenizer (``t<i>`` = token ``i``) into ``path``."""
+    naming, bf16; none when ``fused`` is None: an engine on dummy weights) and a word-level
+    tokenizer (``t<i>`` = token ``i``) into ``path``."""
     from rlk.models.qwen3.layouts import fused_to_hf
     from rlk.models.qwen3.weights import save_safetensors
 
@@ -104,7 +121,8 @@ def write_model_dir(path: str, cfg, fused: dict[str, torch.Tensor]) -> str:
     d.update(architectures=["Qwen3ForCausalLM"], model_type="qwen3", torch_dtype="bfloat16")
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(d, f, indent=1)
-    save_safetensors(fused_to_hf(cfg, fused), os.path.join(path, "model.safetensors"))
+    if fused is not None:
+        save_safetensors(fused_to_hf(cfg, fused), os.path.join(path, "model.safetensors"))
     _write_tokenizer(path, cfg.vocab_size)
     return path
 
@@ -133,37 +151,55 @@ class VllmRolloutEngine:
         by :meth:`close`).
       before_rpc: ``before_rpc(path)`` runs on each written weight file before the workers load it
         (fault injection in tests).
+      transport: ``file`` or ``inproc`` (see the module): how the sync's weights reach the workers.
+        ``inproc`` with ``llm`` given: that engine must run in this process.
+      before_rpc: ``before_rpc(path)`` (file) or ``before_rpc(tensors)`` (inproc: the dict of
+        Hugging Face-named tensors about to be handed over) runs before the workers load them
+        (fault injection in tests).
       engine_kwargs: more ``LLM`` arguments when ``llm`` is None.
     """
 
     def __init__(self, cfg, fused: dict[str, torch.Tensor], route: str, lc, llm=None, workdir: str | None = None,
-                 before_rpc: Callable[[str], None] | None = None, **engine_kwargs):
+                 before_rpc: Callable | None = None, transport: str = "file", **engine_kwargs):
         if route not in ROUTES:
             raise UnsupportedConfigError(f"vLLM rollout engine: route {route!r}: one of {ROUTES} (strict: rlk's "
                                          "plugin; native: stock vLLM)")
+        if transport not in TRANSPORTS:
+            raise UnsupportedConfigError(f"vLLM rollout engine: transport {transport!r}: one of {TRANSPORTS} "
+                                         "(file: a safetensors file per sync; inproc: the engine in this process, "
+                                         "tensors handed over)")
+        if transport == "inproc" and int(engine_kwargs.get("tensor_parallel_size", 1)) != 1:
+            raise UnsupportedConfigError("vLLM rollout engine: transport inproc serves one worker in this process "
+                                         f"(tensor_parallel_size 1, got {engine_kwargs['tensor_parallel_size']})")
         self.cfg, self.lc, self.before_rpc, self.route = cfg, lc, before_rpc, route
+        self.transport = transport
         self.workdir = workdir or tempfile.mkdtemp(prefix="rlk-vllm-rl-")
         self.owns_engine = llm is None  # built here: close() shuts it down
         self.owns_workdir = workdir is None  # a temporary folder (checkpoint, sync files): close() removes it
         if llm is None:
             from vllm import LLM
 
-            model_dir = write_model_dir(os.path.join(self.workdir, "model"), cfg, fused)
+            inproc = transport == "inproc"
+            # In process, the loop's initial verified sync loads the weights: no checkpoint file.
+            model_dir = write_model_dir(os.path.join(self.workdir, "model"), cfg, None if inproc else fused)
             n = lc.prompts_per_step * lc.group_size
             kw = dict(model=model_dir, tokenizer=model_dir, seed=lc.seed, max_num_seqs=lc.max_batch or n,
                       max_model_len=min(cfg.max_position_embeddings, 4096))
+            if inproc:
+                kw["load_format"] = "dummy"
             kw.update(engine_kwargs)
             if route == "strict":
                 from rlk.integrations.vllm.plugin import strict_engine_kwargs
 
                 # The engine's processes inherit this environment: set before vLLM reads it.
-                determinism.export(engine_env(self.workdir))
+                determinism.export(dict(engine_env(self.workdir), **(INPROC_ENV if inproc else {})))
                 built = strict_engine_kwargs(**kw)
                 llm = LLM(**built)
             else:
                 built = stock_engine_kwargs(**kw)
-                with determinism.scoped(*stock_env()):  # only while the engine's processes start
-                    llm = LLM(**built)
+                put, drop = stock_env()
+                with determinism.scoped(dict(put, **(INPROC_ENV if inproc else {})), drop):
+                    llm = LLM(**built)  # only while the engine's processes start (or, in process, it starts)
             self.kwargs = {k: v for k, v in built.items() if isinstance(v, (str, int, float, bool, dict))}
         else:
             self.kwargs = {}
@@ -189,9 +225,10 @@ class VllmRolloutEngine:
         if self.route == "strict":
             return {"name": "vLLM + rlk strict plugin", "vllm_version": getattr(vllm, "__version__", None),
                     "architecture": "RlkStrictQwen3ForCausalLM", "engine_kwargs": self.kwargs,
-                    "use_v2_model_runner": v2}
+                    "use_v2_model_runner": v2, "transport": self.transport}
         return {"name": "stock vLLM", "vllm_version": getattr(vllm, "__version__", None),
                 "architecture": "Qwen3ForCausalLM", "engine_kwargs": self.kwargs, "use_v2_model_runner": v2,
+                "transport": self.transport,
                 # held: the parameters' bytes; loaded: what the worker read (a platform that
                 # repacks weights, vLLM's CPU build, keeps no checkpoint-layout copy).
                 "fingerprint_basis": getattr(self, "fingerprint_basis", None)}
@@ -201,11 +238,25 @@ class VllmRolloutEngine:
 
     def receive(self, weights: dict[str, torch.Tensor], generation: int, kind: str = "sha256") -> str:
         """The transport of :func:`rlk.rl.sync.sync_remote`: ``weights`` (fused names) to a
-        safetensors file in HF naming, loaded by every worker as the engine generation of
-        ``generation``; returns the workers' fingerprint of what they hold."""
+        safetensors file in HF naming (``inproc``: the HF-named views of ``weights`` themselves),
+        loaded by every worker as the engine generation of ``generation``; returns the workers'
+        fingerprint of what they hold."""
         from rlk.models.qwen3.layouts import fused_to_hf
         from rlk.models.qwen3.weights import save_safetensors
 
+        if self.transport == "inproc":
+            hf = fused_to_hf(self.cfg, weights)
+            if self.before_rpc is not None:
+                self.before_rpc(hf)
+            args = (hf, self.engine_generation(generation), kind, os.getpid())
+            if self.route == "native":  # the stock worker fingerprints the names the trainer sent
+                args += (sorted(weights),)
+            held = self._one("rlk_load_tensors", *args)
+            del hf, args
+            if self.route == "native":
+                self.fingerprint_basis = self._one("rlk_fingerprint_basis")
+            self.llm.reset_prefix_cache()
+            return held
         d = os.path.join(self.workdir, "sync")
         shutil.rmtree(d, ignore_errors=True)
         os.makedirs(d)

@@ -225,3 +225,98 @@ def test_stock_engine_built_here_starts_without_rlk_and_strict_variables(tmp_pat
     assert eng.describe()["name"] == "stock vLLM" and os.path.isdir(eng.workdir)
     eng.close()
     assert shut == [1] and eng.llm is None and not os.path.exists(eng.workdir)
+
+
+def _inproc_probe(route: str) -> dict:
+    """Run in a fresh process by :func:`test_inproc_transport_hands_tensors_to_an_engine_in_this_process`
+    (an in-process engine caches vLLM's environment for its process): the ``inproc`` transport on
+    ``route``. A corrupted hand-over must raise; then two loop steps on the same engine."""
+    import os
+
+    from rlk.integrations.vllm.rl_engine import VllmRolloutEngine, make_engine
+    from rlk.models.qwen3.layouts import hf_to_fused
+    from rlk.rl import sync
+    from rlk.rl.loop import LoopConfig, run_arm, strict_failures
+
+    lc = LoopConfig(steps=2, **dict(LC, route=route))
+    cfg, hf = lc.weights()
+    fused = hf_to_fused(cfg, hf)
+    # The native route runs vLLM's CPU build in fp32 (its bf16 kernels end the worker on CI machines).
+    kw = dict(enforce_eager=True, max_model_len=256, max_num_batched_tokens=256, transport="inproc")
+    if route == "native":
+        kw["dtype"] = "float32"
+
+    def flip_one(tensors):  # the hand-over, after the sender's fingerprint
+        t = tensors[sorted(tensors)[0]].view(-1)
+        t[7] = -t[7] if float(t[7]) != 0 else 1.0
+
+    out = {"loop_pid": os.getpid()}
+    bad = VllmRolloutEngine(cfg, fused, route, lc, before_rpc=flip_one, **kw)
+    out["built"] = bad.describe()
+    out["model_files"] = sorted(os.listdir(os.path.join(bad.workdir, "model")))
+    try:
+        sync.sync_remote({k: v.clone() for k, v in fused.items()}, bad, 0)
+        out["corrupted"] = "accepted"
+    except sync.WeightSyncError as e:
+        out["corrupted"] = f"refused: {e}"[:200]
+    # A process other than the worker's is refused before anything is loaded.
+    try:
+        bad._one("rlk_load_tensors", {}, 10 ** 6, "sha256", os.getpid() + 1)
+        out["other_pid"] = "accepted"
+    except Exception as e:  # noqa: BLE001 (vLLM re-raises the worker's error)
+        out["other_pid"] = f"refused: {e}"[:300]
+    arm = run_arm(lc, make_engine=make_engine(llm=bad.llm, transport="inproc"))
+    out.update(summary=arm["summary"], engine=arm["engine"], failures=strict_failures(arm) if route == "strict" else None,
+               initial=arm["initial_sync"]["match"])
+    return out
+
+
+@pytest.mark.parametrize("route", ["strict", "native"])
+def test_inproc_transport_hands_tensors_to_an_engine_in_this_process(vllm_workdir, route, tmp_path):
+    """``transport="inproc"``: vLLM's engine core and worker run in the loop's process (started on
+    dummy weights: no checkpoint is written), the sync hands them the trainer's tensors, and the
+    workers' fingerprint is checked as for the file transport: a corrupted hand-over raises
+    WeightSyncError, tensors from another process are refused, and the loop runs with every sync
+    verified (strict: every ratio exactly 1.0). One fresh process per route."""
+    import json
+    import subprocess
+    import sys
+
+    code = ("import json, sys; from rlk.integrations.vllm.rl_engine_test import _inproc_probe; "
+            f"print('PROBE ' + json.dumps(_inproc_probe({route!r})))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900, cwd=str(tmp_path))
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("PROBE ")]
+    assert p.returncode == 0 and lines, (p.returncode, p.stdout[-3000:], p.stderr[-6000:])
+    out = json.loads(lines[-1][len("PROBE "):])
+    assert out["model_files"] and not any(f.endswith(".safetensors") for f in out["model_files"]), out
+    assert out["corrupted"].startswith("refused: ") and "fingerprint mismatch" in out["corrupted"], out
+    assert out["other_pid"].startswith("refused: ") and "in-process transport" in out["other_pid"], out
+    e, s = out["engine"], out["summary"]
+    assert e["transport"] == "inproc" and out["built"]["engine_kwargs"]["load_format"] == "dummy", out["built"]
+    assert out["initial"] and s["syncs_verified"] == 3 and s["tokens"] == 2 * 4 * 3, s
+    if route == "strict":
+        assert out["failures"] == [] and s["ratio_not_one"] == 0 and s["logp_mismatch"] == 0, out
+    else:
+        assert e["name"] == "stock vLLM" and "reload_weights" in e["fingerprint_basis"], e
+
+
+def test_load_tensors_refuses_an_engine_in_another_process(engine):
+    """The session engine runs its worker in another process (vLLM's default): handing it tensors
+    is refused by the worker before anything is loaded, and the held generation stays."""
+    import os
+
+    llm, _ = engine
+    before = llm.collective_rpc("rlk_generation")
+    with pytest.raises(Exception, match="in-process transport"):
+        llm.collective_rpc("rlk_load_tensors", args=({}, before[0] + 1, "sha256", os.getpid()))
+    assert llm.collective_rpc("rlk_generation") == before
+
+
+def test_unknown_transport_and_inproc_with_several_workers_refused():
+    from rlk.errors import UnsupportedConfigError
+    from rlk.integrations.vllm.rl_engine import VllmRolloutEngine
+
+    with pytest.raises(UnsupportedConfigError, match="transport 'ipc'"):
+        VllmRolloutEngine(None, {}, "strict", None, llm=object(), transport="ipc")
+    with pytest.raises(UnsupportedConfigError, match="tensor_parallel_size 1"):
+        VllmRolloutEngine(None, {}, "strict", None, llm=object(), transport="inproc", tensor_parallel_size=2)

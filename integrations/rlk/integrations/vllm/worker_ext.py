@@ -9,7 +9,11 @@ msgpack serializer carries without ``VLLM_ALLOW_INSECURE_SERIALIZATION``::
     llm.collective_rpc("rlk_load_weights", args=(path, generation))  # -> [fingerprint per worker]
 
 The weights travel as a safetensors file or folder of Hugging Face-named bf16 tensors written
-by the sender (safetensors holds raw bytes and a JSON header: nothing is unpickled). The worker
+by the sender (safetensors holds raw bytes and a JSON header: nothing is unpickled), or, when
+the engine runs inside the sender's process (vLLM's in-process engine core, one worker:
+``VLLM_ENABLE_V1_MULTIPROCESSING=0``, tensor parallel size 1), as the sender's tensors themselves
+(``rlk_load_tensors``: a device-to-device copy, no file, nothing serialized; refused in any other
+process). The worker
 loads them with the strict model's ``rlk_update_weights`` (exact copies into the fused
 parameters, stale generations refused) and answers with the fingerprint
 (:func:`rlk.rl.sync.fingerprint`) of what the model now holds, over the fused-layout names the
@@ -22,6 +26,22 @@ the environment policy (:mod:`rlk.integrations.vllm.plugin`).
 """
 
 from __future__ import annotations
+
+import os
+
+
+def same_process(sender_pid: int, method: str = "rlk_load_tensors") -> None:
+    """Refuses tensors handed over from another process: ``rlk_load_tensors`` takes the sender's
+    own tensor objects, which only an engine inside the sender's process receives unserialized
+    (an engine core or worker in another process would get copies decoded by vLLM's RPC)."""
+    if int(sender_pid) != os.getpid():
+        from rlk.errors import UnsupportedConfigError
+
+        raise UnsupportedConfigError(
+            f"{method}: the worker runs in process {os.getpid()}, the sender in {sender_pid}: the in-process "
+            "transport needs vLLM's engine in the sender's process (VLLM_ENABLE_V1_MULTIPROCESSING=0, tensor "
+            "parallel size 1); other engines load a file (rlk_load_weights)")
+
 
 def _strict_model(model):
     if not hasattr(model, "rlk_update_weights") or not hasattr(model, "_fused"):
@@ -59,6 +79,23 @@ class RlkWorkerExtension:
 
         model = self._rlk_model()
         w = load_hf_weights(str(path), model)
+        model.rlk_update_weights(list(w.items()), int(generation))
+        del w
+        return sync.fingerprint(held_weights(model), str(kind))
+
+    def rlk_load_tensors(self, weights: dict, generation: int, kind: str = "sha256", sender_pid: int = -1) -> str:
+        """As :meth:`rlk_load_weights`, from the sender's Hugging Face-named bf16 tensors handed
+        over in this process (``sender_pid``: the caller's ``os.getpid()``; :func:`same_process`):
+        checked against the model's config (names, shapes), copied into the fused parameters."""
+        from rlk.models.qwen3.weights import check_hf_weights
+        from rlk.rl import sync
+
+        same_process(sender_pid)
+        model = self._rlk_model()
+        w = dict(weights)
+        if model.rlk_cfg.tie_word_embeddings:
+            w.pop("lm_head.weight", None)
+        check_hf_weights(model.rlk_cfg, w)
         model.rlk_update_weights(list(w.items()), int(generation))
         del w
         return sync.fingerprint(held_weights(model), str(kind))
@@ -110,17 +147,33 @@ class StockWorkerExtension:
         return self.get_model(), int(self.model_config.hf_config.vocab_size)
 
     def rlk_load_weights(self, path: str, generation: int, kind: str = "sha256", names=None) -> str:
-        import torch
         from safetensors.torch import load_file
-
-        from rlk.rl import sync
 
         held_gen = self.rlk_generation()
         if int(generation) <= held_gen:
             raise ValueError(f"stale weight generation {generation}: the engine holds {held_gen}")
-        model, vocab = self._stock_state()
+        model, _ = self._stock_state()
         dev = next(model.parameters()).device
-        loaded = load_file(str(path), device=str(dev))
+        return self._rlk_stock_load(load_file(str(path), device=str(dev)), generation, kind, names)
+
+    def rlk_load_tensors(self, weights: dict, generation: int, kind: str = "sha256", sender_pid: int = -1,
+                         names=None) -> str:
+        """As :meth:`rlk_load_weights`, from the sender's Hugging Face-named tensors handed over in
+        this process (``sender_pid``: the caller's ``os.getpid()``; :func:`same_process`)."""
+        same_process(sender_pid)
+        held_gen = self.rlk_generation()
+        if int(generation) <= held_gen:
+            raise ValueError(f"stale weight generation {generation}: the engine holds {held_gen}")
+        return self._rlk_stock_load(dict(weights), generation, kind, names)
+
+    def _rlk_stock_load(self, loaded: dict, generation: int, kind: str, names) -> str:
+        """Loads Hugging Face-named ``loaded`` as ``generation`` through vLLM's own loader; returns
+        the fingerprint (see the class)."""
+        import torch
+
+        from rlk.rl import sync
+
+        model, vocab = self._stock_state()
         try:
             self.reload_weights(weights_iterator=iter(list(loaded.items())), is_checkpoint_format=True)
             self._rlk_stock_path = "reload_weights"

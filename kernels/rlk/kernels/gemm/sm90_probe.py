@@ -4,7 +4,9 @@ For each shape (split count 1 under gemm.bf16.v1), M and configuration: the outp
 against the Triton kernel's at the same M (``torch.equal`` on the raw bits; the Triton kernel's
 rows are those of M = 1 by the invariance sweep), then CUDA-graph time with cold weights (a ring
 of weight copies 4x the L2, as a decode step meets them) for cuBLAS (``torch.nn.functional.linear``,
-the native route), the Triton kernel under the installed table, and every configuration.
+the native route), the Triton kernel under the installed table, and every configuration. Each
+row also names the kernels one cuBLAS call launches and whether they split K (``cublas_k``): the
+decomposition ``gemm.bf16.v1`` forbids at these shapes.
 
     python -m rlk.kernels.gemm.sm90_probe --out sm90_probe.json [--shapes qkv,o] [--m 64,128] \
         [--table-out sm90_cutlass.json] [--eval-table configs/sm90_cutlass.json]
@@ -50,6 +52,33 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.int16)
 
 
+def kernel_names(fn) -> list[str]:
+    """The device kernels one call of ``fn`` launches, in launch order (torch.profiler's CUDA
+    activity; one untraced call first, so no first-call setup is counted)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+def cublas_k_split(names: list[str]) -> str:
+    """How the cuBLAS call behind ``names`` (:func:`kernel_names`) walked K: ``split`` when a kernel
+    says so (cuBLAS's sm_90 GEMM kernels name ``segment_k_on``; a split-K fold kernel names
+    ``splitk``), ``single`` when a GEMM kernel names ``segment_k_off`` and none splits, else
+    ``unknown`` (the names do not tell). gemm.bf16.v1 never splits K for these shapes, so a
+    ``split`` row is one where cuBLAS uses a decomposition the strict contract forbids."""
+    low = [n.lower() for n in names]
+    if any("segment_k_on" in n or "splitk" in n or "split_k" in n for n in low):
+        return "split"
+    if any("segment_k_off" in n for n in low):
+        return "single"
+    return "unknown"
+
+
 def probe(shapes, m_list, configs, out_path: str) -> dict:
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(0)
@@ -66,6 +95,8 @@ def probe(shapes, m_list, configs, out_path: str) -> dict:
             ref = gemm(x, w)
             row = {"shape": name, "K": K, "N": N, "M": M, "configs": {}}
             row["cublas_ms"] = bench_ms(lambda: torch.nn.functional.linear(x, ring.next()))
+            row["cublas_kernels"] = kernel_names(lambda: torch.nn.functional.linear(x, w))
+            row["cublas_k"] = cublas_k_split(row["cublas_kernels"])
             row["triton_ms"] = bench_ms(lambda: gemm(x, ring.next()))
             for c in configs:
                 y = torch.full_like(ref, float("nan"))
@@ -89,14 +120,21 @@ def probe(shapes, m_list, configs, out_path: str) -> dict:
             rows.append(row)
             print(f"{name:12s} M={M:5d} cuBLAS {row['cublas_ms'] * 1e3:8.1f} us  triton {row['triton_vs_cublas']:.3f}x  "
                   f"sm90 best {row.get('best', '-'):12s} {row.get('best_vs_cublas', float('nan')):.3f}x  "
-                  f"differing {row['differing_total']}", flush=True)
+                  f"differing {row['differing_total']}  cuBLAS K {row['cublas_k']}", flush=True)
         del ring, w
     doc = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
            "triton": __import__("triton").__version__, "library": sm90.library_manifest(), "timing":
            "CUDA graph replay of back-to-back calls, cold weights (ring of copies >= 4x L2), median of 3",
-           "baseline": "cuBLAS via torch.nn.functional.linear, same process, same inputs",
+           "baseline": "cuBLAS via torch.nn.functional.linear, same process, same inputs; cublas_kernels: "
+           "the kernels one call launches (torch.profiler), cublas_k: split / single / unknown K walk",
            "rows": rows, "seconds": time.perf_counter() - t0}
     doc["differing_total"] = sum(r["differing_total"] for r in rows)
+    split = defaultdict(list)
+    for r in rows:
+        if r.get("cublas_k") == "split":
+            split[r["shape"]].append(r["M"])
+    doc["cublas_split_k_rows"] = dict(split)  # shape -> the M at which cuBLAS split K
+    print(f"cuBLAS split K at: {dict(split) or 'no row'}", flush=True)
     doc["errors"] = sorted({f"{c}: {v['error']}" for r in rows for c, v in r["configs"].items() if "error" in v})
     with open(out_path, "w") as f:
         json.dump(doc, f, indent=1)

@@ -362,3 +362,16 @@ def test_sm90_route_names_what_gemm_serves(monkeypatch):
     monkeypatch.setattr(launch, "arch_of", lambda device: "sm_100")
     assert launch.sm90_route(x, w) is None
     assert len(asked) == 1
+
+
+def test_cublas_k_split_reads_the_kernel_names():
+    """The probe's ``cublas_k``: cuBLAS's sm_90 kernels name their K decomposition; a split-K fold
+    kernel or ``segment_k_on`` is a split, ``segment_k_off`` alone is one walk, anything else
+    is unknown (never guessed)."""
+    on = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize64x128x64_warpgroupsize1x1x1_execute_segment_k_on_kernel__5x_cublas"
+    off = on.replace("segment_k_on", "segment_k_off")
+    assert sm90_probe.cublas_k_split([on]) == "split"
+    assert sm90_probe.cublas_k_split([off]) == "single"
+    assert sm90_probe.cublas_k_split([off, "void cublasLt::splitKreduce_kernel<32, 16, int, float>"]) == "split"
+    assert sm90_probe.cublas_k_split(["nvjet_hsh_128x64_64x4_1x2_h_bz_TNT"]) == "unknown"
+    assert sm90_probe.cublas_k_split([]) == "unknown"

@@ -17,7 +17,8 @@
 # "--profile --profile-pairs 1" profiles pair 1 only))
 # rl_loop_vllm (the GRPO loop with vLLM as rollout engine: RL_ROUTE strict = vLLM + rlk's plugin,
 # native = stock vLLM, both = one arm after the other; RL_STEPS, RL_ENGINE_MEMORY, RL_TRAINER, RL_LAYERS, RL_ARGS;
-# RL_TRANSPORT=inproc: vLLM in the loop's process, the sync hands it the trainer's tensors, one route per call),
+# RL_TRANSPORT=inproc: vLLM in the loop's process, the sync hands it the trainer's tensors, one route per call;
+# RL_ARGS="--recompute full" for megatron at full depth),
 # gate (the release gate, profile h200, all levels; its L5 is one production pair).
 # Everything but stage1 needs the extracted bundle (ci/vllm_bundle.sh). The checkpoint ($CKPT)
 # and results ($R) live under /tmp/rlk_vllm, which survives between calls while the machine stays

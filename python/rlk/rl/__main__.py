@@ -91,6 +91,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--task", default=d.task_name, choices=("target_byte", "token_class"),
                    help="target_byte: fraction of one byte (byte vocabularies); token_class: fraction of "
                         "even token ids (large vocabularies)")
+    p.add_argument("--recompute", choices=("full", "selective"), default=None,
+                   help="--trainer megatron: megatron's activation recompute (full: every layer; selective: the "
+                        "attention core); bitwise the same gradients, less activation memory")
     p.add_argument("--optimizer-offload", nargs="?", type=float, const=1.0, default=0.0, metavar="FRACTION",
                    help="Adam's fp32 masters and moments on the host (a Qwen3-8B trainer and engine do not fit one "
                         "H200 with them on the GPU): all of them (no value; the rlk trainer offloads all or none), "
@@ -194,7 +197,7 @@ def main(argv=None) -> int:
     lc = loop.LoopConfig(steps=a.steps, model=a.model, prompts_per_step=a.prompts, group_size=a.group_size,
                          response_len=a.response_len, lr=a.lr, clip_eps=a.clip_eps, target=ord(a.target),
                          seed=a.seed, jitter=a.jitter, device=a.device, trainer=a.trainer, recipe=a.recipe,
-                         layers=a.layers, task_name=a.task, optimizer_offload=_offload(a.optimizer_offload),
+                         layers=a.layers, task_name=a.task, optimizer_offload=_offload(a.optimizer_offload), recompute=a.recompute,
                          fingerprint=a.fingerprint)
     routes = ["strict", "native"] if a.route == "both" else [a.route]
     make_trainer = None

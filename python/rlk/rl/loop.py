@@ -47,6 +47,7 @@ from rlk.rl.task import TASKS, TargetByteTask, TokenClassTask
 
 
 TRAINERS = ("rlk", "megatron")
+RECOMPUTE = (None, "full", "selective")  # the megatron actor's activation recompute
 FINGERPRINT_CHOICES = ("auto",) + sync.FINGERPRINTS
 
 
@@ -85,6 +86,11 @@ class LoopConfig:
     # to the device); the megatron actor takes True or a fraction of the parameters in (0, 1]
     # (megatron's own CPU offload, rlk.integrations.megatron.offload).
     optimizer_offload: bool | float = False
+    # The megatron actor's activation recompute (megatron's own: "full" recomputes every layer in
+    # the backward, "selective" the attention core; None saves every activation). Bitwise the
+    # same gradients either way (rlk.integrations.megatron.actor); full depth beside vLLM on one
+    # GPU needs it.
+    recompute: str | None = None
     # The weight sync's fingerprint (rlk.rl.sync): "auto" is sha256 on the CPU, "device" on CUDA.
     fingerprint: str = "auto"
 
@@ -111,6 +117,11 @@ class LoopConfig:
         if self.trainer == "rlk" and off not in (0, 1):
             raise UnsupportedConfigError(f"optimizer_offload={off!r}: the rlk trainer offloads all of Adam's state "
                                          "or none (True/False); fractions are megatron's (--trainer megatron)")
+        if self.recompute not in RECOMPUTE:
+            raise UnsupportedConfigError(f"recompute={self.recompute!r}: one of {RECOMPUTE}")
+        if self.recompute is not None and self.trainer != "megatron":
+            raise UnsupportedConfigError(f"recompute={self.recompute!r} is the megatron actor's (--trainer megatron); "
+                                         "the rlk trainer saves every activation")
         for name in ("steps", "prompts_per_step", "response_len"):
             if getattr(self, name) < 1:
                 raise UnsupportedConfigError(f"{name} must be >= 1 (got {getattr(self, name)})")

@@ -61,6 +61,37 @@ def test_optimizer_offload_runs_megatrons_hybrid_optimizer_in_the_loop(trainer_c
         assert loop.strict_failures(off) == []
 
 
+@pytest.mark.parametrize("route", ["strict", "native"])
+def test_recompute_runs_megatrons_activation_recompute_in_the_loop(trainer_cls, route):
+    """``recompute="full"``: megatron recomputes every layer's activations in the backward (its
+    TransformerConfig says so, the actor record names it) and the gradients are bitwise those
+    without recompute, so the engine receives the same weights at every sync."""
+    made = []
+
+    def make(*args):
+        made.append(trainer_cls(*args))
+        return made[-1]
+
+    base = loop.run_arm(loop.LoopConfig(route=route, steps=2, **SMALL), make_trainer=trainer_cls)
+    rc = loop.run_arm(loop.LoopConfig(route=route, steps=2, recompute="full", **SMALL), make_trainer=make)
+    tc = made[0]._gpt.config
+    assert (tc.recompute_granularity, tc.recompute_method, tc.recompute_num_layers) == ("full", "uniform", 1)
+    assert rc["actor"]["recompute"] == "full" and base["actor"]["recompute"] is None
+    assert rc["config"]["recompute"] == "full"
+    digests = [[r["sync"]["sha256_rollout"] for r in a["steps"]] for a in (base, rc)]
+    assert digests[0] == digests[1] and digests[0][0] != rc["initial_sync"]["sha256_rollout"]
+    if route == "strict":
+        assert loop.strict_failures(rc) == []
+
+
+def test_recompute_is_refused_for_the_rlk_trainer_and_unknown_modes():
+    loop.LoopConfig(recompute="selective", **SMALL).check()
+    with pytest.raises(UnsupportedConfigError, match="megatron actor's"):
+        loop.LoopConfig(recompute="full", **dict(SMALL, trainer="rlk")).check()
+    with pytest.raises(UnsupportedConfigError, match="one of"):
+        loop.LoopConfig(recompute="layers", **SMALL).check()
+
+
 def test_engine_weight_changed_after_sync_is_caught(trainer_cls):
     def perturb(generation, engine):
         if generation == 0:

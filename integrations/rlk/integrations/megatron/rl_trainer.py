@@ -22,6 +22,7 @@ class RLTrainer:
 
     ``lc.optimizer_offload`` (True or a fraction): megatron's CPU offload of the fp32 main
     parameters and Adam moments, on both routes (:mod:`rlk.integrations.megatron.offload`).
+    ``lc.recompute`` (None, ``full``, ``selective``): megatron's activation recompute, both routes.
 
     Route ``strict``: :class:`MegatronActor` (rlk's spec). Route ``native``: megatron's local spec
     with torch's varlen attention and cuBLAS (:class:`rlk.integrations.megatron.native.NativeActor`
@@ -39,18 +40,19 @@ class RLTrainer:
                                          "megatron's local spec)")
         if torch.device(lc.device).type != "cpu" and not torch.cuda.is_available():
             raise UnsupportedConfigError(f"device {lc.device!r} without CUDA")
-        self.cfg, self.route = cfg, route
+        self.cfg, self.route, self.recompute = cfg, route, lc.recompute
         self.clip_eps = lc.clip_eps
         hf = fused_to_hf(cfg, fused)
         if route == "strict":
             self.actor_ = MegatronActor(cfg, hf, lr=lc.lr, betas=tuple(lc.betas), eps=1e-8, device=lc.device,
-                                        optimizer_offload=lc.optimizer_offload)
+                                        optimizer_offload=lc.optimizer_offload, recompute=lc.recompute)
         else:
             from rlk.integrations.megatron.native import NativeActor
             from rlk.integrations.megatron.varlen_attention import VarlenCoreAttention
 
             self.actor_ = NativeActor(cfg, hf, device=lc.device, core_attention=VarlenCoreAttention, lr=lc.lr,
-                                      betas=tuple(lc.betas), optimizer_offload=lc.optimizer_offload)
+                                      betas=tuple(lc.betas), optimizer_offload=lc.optimizer_offload,
+                                      recompute=lc.recompute)
         self._gpt = self.actor_.model
         self.generation = 0
 
@@ -61,7 +63,7 @@ class RLTrainer:
         spec = "rlk's strict spec" if self.route == "strict" else "local spec, torch varlen attention, cuBLAS"
         place = optimizer_placement(self.actor_.optimizer)
         return {"name": f"megatron-core {version() or '(version unknown)'} GPTModel ({spec})", "trainer": "megatron",
-                "route": self.route, "optimizer_offload": place.get("offload_fraction"),
+                "route": self.route, "optimizer_offload": place.get("offload_fraction"), "recompute": self.recompute,
                 "optimizer": place.get("inner")}
 
     @property

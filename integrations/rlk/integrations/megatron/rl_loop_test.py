@@ -125,9 +125,10 @@ def test_native_arm_trains_megatron_local_spec(trainer_cls):
     assert "strict spec" not in arm["actor"]["name"]
     for r in arm["steps"]:
         assert r["sync"]["match"] and r["tokens"] == 12, r
-        # The same model in other kernels: bf16 rounding apart (about 3e-2 mean here), far from a
-        # wrong model's (RoPE base 10^4 instead of the config's 10^6: mean about 0.4).
-        assert r["abs_dev"]["mean"] < 0.06 and r["abs_dev"]["max"] < 0.2, r["abs_dev"]
+        # The same model in other kernels: bf16 rounding apart (about 3e-2 mean here; the largest
+        # of the 12 tokens 0.15-0.21 depending on the host CPU's bf16 matmul), far from a wrong
+        # model's (RoPE base 10^4 instead of the config's 10^6: mean about 0.4).
+        assert r["abs_dev"]["mean"] < 0.06 and r["abs_dev"]["max"] < 0.5, r["abs_dev"]
     digests = [arm["initial_sync"]["sha256_rollout"]] + [r["sync"]["sha256_rollout"] for r in arm["steps"]]
     assert arm["steps"][0]["grad_norm"] > 0 and digests[1] != digests[0]
 

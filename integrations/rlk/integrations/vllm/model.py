@@ -119,6 +119,7 @@ class RlkStrictQwen3ForCausalLM(nn.Module):
             _install_tripwire(a, self.counters)
         self.rlk_weight_generation = 0
         self._plan = None
+        self._rope = None  # the RoPE table every plan shares (see _get_plan)
         self._max_tokens = int(vllm_config.scheduler_config.max_num_batched_tokens)
         self._max_seqs = int(vllm_config.scheduler_config.max_num_seqs)
         self._warmed = False
@@ -185,6 +186,13 @@ class RlkStrictQwen3ForCausalLM(nn.Module):
             from rlk.models.qwen3 import Qwen3
 
             m = Qwen3(self.rlk_cfg, self._fused(), "strict")  # views of the parameters, no copies
+            # vLLM's CUDA graphs, captured with an earlier plan, read its RoPE table by address. A
+            # plan's own table would be freed with the plan at the next weight generation, and its
+            # memory reused (by a trainer in the same process first): every plan keeps the first
+            # plan's table (the same values: it depends on the config only), alive with the model.
+            if self._rope is None:
+                self._rope = m.rope
+            m.rope = self._rope
             self.counters.meta["contracts"] = dict(m.ops.contracts)
             m.ops = _counters.CountingOps(m.ops, self.counters)
             self._plan = (self.rlk_weight_generation, m)

@@ -253,6 +253,9 @@ def _inproc_probe(route: str) -> dict:
     out = {"loop_pid": os.getpid()}
     bad = VllmRolloutEngine(cfg, fused, route, lc, before_rpc=flip_one, **kw)
     out["built"] = bad.describe()
+    if route == "strict":  # in this process: the served model itself (on a GPU its first plan is made before capture)
+        model = bad.llm.collective_rpc("get_model")[0]
+        rope0 = [t.data_ptr() for t in model._get_plan().rope]
     out["model_files"] = sorted(os.listdir(os.path.join(bad.workdir, "model")))
     try:
         sync.sync_remote({k: v.clone() for k, v in fused.items()}, bad, 0)
@@ -266,6 +269,10 @@ def _inproc_probe(route: str) -> dict:
     except Exception as e:  # noqa: BLE001 (vLLM re-raises the worker's error)
         out["other_pid"] = f"refused: {e}"[:300]
     arm = run_arm(lc, make_engine=make_engine(llm=bad.llm, transport="inproc"))
+    if route == "strict":
+        plan = model._get_plan()
+        out["rope"] = {"same_object": plan.rope is model._rope, "kept": [t.data_ptr() for t in plan.rope] == rope0,
+                       "generation": model.rlk_weight_generation}
     out.update(summary=arm["summary"], engine=arm["engine"], failures=strict_failures(arm) if route == "strict" else None,
                initial=arm["initial_sync"]["match"])
     return out
@@ -296,6 +303,9 @@ def test_inproc_transport_hands_tensors_to_an_engine_in_this_process(vllm_workdi
     assert out["initial"] and s["syncs_verified"] == 3 and s["tokens"] == 2 * 4 * 3, s
     if route == "strict":
         assert out["failures"] == [] and s["ratio_not_one"] == 0 and s["logp_mismatch"] == 0, out
+        # Every plan reads the RoPE table of the engine's first plan (CUDA graphs captured with it
+        # read it by address): after four weight generations it is still the same tensors.
+        assert out["rope"]["same_object"] and out["rope"]["kept"] and out["rope"]["generation"] >= 4, out["rope"]
     else:
         assert e["name"] == "stock vLLM" and "reload_weights" in e["fingerprint_basis"], e
 

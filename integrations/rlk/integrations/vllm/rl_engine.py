@@ -149,8 +149,6 @@ class VllmRolloutEngine:
         on ``workdir``. :meth:`close` shuts down only an engine built here.
       workdir: where the checkpoint and the sync files go (default: a new temporary folder, removed
         by :meth:`close`).
-      before_rpc: ``before_rpc(path)`` runs on each written weight file before the workers load it
-        (fault injection in tests).
       transport: ``file`` or ``inproc`` (see the module): how the sync's weights reach the workers.
         ``inproc`` with ``llm`` given: that engine must run in this process.
       before_rpc: ``before_rpc(path)`` (file) or ``before_rpc(tensors)`` (inproc: the dict of

@@ -149,9 +149,7 @@ class StockWorkerExtension:
     def rlk_load_weights(self, path: str, generation: int, kind: str = "sha256", names=None) -> str:
         from safetensors.torch import load_file
 
-        held_gen = self.rlk_generation()
-        if int(generation) <= held_gen:
-            raise ValueError(f"stale weight generation {generation}: the engine holds {held_gen}")
+        self._rlk_refuse_stale(generation)
         model, _ = self._stock_state()
         dev = next(model.parameters()).device
         return self._rlk_stock_load(load_file(str(path), device=str(dev)), generation, kind, names)
@@ -161,10 +159,14 @@ class StockWorkerExtension:
         """As :meth:`rlk_load_weights`, from the sender's Hugging Face-named tensors handed over in
         this process (``sender_pid``: the caller's ``os.getpid()``; :func:`same_process`)."""
         same_process(sender_pid)
+        self._rlk_refuse_stale(generation)
+        return self._rlk_stock_load(dict(weights), generation, kind, names)
+
+    def _rlk_refuse_stale(self, generation: int) -> None:
+        """Raises before anything is read or loaded unless ``generation`` is newer than the held one."""
         held_gen = self.rlk_generation()
         if int(generation) <= held_gen:
             raise ValueError(f"stale weight generation {generation}: the engine holds {held_gen}")
-        return self._rlk_stock_load(dict(weights), generation, kind, names)
 
     def _rlk_stock_load(self, loaded: dict, generation: int, kind: str, names) -> str:
         """Loads Hugging Face-named ``loaded`` as ``generation`` through vLLM's own loader; returns

@@ -153,20 +153,19 @@ def _offload(fraction: float) -> bool | float:
 def engine_kwargs(a, parser) -> dict:
     """vLLM engine arguments from the command line (``--engine-memory``, ``--engine-transport``)."""
     kw = {}
+    for flag, value in (("--engine-transport", a.engine_transport), ("--engine-memory", a.engine_memory)):
+        if value is not None and a.engine != "vllm":
+            parser.error(f"{flag} applies to --engine vllm")
     if a.engine_transport is not None:
-        if a.engine != "vllm":
-            parser.error("--engine-transport applies to --engine vllm")
         if a.engine_transport == "inproc" and a.route == "both":
             parser.error("--engine-transport inproc runs one route per process (vLLM caches its environment in "
                          "the process): --route strict or --route native, then --merge the reports")
         kw["transport"] = a.engine_transport
-    if a.engine_memory is None:
-        return kw
-    if a.engine != "vllm":
-        parser.error("--engine-memory applies to --engine vllm")
-    if not 0.0 < a.engine_memory <= 1.0:
-        parser.error(f"--engine-memory must lie in (0, 1] (got {a.engine_memory})")
-    return dict(kw, gpu_memory_utilization=a.engine_memory)
+    if a.engine_memory is not None:
+        if not 0.0 < a.engine_memory <= 1.0:
+            parser.error(f"--engine-memory must lie in (0, 1] (got {a.engine_memory})")
+        kw["gpu_memory_utilization"] = a.engine_memory
+    return kw
 
 
 def main(argv=None) -> int:
@@ -197,8 +196,8 @@ def main(argv=None) -> int:
     lc = loop.LoopConfig(steps=a.steps, model=a.model, prompts_per_step=a.prompts, group_size=a.group_size,
                          response_len=a.response_len, lr=a.lr, clip_eps=a.clip_eps, target=ord(a.target),
                          seed=a.seed, jitter=a.jitter, device=a.device, trainer=a.trainer, recipe=a.recipe,
-                         layers=a.layers, task_name=a.task, optimizer_offload=_offload(a.optimizer_offload), recompute=a.recompute,
-                         fingerprint=a.fingerprint)
+                         layers=a.layers, task_name=a.task, optimizer_offload=_offload(a.optimizer_offload),
+                         recompute=a.recompute, fingerprint=a.fingerprint)
     routes = ["strict", "native"] if a.route == "both" else [a.route]
     make_trainer = None
     if a.trainer == "megatron":

@@ -185,14 +185,13 @@ class RlkStrictQwen3ForCausalLM(nn.Module):
         if self._plan is None or self._plan[0] != self.rlk_weight_generation:
             from rlk.models.qwen3 import Qwen3
 
-            m = Qwen3(self.rlk_cfg, self._fused(), "strict")  # views of the parameters, no copies
-            # vLLM's CUDA graphs, captured with an earlier plan, read its RoPE table by address. A
-            # plan's own table would be freed with the plan at the next weight generation, and its
-            # memory reused (by a trainer in the same process first): every plan keeps the first
-            # plan's table (the same values: it depends on the config only), alive with the model.
-            if self._rope is None:
-                self._rope = m.rope
-            m.rope = self._rope
+            # Views of the parameters, no copies. vLLM's CUDA graphs, captured with an earlier plan,
+            # read its RoPE table by address: a plan's own table would be freed with the plan at the
+            # next weight generation and its memory reused (by a trainer in the same process first),
+            # so every plan takes the first plan's table (it depends on the config only), which
+            # lives as long as the model.
+            m = Qwen3(self.rlk_cfg, self._fused(), "strict", rope=self._rope)
+            self._rope = m.rope
             self.counters.meta["contracts"] = dict(m.ops.contracts)
             m.ops = _counters.CountingOps(m.ops, self.counters)
             self._plan = (self.rlk_weight_generation, m)

@@ -178,6 +178,7 @@ class VllmRolloutEngine:
             from vllm import LLM
 
             inproc = transport == "inproc"
+            env = INPROC_ENV if inproc else {}
             # In process, the loop's initial verified sync loads the weights: no checkpoint file.
             model_dir = write_model_dir(os.path.join(self.workdir, "model"), cfg, None if inproc else fused)
             n = lc.prompts_per_step * lc.group_size
@@ -190,13 +191,13 @@ class VllmRolloutEngine:
                 from rlk.integrations.vllm.plugin import strict_engine_kwargs
 
                 # The engine's processes inherit this environment: set before vLLM reads it.
-                determinism.export(dict(engine_env(self.workdir), **(INPROC_ENV if inproc else {})))
+                determinism.export(dict(engine_env(self.workdir), **env))
                 built = strict_engine_kwargs(**kw)
                 llm = LLM(**built)
             else:
                 built = stock_engine_kwargs(**kw)
                 put, drop = stock_env()
-                with determinism.scoped(dict(put, **(INPROC_ENV if inproc else {})), drop):
+                with determinism.scoped(dict(put, **env), drop):
                     llm = LLM(**built)  # only while the engine's processes start (or, in process, it starts)
             self.kwargs = {k: v for k, v in built.items() if isinstance(v, (str, int, float, bool, dict))}
         else:

@@ -31,9 +31,11 @@ class Qwen3:
       cfg: the model config.
       weights: internal fused dict (vLLM naming) or Hugging Face dict (converted here).
       route: ``"strict"`` (rlk ops, contract IDs in ``routes.StrictOps.contracts``) or ``"native"``.
+      rope: the RoPE table (``ops.rope_table`` of this config and device) to use instead of making
+        one: a caller whose CUDA graphs read a table by address keeps one alive for all its models.
     """
 
-    def __init__(self, cfg: Qwen3Config, weights: dict[str, torch.Tensor], route: str = "strict"):
+    def __init__(self, cfg: Qwen3Config, weights: dict[str, torch.Tensor], route: str = "strict", rope=None):
         self.cfg = cfg
         self.w = weights if "lm_head.weight" in weights and any("qkv_proj" in k for k in weights) \
             else hf_to_fused(cfg, weights)
@@ -41,7 +43,8 @@ class Qwen3:
         self.ops = make_ops(route, cfg.vocab_size)
         emb = self.w["model.embed_tokens.weight"]
         self.device, self.dtype = emb.device, emb.dtype
-        self.rope = self.ops.rope_table(cfg.max_position_embeddings, cfg.head_dim, cfg.rope_theta, self.device)
+        self.rope = rope if rope is not None else \
+            self.ops.rope_table(cfg.max_position_embeddings, cfg.head_dim, cfg.rope_theta, self.device)
         self.scale = cfg.head_dim ** -0.5
 
     # ---- shared layer code -------------------------------------------------------------------

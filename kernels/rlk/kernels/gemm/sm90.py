@@ -81,6 +81,15 @@ CONFIGS = {
     "sw64x208": (64, 208, 1, 1, 0, 1),
     "sw128x80": (128, 80, 1, 1, 1, 1),
     "sw128x144": (128, 144, 1, 1, 1, 1),
+    # Tall, narrow tiles in clusters along N ("n2", "n4": the CTAs of a cluster share each
+    # activation tile by TMA multicast). v1 never splits K at N 4096 (256 programs of 16 columns
+    # fill the SMs), so between M 129 and 512 one weight pass with every SM busy needs about 132
+    # tiles along N: 32 columns each. The multicast divides the activation re-reads that narrow
+    # tiles cost (each N tile reads all of x) by the cluster's width.
+    "co256x32n2": (256, 32, 1, 2, 1, 0),
+    "co256x32n4": (256, 32, 1, 4, 1, 0),
+    "co128x32n4": (128, 32, 1, 4, 1, 0),
+    "co256x64n2": (256, 64, 1, 2, 1, 0),
 }
 
 # The C entry point's error codes (gemm_sm90.cu).
@@ -154,7 +163,9 @@ def _sha256(path: Path) -> str:
 
 
 def build(out: Path, cutlass_dir: str | None = None, jobs: int | None = None, names=None) -> Path:
-    """Compile every configuration (one object each, ``jobs`` at a time) and link the library."""
+    """Compile every configuration (one object each, ``jobs`` at a time) and link the library. An
+    object whose stamp (``<name>.stamp.json``: nvcc command, source sha256, nvcc version) matches is
+    reused, so adding a configuration compiles that one only."""
     cutlass = _cutlass_dir(cutlass_dir)
     names = list(names or CONFIGS)
     unknown = [n for n in names if n not in CONFIGS]
@@ -163,6 +174,7 @@ def build(out: Path, cutlass_dir: str | None = None, jobs: int | None = None, na
     out.mkdir(parents=True, exist_ok=True)
     flags = nvcc_flags(cutlass)
     nvcc_version = subprocess.run(["nvcc", "--version"], capture_output=True, text=True, check=True).stdout
+    source_sha = _sha256(SOURCE)
 
     def compile_one(name: str) -> Path:
         tm, tn, cm, cn, coop, swap = CONFIGS[name]
@@ -170,10 +182,18 @@ def build(out: Path, cutlass_dir: str | None = None, jobs: int | None = None, na
         cmd = ["nvcc", *flags, f"-DRLK_TILE_M={tm}", f"-DRLK_TILE_N={tn}", f"-DRLK_CLUSTER_M={cm}",
                f"-DRLK_CLUSTER_N={cn}", f"-DRLK_COOP={coop}", f"-DRLK_SWAP_AB={swap}", f"-DRLK_SYMBOL={symbol(name)}",
                "-c", str(SOURCE), "-o", str(obj)]
+        # An object is reused only when its stamp names the same command, source and compiler.
+        stamp = obj.with_suffix(".stamp.json")
+        key = json.dumps({"cmd": cmd, "source_sha256": source_sha, "nvcc": nvcc_version}, sort_keys=True)
+        if obj.is_file() and stamp.is_file() and stamp.read_text() == key:
+            print(f"sm90: {name} is up to date", flush=True)
+            return obj
+        stamp.unlink(missing_ok=True)
         t0 = time.perf_counter()
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0:
             raise RuntimeError(f"sm90: nvcc failed for {name}:\n{r.stderr[-4000:]}")
+        stamp.write_text(key)
         print(f"sm90: compiled {name} in {time.perf_counter() - t0:.0f} s", flush=True)
         return obj
 
@@ -183,7 +203,7 @@ def build(out: Path, cutlass_dir: str | None = None, jobs: int | None = None, na
     subprocess.run(["nvcc", "-shared", "-cudart", "static", "-o", str(lib), *map(str, objs)], check=True)
     manifest = {"library": LIB_NAME, "sha256": _sha256(lib), "configs": {n: CONFIGS[n] for n in names},
                 "cutlass": pin(), "nvcc": nvcc_version.strip().splitlines()[-1], "flags": flags[:-2],
-                "source_sha256": _sha256(SOURCE)}
+                "source_sha256": source_sha}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     print(f"sm90: {lib} ({lib.stat().st_size} bytes, {len(names)} configurations)", flush=True)
     return lib

@@ -221,13 +221,15 @@ def test_build_refuses_unknown_configurations_and_a_checkout_of_another_version(
 
 def test_every_configuration_is_a_legal_tile_and_its_compile_names_it(tmp_path, monkeypatch):
     """Each configuration's tile is one CUTLASS's sm_90 builders take (ping-pong: 64 rows per
-    consumer warp group; cooperative: 128 or 256; wgmma N a multiple of 8 up to 256), and the
-    build passes exactly its fields to nvcc, the operand swap included (a swapped configuration
-    compiled unswapped would be another kernel under its name)."""
+    consumer warp group; cooperative: 128 or 256; wgmma N a multiple of 8 up to 256; clusters of
+    at most 8 CTAs, along N only unswapped), and the build passes exactly its fields to nvcc, the
+    operand swap included (a swapped configuration compiled unswapped would be another kernel under
+    its name). A second build reuses the objects its stamps match and recompiles one whose source changed."""
     for name, (tm, tn, cm, cn, coop, swap) in sm90.CONFIGS.items():
         assert (tm == 64) if not coop else tm in (128, 256), name
-        assert tn % 8 == 0 and 8 <= tn <= 256 and swap in (0, 1) and cm in (1, 2) and cn == 1, name
-        assert name.startswith("sw") == bool(swap), name
+        assert tn % 8 == 0 and 8 <= tn <= 256 and swap in (0, 1) and cm in (1, 2) and cn in (1, 2, 4), name
+        assert cm * cn <= 8 and (cn == 1 or not swap), name
+        assert name.startswith("sw") == bool(swap) and name.endswith(f"n{cn}") == (cn > 1), name
     inc = tmp_path / "cutlass" / "include" / "cutlass"
     inc.mkdir(parents=True)
     (inc / "cutlass.h").write_text("")
@@ -241,14 +243,20 @@ def test_every_configuration_is_a_legal_tile_and_its_compile_names_it(tmp_path, 
 
     def fake_run(cmd, **kw):
         cmds.append(cmd)
-        if "-shared" in cmd:
+        if "-o" in cmd:
             open(cmd[cmd.index("-o") + 1], "wb").write(b"lib")
         return Done()
 
     monkeypatch.setattr(sm90.subprocess, "run", fake_run)
-    names = ["pp64x96", "co128x192m2", "sw64x48", "sw128x144"]
+    names = ["pp64x96", "co128x192m2", "sw64x48", "sw128x144", "co256x32n4"]
+
+    def compiled():
+        got = {c[c.index("-o") + 1].rsplit("/", 1)[-1][:-2]: c for c in cmds if "-c" in c}
+        cmds.clear()
+        return got
+
     sm90.build(tmp_path / "out", str(tmp_path / "cutlass"), jobs=1, names=names)
-    compiles = {c[c.index("-o") + 1].rsplit("/", 1)[-1][:-2]: c for c in cmds if "-c" in c}
+    compiles = compiled()
     assert sorted(compiles) == sorted(names)
     for name, cmd in compiles.items():
         tm, tn, cm, cn, coop, swap = sm90.CONFIGS[name]
@@ -257,6 +265,15 @@ def test_every_configuration_is_a_legal_tile_and_its_compile_names_it(tmp_path, 
         assert want <= set(cmd), (name, cmd)
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert manifest["configs"]["sw64x48"] == [64, 48, 1, 1, 0, 1]
+    assert manifest["configs"]["co256x32n4"] == [256, 32, 1, 4, 1, 0]
+    sm90.build(tmp_path / "out", str(tmp_path / "cutlass"), jobs=1, names=names)
+    assert compiled() == {}
+    (tmp_path / "out" / "sw64x48.o").unlink()  # a missing object, and a changed source, recompile
+    sm90.build(tmp_path / "out", str(tmp_path / "cutlass"), jobs=1, names=names)
+    assert sorted(compiled()) == ["sw64x48"]
+    monkeypatch.setattr(sm90, "_sha256", lambda path: "another source")
+    sm90.build(tmp_path / "out", str(tmp_path / "cutlass"), jobs=1, names=names)
+    assert sorted(compiled()) == sorted(names)
 
 
 def test_the_provenance_record_reads_what_the_route_reads(tmp_path):

@@ -81,15 +81,18 @@ CONFIGS = {
     "sw64x208": (64, 208, 1, 1, 0, 1),
     "sw128x80": (128, 80, 1, 1, 1, 1),
     "sw128x144": (128, 144, 1, 1, 1, 1),
-    # Tall, narrow tiles in clusters along N ("n2", "n4": the CTAs of a cluster share each
-    # activation tile by TMA multicast). v1 never splits K at N 4096 (256 programs of 16 columns
-    # fill the SMs), so between M 129 and 512 one weight pass with every SM busy needs about 132
-    # tiles along N: 32 columns each. The multicast divides the activation re-reads that narrow
-    # tiles cost (each N tile reads all of x) by the cluster's width.
-    "co256x32n2": (256, 32, 1, 2, 1, 0),
-    "co256x32n4": (256, 32, 1, 4, 1, 0),
-    "co128x32n4": (128, 32, 1, 4, 1, 0),
-    "co256x64n2": (256, 64, 1, 2, 1, 0),
+    # Operands swapped, in clusters ("m2": two weight-row tiles share each token tile by TMA
+    # multicast; "n2": two token tiles share each weight tile): the tiles cuBLAS's nvjet kernels
+    # use where the route loses at M 144-320 on the H100 (e.g. 64x72 in clusters of 2x1 for o at
+    # M 144, 128x80 in 1x2 for down at M 320; docs/results/h100_2026-12-07_session29). Tall,
+    # narrow unswapped tiles in clusters along N (256x32, 128x32, 256x64) lost at every row there
+    # (1.08-2.3x cuBLAS) and were dropped.
+    "sw64x72m2": (64, 72, 2, 1, 0, 1),
+    "sw64x80m2": (64, 80, 2, 1, 0, 1),
+    "sw64x104m2": (64, 104, 2, 1, 0, 1),
+    "sw64x144m2": (64, 144, 2, 1, 0, 1),
+    "sw128x80n2": (128, 80, 1, 2, 1, 1),
+    "sw128x104n2": (128, 104, 1, 2, 1, 1),
 }
 
 # The C entry point's error codes (gemm_sm90.cu).

@@ -222,14 +222,14 @@ def test_build_refuses_unknown_configurations_and_a_checkout_of_another_version(
 def test_every_configuration_is_a_legal_tile_and_its_compile_names_it(tmp_path, monkeypatch):
     """Each configuration's tile is one CUTLASS's sm_90 builders take (ping-pong: 64 rows per
     consumer warp group; cooperative: 128 or 256; wgmma N a multiple of 8 up to 256; clusters of
-    at most 8 CTAs, along N only unswapped), and the build passes exactly its fields to nvcc, the
+    at most 8 CTAs, named by their m/n suffix), and the build passes exactly its fields to nvcc, the
     operand swap included (a swapped configuration compiled unswapped would be another kernel under
     its name). A second build reuses the objects its stamps match and recompiles one whose source changed."""
     for name, (tm, tn, cm, cn, coop, swap) in sm90.CONFIGS.items():
         assert (tm == 64) if not coop else tm in (128, 256), name
         assert tn % 8 == 0 and 8 <= tn <= 256 and swap in (0, 1) and cm in (1, 2) and cn in (1, 2, 4), name
-        assert cm * cn <= 8 and (cn == 1 or not swap), name
-        assert name.startswith("sw") == bool(swap) and name.endswith(f"n{cn}") == (cn > 1), name
+        assert cm * cn <= 8 and name.startswith("sw") == bool(swap), name
+        assert name.endswith(f"n{cn}") == (cn > 1) and name.endswith(f"m{cm}") == (cm > 1), name
     inc = tmp_path / "cutlass" / "include" / "cutlass"
     inc.mkdir(parents=True)
     (inc / "cutlass.h").write_text("")
@@ -248,7 +248,7 @@ def test_every_configuration_is_a_legal_tile_and_its_compile_names_it(tmp_path, 
         return Done()
 
     monkeypatch.setattr(sm90.subprocess, "run", fake_run)
-    names = ["pp64x96", "co128x192m2", "sw64x48", "sw128x144", "co256x32n4"]
+    names = ["pp64x96", "co128x192m2", "sw64x48", "sw128x144", "sw128x80n2"]
 
     def compiled():
         got = {c[c.index("-o") + 1].rsplit("/", 1)[-1][:-2]: c for c in cmds if "-c" in c}
@@ -265,7 +265,7 @@ def test_every_configuration_is_a_legal_tile_and_its_compile_names_it(tmp_path, 
         assert want <= set(cmd), (name, cmd)
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert manifest["configs"]["sw64x48"] == [64, 48, 1, 1, 0, 1]
-    assert manifest["configs"]["co256x32n4"] == [256, 32, 1, 4, 1, 0]
+    assert manifest["configs"]["sw128x80n2"] == [128, 80, 1, 2, 1, 1]
     sm90.build(tmp_path / "out", str(tmp_path / "cutlass"), jobs=1, names=names)
     assert compiled() == {}
     (tmp_path / "out" / "sw64x48.o").unlink()  # a missing object, and a changed source, recompile

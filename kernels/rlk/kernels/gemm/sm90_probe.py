@@ -5,8 +5,9 @@ against the Triton kernel's at the same M (``torch.equal`` on the raw bits; the 
 rows are those of M = 1 by the invariance sweep), then CUDA-graph time with cold weights (a ring
 of weight copies 4x the L2, as a decode step meets them) for cuBLAS (``torch.nn.functional.linear``,
 the native route), the Triton kernel under the installed table, and every configuration. Each
-row also names the kernels one cuBLAS call launches and whether they split K (``cublas_k``): the
-decomposition ``gemm.bf16.v1`` forbids at these shapes.
+row also names the kernels one cuBLAS call launches, whether they split K (``cublas_k``: the
+decomposition ``gemm.bf16.v1`` forbids at these shapes) and cuBLAS's tile and cluster as the name
+of the swapped configuration that would match it (``cublas_tile``).
 
     python -m rlk.kernels.gemm.sm90_probe --out sm90_probe.json [--shapes qkv,o] [--m 64,128] \
         [--table-out sm90_cutlass.json] [--eval-table configs/sm90_cutlass.json]
@@ -26,6 +27,7 @@ import argparse
 import hashlib
 import json
 import math
+import re
 import sys
 import time
 from collections import defaultdict
@@ -79,6 +81,29 @@ def cublas_k_split(names: list[str]) -> str:
     return "unknown"
 
 
+_NVJET = re.compile(r"nvjet_sm90_[a-z]+_(\d+)x(\d+)_(\d+)x(\d+)_(\d+)x(\d+)_")
+
+
+def cublas_tile(names: list[str]) -> dict | None:
+    """The tile of the cuBLAS sm_90 GEMM kernel among ``names`` (nvjet kernels name it:
+    ``nvjet_sm90_tst_64x72_64x12_2x1_v_bz_TNT`` is a 64 x 72 tile, K chunks of 64, 12 stages, a
+    2 x 1 cluster), or None where no kernel names one. cuBLAS is column-major, so for
+    ``F.linear(x, w)`` it computes y^T = w @ x^T: the tile's first side runs along the weight rows
+    (N), its second along the tokens (M), as in this library's swapped configurations.
+    ``as_config`` is the name that tile would have here (``sw<rows>x<tokens>`` plus ``m<c>`` /
+    ``n<c>`` for a cluster) and ``in_library`` whether ``sm90.CONFIGS`` has it."""
+    for n in names:
+        m = _NVJET.search(n)
+        if m:
+            rows, tokens, chunk, stages, c_rows, c_tokens = map(int, m.groups())
+            name = (f"sw{rows}x{tokens}" + (f"m{c_rows}" if c_rows > 1 else "")
+                    + (f"n{c_tokens}" if c_tokens > 1 else ""))
+            return {"kernel": n, "weight_rows": rows, "tokens": tokens, "k_chunk": chunk, "stages": stages,
+                    "cluster": [c_rows, c_tokens], "split_k": "splitk" in n.lower(), "as_config": name,
+                    "in_library": name in sm90.CONFIGS}
+    return None
+
+
 def probe(shapes, m_list, configs, out_path: str) -> dict:
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(0)
@@ -97,6 +122,7 @@ def probe(shapes, m_list, configs, out_path: str) -> dict:
             row["cublas_ms"] = bench_ms(lambda: torch.nn.functional.linear(x, ring.next()))
             row["cublas_kernels"] = kernel_names(lambda: torch.nn.functional.linear(x, w))
             row["cublas_k"] = cublas_k_split(row["cublas_kernels"])
+            row["cublas_tile"] = cublas_tile(row["cublas_kernels"])
             row["triton_ms"] = bench_ms(lambda: gemm(x, ring.next()))
             for c in configs:
                 y = torch.full_like(ref, float("nan"))
@@ -120,13 +146,15 @@ def probe(shapes, m_list, configs, out_path: str) -> dict:
             rows.append(row)
             print(f"{name:12s} M={M:5d} cuBLAS {row['cublas_ms'] * 1e3:8.1f} us  triton {row['triton_vs_cublas']:.3f}x  "
                   f"sm90 best {row.get('best', '-'):12s} {row.get('best_vs_cublas', float('nan')):.3f}x  "
-                  f"differing {row['differing_total']}  cuBLAS K {row['cublas_k']}", flush=True)
+                  f"differing {row['differing_total']}  cuBLAS K {row['cublas_k']} "
+                  f"tile {(row['cublas_tile'] or {}).get('as_config', '-')}", flush=True)
         del ring, w
     doc = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
            "triton": __import__("triton").__version__, "library": sm90.library_manifest(), "timing":
            "CUDA graph replay of back-to-back calls, cold weights (ring of copies >= 4x L2), median of 3",
            "baseline": "cuBLAS via torch.nn.functional.linear, same process, same inputs; cublas_kernels: "
-           "the kernels one call launches (torch.profiler), cublas_k: split / single / unknown K walk",
+           "the kernels one call launches (torch.profiler), cublas_k: split / single / unknown K walk, "
+           "cublas_tile: the nvjet kernel's tile and cluster as a swapped configuration's name",
            "rows": rows, "seconds": time.perf_counter() - t0}
     doc["differing_total"] = sum(r["differing_total"] for r in rows)
     split = defaultdict(list)

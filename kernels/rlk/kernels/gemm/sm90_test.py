@@ -392,3 +392,19 @@ def test_cublas_k_split_reads_the_kernel_names():
     assert sm90_probe.cublas_k_split([off, "void cublasLt::splitKreduce_kernel<32, 16, int, float>"]) == "split"
     assert sm90_probe.cublas_k_split(["nvjet_hsh_128x64_64x4_1x2_h_bz_TNT"]) == "unknown"
     assert sm90_probe.cublas_k_split([]) == "unknown"
+
+
+def test_cublas_tile_reads_the_nvjet_kernel_name_as_a_swapped_configuration():
+    """nvjet names give tile, K chunk, stages and cluster; cuBLAS computes y^T, so the first side
+    runs along the weight rows and the second along the tokens: the name of a swapped
+    configuration here (names as cuBLAS 13's kernels printed them on an H100)."""
+    reduce = "void cublasLt::splitKreduce_kernel<32, 16, int, float>"
+    t = sm90_probe.cublas_tile(["nvjet_sm90_tst_64x72_64x12_2x1_v_bz_TNT"])
+    assert t["weight_rows"] == 64 and t["tokens"] == 72 and t["stages"] == 12 and t["k_chunk"] == 64, t
+    assert t["cluster"] == [2, 1] and t["as_config"] == "sw64x72m2" and t["in_library"] and not t["split_k"], t
+    t = sm90_probe.cublas_tile([reduce, "nvjet_sm90_tst_128x80_64x8_1x2_h_bz_splitK_TNT"])
+    assert t["as_config"] == "sw128x80n2" and t["split_k"] and t["in_library"], t
+    t = sm90_probe.cublas_tile(["Memset (Device)", "nvjet_sm90_tst_192x128_64x5_1x2_h_bz_coopB_TNT"])
+    assert t["as_config"] == "sw192x128n2" and not t["in_library"], t
+    assert sm90_probe.cublas_tile(["sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64"]) is None
+    assert sm90_probe.cublas_tile([]) is None

@@ -84,9 +84,7 @@ CONFIGS = {
     # Operands swapped, in clusters ("m2": two weight-row tiles share each token tile by TMA
     # multicast; "n2": two token tiles share each weight tile): the tiles cuBLAS's nvjet kernels
     # use where the route loses at M 144-320 on the H100 (e.g. 64x72 in clusters of 2x1 for o at
-    # M 144, 128x80 in 1x2 for down at M 320; docs/results/h100_2026-12-07_session29). Tall,
-    # narrow unswapped tiles in clusters along N (256x32, 128x32, 256x64) lost at every row there
-    # (1.08-2.3x cuBLAS) and were dropped.
+    # M 144, 128x80 in 1x2 for down at M 320; docs/results/h100_2026-12-07_session29).
     "sw64x72m2": (64, 72, 2, 1, 0, 1),
     "sw64x80m2": (64, 80, 2, 1, 0, 1),
     "sw64x104m2": (64, 104, 2, 1, 0, 1),

@@ -99,7 +99,7 @@ def cublas_tile(names: list[str]) -> dict | None:
             name = (f"sw{rows}x{tokens}" + (f"m{c_rows}" if c_rows > 1 else "")
                     + (f"n{c_tokens}" if c_tokens > 1 else ""))
             return {"kernel": n, "weight_rows": rows, "tokens": tokens, "k_chunk": chunk, "stages": stages,
-                    "cluster": [c_rows, c_tokens], "split_k": "splitk" in n.lower(), "as_config": name,
+                    "cluster": [c_rows, c_tokens], "split_k": cublas_k_split([n]) == "split", "as_config": name,
                     "in_library": name in sm90.CONFIGS}
     return None
 

@@ -91,6 +91,21 @@ CONFIGS = {
     "sw64x144m2": (64, 144, 2, 1, 0, 1),
     "sw128x80n2": (128, 80, 1, 2, 1, 1),
     "sw128x104n2": (128, 104, 1, 2, 1, 1),
+    # cuBLAS's tiles at the rows the route still loses on the H100 (qkv and tp4_gate_up at M 64 and
+    # 144-384; docs/results/h100_2026-12-07_session29), each written the way wgmma can take it.
+    # A tile of h weight rows x t tokens with h not a multiple of 64 (48, 96, 144) runs unswapped:
+    # the tokens on wgmma's M side (64 ping-pong, 128 cooperative), the weight rows on its N side
+    # (multiples of 8), so cuBLAS's 144x64 in a 2x1 cluster is pp64x144n2 here.
+    "pp64x48n2": (64, 48, 1, 2, 0, 0),
+    "pp64x144n2": (64, 144, 1, 2, 0, 0),
+    "pp64x256n4": (64, 256, 1, 4, 0, 0),
+    "co128x96n2": (128, 96, 1, 2, 1, 0),
+    "co128x144n2": (128, 144, 1, 2, 1, 0),
+    # ... and the swapped ones in clusters of four along the weight rows (64x144 4x1 at M 144,
+    # 128x80 and 128x104 4x2 at M 160 and 200).
+    "sw64x144m4": (64, 144, 4, 1, 0, 1),
+    "sw128x80m4n2": (128, 80, 4, 2, 1, 1),
+    "sw128x104m4n2": (128, 104, 4, 2, 1, 1),
 }
 
 # The C entry point's error codes (gemm_sm90.cu).

@@ -91,17 +91,26 @@ def cublas_tile(names: list[str]) -> dict | None:
     ``F.linear(x, w)`` it computes y^T = w @ x^T: the tile's first side runs along the weight rows
     (N), its second along the tokens (M), as in this library's swapped configurations.
     ``as_config`` is the name that tile would have here (``sw<rows>x<tokens>`` plus ``m<c>`` /
-    ``n<c>`` for a cluster) and ``in_library`` whether ``sm90.CONFIGS`` has it."""
+    ``n<c>`` for a cluster). The same tile unswapped (tokens on wgmma's M side: 64 ping-pong, 128 or
+    256 cooperative; weight rows on its N side: a multiple of 8 up to 256) is ``as_unswapped``
+    (``pp64x<rows>`` / ``co<tokens>x<rows>``, cluster sides exchanged), None where wgmma cannot take
+    it that way. ``in_library``: whether ``sm90.CONFIGS`` has either."""
     for n in names:
         m = _NVJET.search(n)
         if m:
             rows, tokens, chunk, stages, c_rows, c_tokens = map(int, m.groups())
-            name = (f"sw{rows}x{tokens}" + (f"m{c_rows}" if c_rows > 1 else "")
-                    + (f"n{c_tokens}" if c_tokens > 1 else ""))
+            name = f"sw{rows}x{tokens}" + _cluster_suffix(c_rows, c_tokens)
+            unswapped = None
+            if rows % 8 == 0 and rows <= 256 and tokens in (64, 128, 256):
+                unswapped = ("pp" if tokens == 64 else "co") + f"{tokens}x{rows}" + _cluster_suffix(c_tokens, c_rows)
             return {"kernel": n, "weight_rows": rows, "tokens": tokens, "k_chunk": chunk, "stages": stages,
                     "cluster": [c_rows, c_tokens], "split_k": cublas_k_split([n]) == "split", "as_config": name,
-                    "in_library": name in sm90.CONFIGS}
+                    "as_unswapped": unswapped, "in_library": name in sm90.CONFIGS or unswapped in sm90.CONFIGS}
     return None
+
+
+def _cluster_suffix(along_m: int, along_n: int) -> str:
+    return (f"m{along_m}" if along_m > 1 else "") + (f"n{along_n}" if along_n > 1 else "")
 
 
 def probe(shapes, m_list, configs, out_path: str) -> dict:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -227,9 +228,11 @@ def test_every_configuration_is_a_legal_tile_and_its_compile_names_it(tmp_path, 
     its name). A second build reuses the objects its stamps match and recompiles one whose source changed."""
     for name, (tm, tn, cm, cn, coop, swap) in sm90.CONFIGS.items():
         assert (tm == 64) if not coop else tm in (128, 256), name
-        assert tn % 8 == 0 and 8 <= tn <= 256 and swap in (0, 1) and cm in (1, 2) and cn in (1, 2, 4), name
+        assert tn % 8 == 0 and 8 <= tn <= 256 and swap in (0, 1) and cm in (1, 2, 4) and cn in (1, 2, 4), name
         assert cm * cn <= 8 and name.startswith("sw") == bool(swap), name
-        assert name.endswith(f"n{cn}") == (cn > 1) and name.endswith(f"m{cm}") == (cm > 1), name
+        parts = re.fullmatch(r"(pp|co|sw)(\d+)x(\d+)(m\d)?(n\d)?", name)
+        assert parts and parts.groups() == ("sw" if swap else "co" if coop else "pp", str(tm), str(tn),
+                                            f"m{cm}" if cm > 1 else None, f"n{cn}" if cn > 1 else None), name
     inc = tmp_path / "cutlass" / "include" / "cutlass"
     inc.mkdir(parents=True)
     (inc / "cutlass.h").write_text("")
@@ -397,7 +400,8 @@ def test_cublas_k_split_reads_the_kernel_names():
 def test_cublas_tile_reads_the_nvjet_kernel_name_as_a_swapped_configuration():
     """nvjet names give tile, K chunk, stages and cluster; cuBLAS computes y^T, so the first side
     runs along the weight rows and the second along the tokens: the name of a swapped
-    configuration here (names as cuBLAS 13's kernels printed them on an H100)."""
+    configuration here, and of the unswapped one where wgmma can take the tokens on its M side
+    (names as cuBLAS 13's kernels printed them on an H100)."""
     reduce = "void cublasLt::splitKreduce_kernel<32, 16, int, float>"
     t = sm90_probe.cublas_tile(["nvjet_sm90_tst_64x72_64x12_2x1_v_bz_TNT"])
     assert t["weight_rows"] == 64 and t["tokens"] == 72 and t["stages"] == 12 and t["k_chunk"] == 64, t
@@ -405,6 +409,12 @@ def test_cublas_tile_reads_the_nvjet_kernel_name_as_a_swapped_configuration():
     t = sm90_probe.cublas_tile([reduce, "nvjet_sm90_tst_128x80_64x8_1x2_h_bz_splitK_TNT"])
     assert t["as_config"] == "sw128x80n2" and t["split_k"] and t["in_library"], t
     t = sm90_probe.cublas_tile(["Memset (Device)", "nvjet_sm90_tst_192x128_64x5_1x2_h_bz_coopB_TNT"])
-    assert t["as_config"] == "sw192x128n2" and not t["in_library"], t
+    assert t["as_config"] == "sw192x128n2" and t["as_unswapped"] == "co128x192m2" and t["in_library"], t
+    t = sm90_probe.cublas_tile(["nvjet_sm90_tst_144x64_64x8_2x1_v_bz_TNN"])
+    assert t["as_unswapped"] == "pp64x144n2" and t["in_library"], t
+    t = sm90_probe.cublas_tile(["nvjet_sm90_tst_288x128_64x4_2x1_v_bz_coopA_TNN"])
+    assert t["as_config"] == "sw288x128m2" and t["as_unswapped"] is None and not t["in_library"], t
+    t = sm90_probe.cublas_tile(["nvjet_sm90_tst_160x192_64x4_4x1_v_bz_coopB_TNN"])
+    assert t["as_unswapped"] is None and not t["in_library"], t
     assert sm90_probe.cublas_tile(["sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64"]) is None
     assert sm90_probe.cublas_tile([]) is None

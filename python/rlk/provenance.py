@@ -59,9 +59,8 @@ def tuning_table_hashes() -> dict[str, str]:
 
 
 def gemm_sm90_record(kernels_root: str) -> dict[str, str]:
-    """What serves sm_90 GEMMs (``rlk.kernels.gemm.sm90``): its mode and launch mode (PDL), the
-    sha256 of the CUTLASS library and of the route table it would load (``sm90.library_path()``,
-    ``sm90.table_path()``),
+    """What serves sm_90 GEMMs (``rlk.kernels.gemm.sm90``): its mode, the sha256 of the CUTLASS
+    library and of the route table it would load (``sm90.library_path()``, ``sm90.table_path()``),
     and the CUDA source's sha256. Read from the files without importing the gemm package:
     importing it registers the GEMM contracts, which would make a record taken before the import
     differ from one taken after (``sm90_test.py`` checks this record against sm90's paths)."""
@@ -72,8 +71,7 @@ def gemm_sm90_record(kernels_root: str) -> dict[str, str]:
     lib_s = f"sha256:{_sha256_file(lib)}" if os.path.isfile(lib) else "absent"
     tab_s = f"sha256:{_sha256_file(table)}" if os.path.isfile(table) else "absent"
     src = os.path.join(gemm, "sm90", "gemm_sm90.cu")
-    return {"native:gemm_sm90": f"mode={os.environ.get('RLK_GEMM_SM90') or 'auto'} "
-                                f"pdl={os.environ.get('RLK_GEMM_SM90_PDL') or '0'} library={lib_s} "
+    return {"native:gemm_sm90": f"mode={os.environ.get('RLK_GEMM_SM90') or 'auto'} library={lib_s} "
                                 f"table={os.path.basename(table)}:{tab_s}",
             "native:gemm_sm90.cu": _sha256_file(src) if os.path.isfile(src) else "absent"}
 

@@ -50,13 +50,6 @@ TABLE_ENV = "RLK_GEMM_SM90_TABLE"
 # (benchmarks that report this route must not silently time the other one).
 MODE_ENV = "RLK_GEMM_SM90"
 MODES = ("auto", "off", "require")
-# Programmatic dependent launch (Hopper PDL): "1" launches each kernel with the programmatic
-# stream-serialization attribute, so it may be scheduled while the kernel before it drains; its
-# producer warps wait (griddepcontrol.wait) for that kernel's memory before loading or storing
-# anything, and it signals its own dependents after its last mainloop. Launch timing only: the
-# tiles, the K walk and every instruction of the arithmetic are the same, so are the bytes (GPU
-# test per configuration, both modes). "0" (default): an ordinary launch.
-PDL_ENV = "RLK_GEMM_SM90_PDL"
 
 # name -> (tile_m, tile_n, cluster_m, cluster_n, coop, swap_ab). Tile K is the contract's chunk (64).
 # Widths follow one wave on 132 SMs at Qwen3 shapes (N 4096, 6144, 24576; M 64-512) and the
@@ -176,11 +169,8 @@ def _define(text: str, name: str) -> str:
 
 
 def nvcc_flags(cutlass: Path) -> list:
-    # CUTLASS_ENABLE_GDC_FOR_SM90 compiles CUTLASS's griddepcontrol instructions in (no-ops unless
-    # the launch asked for PDL, see PDL_ENV).
     return ["-std=c++17", "-O3", "-DNDEBUG", "-gencode", "arch=compute_90a,code=sm_90a",
-            "--expt-relaxed-constexpr", "-diag-suppress", "20012", "-DCUTLASS_ENABLE_GDC_FOR_SM90=1",
-            "-Xcompiler", "-fPIC",
+            "--expt-relaxed-constexpr", "-diag-suppress", "20012", "-Xcompiler", "-fPIC",
             f"-I{cutlass / 'include'}", f"-I{cutlass / 'tools' / 'util' / 'include'}"]
 
 
@@ -253,8 +243,7 @@ def library():
                 if hasattr(lib, symbol(name)):
                     f = getattr(lib, symbol(name))
                     f.restype = ctypes.c_int
-                    f.argtypes = ([ctypes.c_void_p] * 3 + [ctypes.c_int] * 3 + [ctypes.c_longlong] * 3
-                                  + [ctypes.c_void_p, ctypes.c_int])
+                    f.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 3 + [ctypes.c_longlong] * 3 + [ctypes.c_void_p]
         _LIB.append(lib)
     return _LIB[0]
 
@@ -271,10 +260,9 @@ def available(name: str) -> bool:
     return lib is not None and hasattr(lib, symbol(name))
 
 
-def gemm_into(y, x, w, name: str, pdl: bool | None = None) -> None:
+def gemm_into(y, x, w, name: str) -> None:
     """``y = x @ w.T`` by configuration ``name`` on the current CUDA stream (bf16, row strides
-    free, unit column strides, 16-byte aligned), launched with PDL when ``pdl`` (None: ``pdl_mode()``).
-    Raises UnsupportedConfigError on what it cannot do."""
+    free, unit column strides, 16-byte aligned). Raises UnsupportedConfigError on what it cannot do."""
     import torch  # noqa: PLC0415
 
     if name not in CONFIGS:
@@ -292,8 +280,7 @@ def gemm_into(y, x, w, name: str, pdl: bool | None = None) -> None:
         raise UnsupportedConfigError(f"sm90: shapes x {tuple(x.shape)}, w {tuple(w.shape)}, y {tuple(y.shape)}")
     stream = torch.cuda.current_stream(x.device).cuda_stream
     rc = getattr(library(), symbol(name))(x.data_ptr(), w.data_ptr(), y.data_ptr(), M, N, K,
-                                          x.stride(0), w.stride(0), y.stride(0), stream,
-                                          int(pdl_mode() if pdl is None else bool(pdl)))
+                                          x.stride(0), w.stride(0), y.stride(0), stream)
     if rc != 0:
         raise UnsupportedConfigError(f"sm90 {name}: {ERRORS.get(rc, f'error {rc}')} "
                                      f"(M={M}, N={N}, K={K}, strides x {x.stride()}, w {w.stride()})")
@@ -304,13 +291,6 @@ def mode() -> str:
     if m not in MODES:
         raise UnsupportedConfigError(f"{MODE_ENV}={m!r}: expected one of {MODES}")
     return m
-
-
-def pdl_mode() -> bool:
-    v = os.environ.get(PDL_ENV) or "0"
-    if v not in ("0", "1"):
-        raise UnsupportedConfigError(f"{PDL_ENV}={v!r}: expected 0 or 1")
-    return v == "1"
 
 
 @functools.lru_cache(maxsize=8)

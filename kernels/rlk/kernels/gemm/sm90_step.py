@@ -42,10 +42,9 @@ M_DEFAULT = (1, 2, 4) + tuple(range(8, 257, 8)) + (320, 384, 512)
 STEP_SHAPES = ("qkv", "o", "gate_up", "down")
 
 
-def parse_arms(tables: str | None, pdl: bool = False) -> list[tuple[str, str | None]]:
+def parse_arms(tables: str | None) -> list[tuple[str, str | None]]:
     """``[(arm name, table path or None), ...]``: cublas, triton, then each table (named by its
-    file stem; a stem given twice is refused), and with ``pdl`` each table again launched with
-    programmatic dependent launch (``table:<stem>+pdl``)."""
+    file stem; a stem given twice is refused)."""
     arms: list[tuple[str, str | None]] = [("cublas", None), ("triton", None)]
     for p in filter(None, (tables or "").split(",")):
         name = f"table:{Path(p).stem}"
@@ -54,8 +53,6 @@ def parse_arms(tables: str | None, pdl: bool = False) -> list[tuple[str, str | N
         if not Path(p).is_file():
             raise SystemExit(f"sm90_step: no table {p}")
         arms.append((name, p))
-        if pdl:
-            arms.append((f"{name}+pdl", p))
     return arms
 
 
@@ -64,7 +61,7 @@ def arm_env(arm: str, table: str | None) -> dict:
         return {}
     if arm == "triton":
         return {sm90.MODE_ENV: "off"}
-    return {sm90.MODE_ENV: "require", sm90.TABLE_ENV: str(table), sm90.PDL_ENV: "1" if arm.endswith("+pdl") else "0"}
+    return {sm90.MODE_ENV: "require", sm90.TABLE_ENV: str(table)}
 
 
 def summarize(ms: dict[str, list[float]]) -> dict:
@@ -179,8 +176,6 @@ def step(m_list, arms, layers: int, shapes=STEP_SHAPES, rounds: int = 5, seed: i
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tables", default=None, help="route tables to compare, comma-separated")
-    ap.add_argument("--pdl", action="store_true",
-                    help="also each table with programmatic dependent launch (arms table:<stem>+pdl)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--m", default=",".join(map(str, M_DEFAULT)))
     ap.add_argument("--layers", type=int, default=36)
@@ -193,7 +188,7 @@ def main(argv=None) -> int:
     if unknown or a.layers < 1 or a.rounds < 1 or min(m_list) < 1:
         raise SystemExit(f"sm90_step: unknown shapes {unknown} (of {sorted(QWEN3_8B_GEMMS)}), or M, layers or "
                          "rounds < 1")
-    doc = step(m_list, parse_arms(a.tables, a.pdl), a.layers, shapes, a.rounds)
+    doc = step(m_list, parse_arms(a.tables), a.layers, shapes, a.rounds)
     with open(a.out, "w") as f:
         json.dump(doc, f, indent=1)
     for arm, t in doc["totals"].items():

@@ -17,13 +17,8 @@ def test_arms_are_cublas_triton_then_each_table(tmp_path):
     t2.write_text("{}")
     arms = sm90_step.parse_arms(f"{t1},{t2}")
     assert [a for a, _ in arms] == ["cublas", "triton", "table:before", "table:now"]
-    assert sm90_step.arm_env("table:now", str(t2)) == {sm90.MODE_ENV: "require", sm90.TABLE_ENV: str(t2),
-                                                       sm90.PDL_ENV: "0"}
+    assert sm90_step.arm_env("table:now", str(t2)) == {sm90.MODE_ENV: "require", sm90.TABLE_ENV: str(t2)}
     assert sm90_step.arm_env("triton", None) == {sm90.MODE_ENV: "off"}
-    arms = sm90_step.parse_arms(f"{t1},{t2}", pdl=True)
-    assert arms[2:] == [("table:before", str(t1)), ("table:before+pdl", str(t1)), ("table:now", str(t2)),
-                        ("table:now+pdl", str(t2))]
-    assert sm90_step.arm_env("table:now+pdl", str(t2))[sm90.PDL_ENV] == "1"
     with pytest.raises(SystemExit, match="two tables"):
         sm90_step.parse_arms(f"{t1},{t1}")
     with pytest.raises(SystemExit, match="no table"):

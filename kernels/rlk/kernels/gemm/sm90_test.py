@@ -292,10 +292,9 @@ def test_the_provenance_record_reads_what_the_route_reads(tmp_path):
     def sha(p):
         return f"sha256:{hashlib.sha256(p.read_bytes()).hexdigest()}" if p.is_file() else "absent"
 
-    for env in ({}, {sm90.LIB_ENV: str(lib), sm90.MODE_ENV: "off"}, {sm90.TABLE_ENV: str(tmp_path / "none.json")},
-                {sm90.PDL_ENV: "1"}):
+    for env in ({}, {sm90.LIB_ENV: str(lib), sm90.MODE_ENV: "off"}, {sm90.TABLE_ENV: str(tmp_path / "none.json")}):
         with determinism.scoped(env):
-            want = (f"mode={env.get(sm90.MODE_ENV, 'auto')} pdl={int(sm90.pdl_mode())} library={sha(sm90.library_path())} "
+            want = (f"mode={env.get(sm90.MODE_ENV, 'auto')} library={sha(sm90.library_path())} "
                     f"table={sm90.table_path().name}:{sha(sm90.table_path())}")
             assert provenance.gemm_sm90_record(root)["native:gemm_sm90"] == want, env
 
@@ -336,46 +335,9 @@ def test_every_configuration_gives_the_triton_kernels_bytes(name):
             x = torch.randn((M, K), generator=g, device="cuda").to(torch.bfloat16)
             with determinism.scoped({sm90.MODE_ENV: "off"}):
                 ref = gemm(x, w)
-            for pdl in (False, True):
-                y = torch.empty_like(ref)
-                sm90.gemm_into(y, x, w, name, pdl=pdl)
-                assert torch.equal(y.view(torch.int16), ref.view(torch.int16)), (name, K, N, M, pdl)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not _sm90_library(), reason="needs an sm_90 GPU and the built library")
-@pytest.mark.parametrize("graph", [False, True])
-def test_dependent_launches_wait_for_the_kernel_before_them(graph):
-    """A chain of GEMMs launched with PDL, each reading the previous one's output and the third
-    overwriting a buffer the second reads: every result equals the chain launched without PDL. A
-    kernel that touched memory before the previous one finished would read stale rows or clobber
-    rows still being read (a long K first makes that window wide)."""
-    g = torch.Generator(device="cuda").manual_seed(3)
-    x = torch.randn((200, 12288), generator=g, device="cuda").to(torch.bfloat16)
-    w1 = (torch.randn((4096, 12288), generator=g, device="cuda") / 111).to(torch.bfloat16)
-    w2, w3 = ((torch.randn((4096, 4096), generator=g, device="cuda") / 64).to(torch.bfloat16) for _ in range(2))
-
-    def chain(pdl, a, b, c):
-        sm90.gemm_into(a, x, w1, "pp64x192", pdl=pdl)
-        sm90.gemm_into(b, a, w2, "sw64x80", pdl=pdl)
-        sm90.gemm_into(a, b, w3, "co128x128", pdl=pdl)
-        sm90.gemm_into(c, a, w2, "pp64x96", pdl=pdl)
-
-    bufs = {p: [torch.zeros((200, 4096), dtype=torch.bfloat16, device="cuda") for _ in range(3)] for p in (0, 1)}
-    chain(False, *bufs[0])
-    chain(True, *bufs[1])  # eager first: sets each kernel's shared-memory limit before any capture
-    if graph:
-        for t in bufs[1]:
-            t.zero_()
-        cg = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(cg):
-            chain(True, *bufs[1])
-        for t in bufs[1]:
-            t.zero_()
-        cg.replay()
-    torch.cuda.synchronize()
-    for a, b in zip(bufs[0], bufs[1]):
-        assert torch.equal(a.view(torch.int16), b.view(torch.int16)), graph
+            y = torch.empty_like(ref)
+            sm90.gemm_into(y, x, w, name)
+            assert torch.equal(y.view(torch.int16), ref.view(torch.int16)), (name, K, N, M)
 
 
 @pytest.mark.gpu
@@ -456,13 +418,3 @@ def test_cublas_tile_reads_the_nvjet_kernel_name_as_a_swapped_configuration():
     assert t["as_unswapped"] is None and not t["in_library"], t
     assert sm90_probe.cublas_tile(["sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64"]) is None
     assert sm90_probe.cublas_tile([]) is None
-
-
-def test_pdl_mode_reads_zero_or_one_and_refuses_anything_else():
-    with determinism.scoped({}, drop=[sm90.PDL_ENV]):
-        assert sm90.pdl_mode() is False
-    for value, want in (("0", False), ("1", True)):
-        with determinism.scoped({sm90.PDL_ENV: value}):
-            assert sm90.pdl_mode() is want, value
-    with determinism.scoped({sm90.PDL_ENV: "yes"}), pytest.raises(UnsupportedConfigError, match="expected 0 or 1"):
-        sm90.pdl_mode()

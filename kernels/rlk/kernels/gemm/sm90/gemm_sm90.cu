@@ -23,8 +23,7 @@
 // the same fp32 accumulator from zero over the same ascending 64-wide K chunks of four k16 steps,
 // one RNE rounding; the GPU test per configuration checks the bytes. The exported function has a C ABI
 // (called through ctypes, no libtorch linkage): it returns 0 on success, else an error code that
-// the Python side turns into a message. Its last argument asks for a programmatic dependent
-// launch (sm90.py's RLK_GEMM_SM90_PDL): scheduling only, the same instructions.
+// the Python side turns into a message.
 
 #include <cuda_runtime.h>
 
@@ -122,7 +121,7 @@ static std::atomic<int> g_sm_count[kMaxDevices];
 using namespace RLK_CAT(RLK_SYMBOL, _ns);
 
 extern "C" int RLK_SYMBOL(const void* x, const void* w, void* y, int M, int N, int K,
-                          long long ldx, long long ldw, long long ldy, void* stream, int pdl) {
+                          long long ldx, long long ldw, long long ldy, void* stream) {
   if (M < 1 || N < 1 || K < 1) return kBadShape;
   auto misaligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) % 16) != 0; };
   if (misaligned(x) || misaligned(w) || misaligned(y) || ldx % kAlign || ldw % kAlign ||
@@ -186,10 +185,7 @@ extern "C" int RLK_SYMBOL(const void* x, const void* w, void* y, int M, int N, i
     return kSmemAttribute;
   }
   typename GemmKernel::Params params = GemmKernel::to_underlying_arguments(args, nullptr);
-  // pdl != 0: programmatic dependent launch. The build defines CUTLASS_ENABLE_GDC_FOR_SM90, so
-  // the producer warps wait (griddepcontrol.wait) for the previous kernel's memory before their
-  // first load, and every store follows a load; only when the kernel may start changes.
-  cutlass::Status st = Gemm::run(params, static_cast<cudaStream_t>(stream), nullptr, pdl != 0);
+  cutlass::Status st = Gemm::run(params, static_cast<cudaStream_t>(stream));
   if (st != cutlass::Status::kSuccess || cudaGetLastError() != cudaSuccess) return kLaunch;
   return kOk;
 }

@@ -106,6 +106,20 @@ CONFIGS = {
     "sw64x144m4": (64, 144, 4, 1, 0, 1),
     "sw128x80m4n2": (128, 80, 4, 2, 1, 1),
     "sw128x104m4n2": (128, 104, 4, 2, 1, 1),
+    # Swapped tiles whose token width is a multiple of 32. CUTLASS's epilogue stores a tile in
+    # subtiles gcd(min(32, width), width) columns wide (it takes no wider one for bf16): 8 for the
+    # 72- and 104-wide tiles above, 16 for 48, 80 and 144, 32 here. On the H100 the swapped tiles
+    # ran 1.1-3.1x cuBLAS with cuBLAS's own tile and cluster, the narrowest subtiles slowest
+    # (docs/results/h100_2026-12-07_session30); cuBLAS runs 64x32 to 64x128 and 128x64 / 128x96
+    # tiles in clusters of two at the same rows.
+    "sw64x32n2": (64, 32, 1, 2, 0, 1),
+    "sw64x64m2": (64, 64, 2, 1, 0, 1),
+    "sw64x96": (64, 96, 1, 1, 0, 1),
+    "sw64x96m2": (64, 96, 2, 1, 0, 1),
+    "sw64x128m2": (64, 128, 2, 1, 0, 1),
+    "sw64x160m2": (64, 160, 2, 1, 0, 1),
+    "sw128x64n2": (128, 64, 1, 2, 1, 1),
+    "sw128x96n2": (128, 96, 1, 2, 1, 1),
 }
 
 # The C entry point's error codes (gemm_sm90.cu).

@@ -28,6 +28,7 @@ import hashlib
 import json
 import math
 import re
+import statistics
 import sys
 import time
 from collections import defaultdict
@@ -381,6 +382,29 @@ def _loo_summary(rows: list) -> dict:
             "route_vs_cublas_max": max(c)}
 
 
+def cublas_twins(doc: dict, max_m: int = 512) -> dict:
+    """Each probe row (M <= ``max_m``) whose cuBLAS kernel's tile and cluster the library holds
+    (``cublas_tile``'s ``as_config`` or ``as_unswapped``, read again from ``cublas_kernels`` so that
+    older probes are scored against today's configurations) and that configuration's time over
+    cuBLAS's there: the same tile run by CUTLASS's kernel instead of nvjet."""
+    per_row = []
+    for r in doc["rows"]:
+        tile = cublas_tile(r.get("cublas_kernels") or [])
+        if r["M"] > max_m or not tile:
+            continue
+        for name in (tile["as_config"], tile["as_unswapped"]):
+            timed = r["configs"].get(name) or {}
+            if "ms" in timed:
+                per_row.append({"shape": r["shape"], "M": r["M"], "config": name,
+                                "vs_cublas": timed["ms"] / r["cublas_ms"]})
+    ratios = sorted(t["vs_cublas"] for t in per_row)
+    out = {"max_m": max_m, "rows": len(per_row), "at_or_under_cublas": sum(x <= 1.0 for x in ratios),
+           "per_row": per_row}
+    if ratios:
+        out.update(min=ratios[0], median=statistics.median(ratios), max=ratios[-1])
+    return out
+
+
 def _print_eval(ev: dict) -> None:
     for rule, s in ev["summary"].items():
         print(f"table {ev['table']} {rule:7s}: {s['rows']} rows of {len(s['shapes'])} shapes; route / Triton max "
@@ -443,6 +467,11 @@ def main(argv=None) -> int:
     doc["table_eval"] = [evaluate_table(doc, t, p) for p, t in tables]
     for ev in doc["table_eval"]:
         _print_eval(ev)
+    doc["cublas_twins"] = tw = cublas_twins(doc)
+    if tw["rows"]:
+        print(f"cuBLAS's own tile and cluster in the library at {tw['rows']} rows (M <= {tw['max_m']}): "
+              f"configuration / cuBLAS {tw['min']:.3f}-{tw['max']:.3f}, median {tw['median']:.3f}, "
+              f"{tw['at_or_under_cublas']} rows at or under 1", flush=True)
     if args.leave_one_out:
         doc["leave_one_out"] = [leave_one_out(doc, set(shape_names(args.table_shapes)), r) for r in RULES]
         for lo in doc["leave_one_out"]:

@@ -418,3 +418,25 @@ def test_cublas_tile_reads_the_nvjet_kernel_name_as_a_swapped_configuration():
     assert t["as_unswapped"] is None and not t["in_library"], t
     assert sm90_probe.cublas_tile(["sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64"]) is None
     assert sm90_probe.cublas_tile([]) is None
+
+
+def test_cublas_twins_time_cublas_own_tile_against_cublas():
+    """Rows whose nvjet tile the library holds (swapped or unswapped name) give that
+    configuration's time over cuBLAS's; rows above max_m, without an nvjet kernel, or where the
+    twin was not timed are left out."""
+    def row(M, kernel, configs, cublas_ms=1.0):
+        return {"shape": "o", "M": M, "cublas_ms": cublas_ms, "cublas_kernels": [kernel] if kernel else [],
+                "configs": configs}
+
+    doc = {"rows": [
+        row(144, "nvjet_sm90_tst_64x80_64x11_2x1_v_bz_TNT", {"sw64x80m2": {"ms": 2.0}, "pp64x96": {"ms": 0.5}}),
+        row(256, "nvjet_sm90_tst_192x128_64x5_1x2_h_bz_coopB_TNT", {"co128x192m2": {"ms": 0.45}}, cublas_ms=0.5),
+        row(1024, "nvjet_sm90_tst_64x80_64x11_2x1_v_bz_TNT", {"sw64x80m2": {"ms": 9.0}}),
+        row(16, "nvjet_sm90_tst_64x80_64x11_2x1_v_bz_TNT", {"sw64x80m2": {"error": "launch"}}),
+        row(32, None, {"sw64x80m2": {"ms": 9.0}}),
+    ]}
+    tw = sm90_probe.cublas_twins(doc)
+    assert (tw["rows"], tw["at_or_under_cublas"]) == (2, 1), tw
+    assert [(t["M"], t["config"]) for t in tw["per_row"]] == [(144, "sw64x80m2"), (256, "co128x192m2")]
+    assert tw["min"] == pytest.approx(0.9) and tw["max"] == 2.0, tw
+    assert sm90_probe.cublas_twins({"rows": []}) == {"max_m": 512, "rows": 0, "at_or_under_cublas": 0, "per_row": []}

@@ -91,7 +91,7 @@ CONFIGS = {
     "sw64x144m2": (64, 144, 2, 1, 0, 1),
     "sw128x80n2": (128, 80, 1, 2, 1, 1),
     "sw128x104n2": (128, 104, 1, 2, 1, 1),
-    # cuBLAS's tiles at the rows the route still loses on the H100 (qkv and tp4_gate_up at M 64 and
+    # cuBLAS's tiles at the rows the route loses on the H100 (qkv and tp4_gate_up at M 64 and
     # 144-384; docs/results/h100_2026-12-07_session29), each written the way wgmma can take it.
     # A tile of h weight rows x t tokens with h not a multiple of 64 (48, 96, 144) runs unswapped:
     # the tokens on wgmma's M side (64 ping-pong, 128 cooperative), the weight rows on its N side
@@ -107,11 +107,12 @@ CONFIGS = {
     "sw128x80m4n2": (128, 80, 4, 2, 1, 1),
     "sw128x104m4n2": (128, 104, 4, 2, 1, 1),
     # Swapped tiles whose token width is a multiple of 32. CUTLASS's epilogue stores a tile in
-    # subtiles gcd(min(32, width), width) columns wide (it takes no wider one for bf16): 8 for the
-    # 72- and 104-wide tiles above, 16 for 48, 80 and 144, 32 here. On the H100 the swapped tiles
-    # ran 1.1-3.1x cuBLAS with cuBLAS's own tile and cluster, the narrowest subtiles slowest
-    # (docs/results/h100_2026-12-07_session30); cuBLAS runs 64x32 to 64x128 and 128x64 / 128x96
-    # tiles in clusters of two at the same rows.
+    # subtiles gcd(min(32, width), width) columns wide (explicit wider ones, tried at 48, 72 and
+    # 104, do not compile): 8 for the 72- and 104-wide tiles above, 16 for 48, 80 and 144, 32 here.
+    # On the H100 the swapped tiles ran 1.1-3.1x cuBLAS with cuBLAS's own tile and cluster, the
+    # narrowest subtiles slowest (docs/results/h100_2026-12-07_session30); where the route loses
+    # on o, down, tp4_o and tp4_down (M 64-384), cuBLAS runs swapped 64-row tiles 32-120 tokens
+    # wide and 128x64 / 128x96 tiles, in clusters of two.
     "sw64x32n2": (64, 32, 1, 2, 0, 1),
     "sw64x64m2": (64, 64, 2, 1, 0, 1),
     "sw64x96": (64, 96, 1, 1, 0, 1),

@@ -17,3 +17,11 @@ stage() {
   tail -n "${STAGE_TAIL:-25}" "$R/$name.log"
   tar czf "$OUT/results.tgz" --exclude="${STAGE_EXCLUDE:-*.safetensors}" -C "$R" .
 }
+
+# A CUTLASS library carried packed (`python -m rlk.kernels.gemm.sm90 pack`: build/sm90_carry, a
+# tenth of the library's size) is unpacked into build/sm90, sha256-checked, before any stage.
+if [ -f build/sm90_carry/librlk_gemm_sm90.so.xz ]; then
+  PYTHONPATH=$PWD/python:$PWD/kernels${PYTHONPATH:+:$PYTHONPATH} python3 -m rlk.kernels.gemm.sm90 unpack \
+    --src build/sm90_carry --out build/sm90 \
+    || echo "sm90 unpack failed: stages run without the carried library"
+fi

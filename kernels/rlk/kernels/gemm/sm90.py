@@ -12,6 +12,8 @@ the Triton kernels' (GPU test ``sm90_test.py`` per configuration, invariance swe
 Build (a CPU machine with nvcc >= 12.3 is enough; nothing here needs a GPU)::
 
     python -m rlk.kernels.gemm.sm90 build [--cutlass DIR] [--out build/sm90] [--jobs N]
+    python -m rlk.kernels.gemm.sm90 pack      # build/sm90 -> build/sm90_carry (xz, for a device call)
+    python -m rlk.kernels.gemm.sm90 unpack    # on the device: build/sm90_carry -> build/sm90, sha256-checked
 
 CUTLASS is not vendored: ``--cutlass`` (or ``RLK_CUTLASS_DIR``) names a checkout of the tag pinned
 in ``third_party/cutlass/pin.json``; without one the build clones it (network). The library and a
@@ -240,6 +242,43 @@ def build(out: Path, cutlass_dir: str | None = None, jobs: int | None = None, na
     return lib
 
 
+def pack(out: Path, dest: Path) -> Path:
+    """xz-compress the built library into ``dest`` with its manifest (about a tenth of its size):
+    what a device call carries when the 64 MiB it takes is nearly full."""
+    import lzma  # noqa: PLC0415
+
+    lib, manifest = out / LIB_NAME, out / "manifest.json"
+    if not (lib.is_file() and manifest.is_file()):
+        raise UnsupportedConfigError(f"sm90 pack: no built library in {out} (python -m rlk.kernels.gemm.sm90 build)")
+    dest.mkdir(parents=True, exist_ok=True)
+    packed = dest / (LIB_NAME + ".xz")
+    packed.write_bytes(lzma.compress(lib.read_bytes(), preset=9))
+    (dest / "manifest.json").write_bytes(manifest.read_bytes())
+    print(f"sm90: {packed} ({packed.stat().st_size} bytes, from {lib.stat().st_size})", flush=True)
+    return packed
+
+
+def unpack(src: Path, out: Path) -> Path:
+    """The library :func:`pack` wrote, decompressed into ``out``; its sha256 must equal the
+    manifest's (a truncated or mismatched carry is an error, not a library that half loads)."""
+    import lzma  # noqa: PLC0415
+
+    manifest = json.loads((src / "manifest.json").read_text())
+    try:
+        data = lzma.decompress((src / (LIB_NAME + ".xz")).read_bytes())
+    except lzma.LZMAError as e:
+        raise UnsupportedConfigError(f"sm90 unpack: {src / (LIB_NAME + '.xz')} is not a whole xz file ({e})") from None
+    got = hashlib.sha256(data).hexdigest()
+    if got != manifest["sha256"]:
+        raise UnsupportedConfigError(f"sm90 unpack: {src} holds a library with sha256 {got[:16]}..., "
+                                     f"its manifest says {manifest['sha256'][:16]}...")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / LIB_NAME).write_bytes(data)
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    print(f"sm90: {out / LIB_NAME} (sha256 {got[:16]}..., {len(manifest['configs'])} configurations)", flush=True)
+    return out / LIB_NAME
+
+
 _LIB: list = []  # [ctypes.CDLL | None] once loaded
 
 
@@ -396,8 +435,20 @@ def main(argv=None) -> int:
     b.add_argument("--out", default=str(Path(ws) / "build" / "sm90" if ws else DEFAULT_OUT))
     b.add_argument("--jobs", type=int, default=None)
     b.add_argument("--configs", default=None, help="comma-separated subset of the configurations")
+    default_out = Path(ws) / "build" / "sm90" if ws else DEFAULT_OUT
+    p = sub.add_parser("pack", help="xz-compress the built library and its manifest for a device call")
+    p.add_argument("--out", default=str(default_out), help="the build folder")
+    p.add_argument("--dest", default=str(default_out.parent / "sm90_carry"))
+    u = sub.add_parser("unpack", help="decompress a packed library into the build folder, sha256-checked")
+    u.add_argument("--src", default=str(default_out.parent / "sm90_carry"))
+    u.add_argument("--out", default=str(default_out))
     args = ap.parse_args(argv)
-    build(Path(args.out), args.cutlass, args.jobs, args.configs.split(",") if args.configs else None)
+    if args.cmd == "pack":
+        pack(Path(args.out), Path(args.dest))
+    elif args.cmd == "unpack":
+        unpack(Path(args.src), Path(args.out))
+    else:
+        build(Path(args.out), args.cutlass, args.jobs, args.configs.split(",") if args.configs else None)
     return 0
 
 

@@ -440,3 +440,30 @@ def test_cublas_twins_time_cublas_own_tile_against_cublas():
     assert [(t["M"], t["config"]) for t in tw["per_row"]] == [(144, "sw64x80m2"), (256, "co128x192m2")]
     assert tw["min"] == pytest.approx(0.9) and tw["max"] == 2.0, tw
     assert sm90_probe.cublas_twins({"rows": []}) == {"max_m": 512, "rows": 0, "at_or_under_cublas": 0, "per_row": []}
+
+
+def test_pack_and_unpack_round_trip_the_library_and_refuse_a_mismatch(tmp_path):
+    """What a device call carries when its 64 MiB are nearly full: the library xz-compressed with
+    its manifest; unpacking gives the same bytes, and a library whose sha256 is not the manifest's
+    is refused."""
+    import hashlib
+
+    out, carry, dev = tmp_path / "sm90", tmp_path / "carry", tmp_path / "device"
+    out.mkdir()
+    lib = bytes(range(256)) * 512
+    (out / sm90.LIB_NAME).write_bytes(lib)
+    (out / "manifest.json").write_text(json.dumps({"sha256": hashlib.sha256(lib).hexdigest(),
+                                                   "configs": {"pp64x96": list(sm90.CONFIGS["pp64x96"])}}))
+    packed = sm90.pack(out, carry)
+    assert packed.stat().st_size < len(lib) // 10
+    assert sm90.unpack(carry, dev).read_bytes() == lib
+    assert json.loads((dev / "manifest.json").read_text()) == json.loads((out / "manifest.json").read_text())
+    (out / sm90.LIB_NAME).write_bytes(lib[:-1])  # rebuilt without a new manifest
+    sm90.pack(out, carry)
+    with pytest.raises(UnsupportedConfigError, match="its manifest says"):
+        sm90.unpack(carry, tmp_path / "device2")
+    with pytest.raises(UnsupportedConfigError, match="no built library"):
+        sm90.pack(tmp_path / "nowhere", carry)
+    packed.write_bytes(packed.read_bytes()[:100])  # a carry cut short
+    with pytest.raises(UnsupportedConfigError, match="not a whole xz file"):
+        sm90.unpack(carry, tmp_path / "device3")

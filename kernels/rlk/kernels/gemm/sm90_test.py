@@ -226,13 +226,15 @@ def test_every_configuration_is_a_legal_tile_and_its_compile_names_it(tmp_path, 
     at most 8 CTAs, named by their m/n suffix), and the build passes exactly its fields to nvcc, the
     operand swap included (a swapped configuration compiled unswapped would be another kernel under
     its name). A second build reuses the objects its stamps match and recompiles one whose source changed."""
-    for name, (tm, tn, cm, cn, coop, swap) in sm90.CONFIGS.items():
+    for name, (tm, tn, cm, cn, coop, swap, direct) in sm90.CONFIGS.items():
         assert (tm == 64) if not coop else tm in (128, 256), name
         assert tn % 8 == 0 and 8 <= tn <= 256 and swap in (0, 1) and cm in (1, 2, 4) and cn in (1, 2, 4), name
         assert cm * cn <= 8 and name.startswith("sw") == bool(swap), name
-        parts = re.fullmatch(r"(pp|co|sw)(\d+)x(\d+)(m\d)?(n\d)?", name)
+        parts = re.fullmatch(r"(pp|co|sw)(\d+)x(\d+)(m\d)?(n\d)?(d)?", name)
         assert parts and parts.groups() == ("sw" if swap else "co" if coop else "pp", str(tm), str(tn),
-                                            f"m{cm}" if cm > 1 else None, f"n{cn}" if cn > 1 else None), name
+                                            f"m{cm}" if cm > 1 else None, f"n{cn}" if cn > 1 else None,
+                                            "d" if direct else None), name
+        assert direct in (0, 1), name
     inc = tmp_path / "cutlass" / "include" / "cutlass"
     inc.mkdir(parents=True)
     (inc / "cutlass.h").write_text("")
@@ -251,7 +253,7 @@ def test_every_configuration_is_a_legal_tile_and_its_compile_names_it(tmp_path, 
         return Done()
 
     monkeypatch.setattr(sm90.subprocess, "run", fake_run)
-    names = ["pp64x96", "co128x192m2", "sw64x48", "sw128x144", "sw128x80n2"]
+    names = ["pp64x96", "co128x192m2", "sw64x48", "sw128x144", "sw128x80n2", "sw64x72m2d"]
 
     def compiled():
         got = {c[c.index("-o") + 1].rsplit("/", 1)[-1][:-2]: c for c in cmds if "-c" in c}
@@ -262,13 +264,15 @@ def test_every_configuration_is_a_legal_tile_and_its_compile_names_it(tmp_path, 
     compiles = compiled()
     assert sorted(compiles) == sorted(names)
     for name, cmd in compiles.items():
-        tm, tn, cm, cn, coop, swap = sm90.CONFIGS[name]
+        tm, tn, cm, cn, coop, swap, direct = sm90.CONFIGS[name]
         want = {f"-DRLK_TILE_M={tm}", f"-DRLK_TILE_N={tn}", f"-DRLK_CLUSTER_M={cm}", f"-DRLK_CLUSTER_N={cn}",
                 f"-DRLK_COOP={coop}", f"-DRLK_SWAP_AB={swap}", f"-DRLK_SYMBOL={sm90.symbol(name)}"}
         assert want <= set(cmd), (name, cmd)
+        assert ("-DRLK_EPI_DIRECT=1" in cmd) == bool(direct), (name, cmd)
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
-    assert manifest["configs"]["sw64x48"] == [64, 48, 1, 1, 0, 1]
-    assert manifest["configs"]["sw128x80n2"] == [128, 80, 1, 2, 1, 1]
+    assert manifest["configs"]["sw64x48"] == [64, 48, 1, 1, 0, 1, 0]
+    assert manifest["configs"]["sw128x80n2"] == [128, 80, 1, 2, 1, 1, 0]
+    assert manifest["configs"]["sw64x72m2d"] == [64, 72, 2, 1, 0, 1, 1]
     sm90.build(tmp_path / "out", str(tmp_path / "cutlass"), jobs=1, names=names)
     assert compiled() == {}
     (tmp_path / "out" / "sw64x48.o").unlink()  # a missing object, and a changed source, recompile

@@ -13,7 +13,8 @@
 //
 // Each compilation of this file is one configuration, chosen by macros (the build script passes
 // them): RLK_TILE_M, RLK_TILE_N, RLK_CLUSTER_M, RLK_CLUSTER_N, RLK_COOP (1: cooperative, 0:
-// ping-pong), RLK_SWAP_AB and RLK_SYMBOL (the exported C function's name).
+// ping-pong), RLK_SWAP_AB, RLK_SYMBOL (the exported C function's name) and, optionally,
+// RLK_EPI_DIRECT (stores from registers, no shared-memory epilogue).
 //
 // RLK_SWAP_AB = 1 computes the transpose, y^T[N, M] = w[N, K] @ x[M, K]^T: the weight rows take
 // wgmma's M side (tiles of RLK_TILE_M weight rows) and the tokens its N side (RLK_TILE_N tokens,
@@ -76,13 +77,24 @@ using LayoutD = cutlass::layout::ColumnMajor;
 using LayoutD = cutlass::layout::RowMajor;
 #endif
 
-// D = alpha * acc with alpha = 1 (exact in fp32), no C operand, one RNE conversion to bf16.
+// RLK_EPI_DIRECT = 1: the consumer warps store their accumulators straight to global memory
+// (CUTLASS's NoSmemWarpSpecialized epilogue) instead of staging subtiles in shared memory for TMA
+// stores. CUTLASS's TMA epilogue cuts a tile into subtiles gcd(min(32, TILE_N), TILE_N) columns
+// wide, 8 or 16 for most swapped tiles, and stores them one after another.
+#if defined(RLK_EPI_DIRECT) && RLK_EPI_DIRECT
+using EpilogueScheduleUsed = cutlass::epilogue::NoSmemWarpSpecialized;
+#else
+using EpilogueScheduleUsed = EpilogueSchedule;
+#endif
+
+// D = alpha * acc with alpha = 1 (exact in fp32), no C operand, one RNE conversion to bf16 (both
+// epilogues: the same LinearCombination, alpha only, round to nearest even).
 using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
     cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
     cutlass::epilogue::collective::EpilogueTileAuto, float, float,
     void, LayoutD, kAlign,
     Bf16, LayoutD, kAlign,
-    EpilogueSchedule>::CollectiveOp;
+    EpilogueScheduleUsed>::CollectiveOp;
 
 // Both operands K-major: A row-major (x, or w when swapped), B stored K-major (ColumnMajor B: w[N,
 // K] row-major, or x[M, K] row-major when swapped).

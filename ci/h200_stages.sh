@@ -6,6 +6,8 @@
 # "NAME rc=.. Ns" to $SUMMARY, prints the log's last $STAGE_TAIL lines, and refreshes
 # $OUT/results.tgz (all of $R but $STAGE_EXCLUDE) after every stage, so a call that runs out of
 # time still brings back what it finished. A failing stage does not stop the script.
+# Sourcing it also unpacks a CUTLASS library carried packed (see the end of this file), so both
+# device scripts find it in build/sm90 before their first stage.
 stage() {
   local name=$1 limit=$2; shift 2
   case " $STAGES " in *" $name "*) ;; *) return 0 ;; esac

@@ -272,7 +272,8 @@ def unpack(src: Path, out: Path) -> Path:
     manifest's (a truncated or mismatched carry is an error, not a library that half loads)."""
     import lzma  # noqa: PLC0415
 
-    manifest = json.loads((src / "manifest.json").read_text())
+    manifest_bytes = (src / "manifest.json").read_bytes()
+    manifest = json.loads(manifest_bytes)
     try:
         data = lzma.decompress((src / (LIB_NAME + ".xz")).read_bytes())
     except lzma.LZMAError as e:
@@ -283,7 +284,7 @@ def unpack(src: Path, out: Path) -> Path:
                                      f"its manifest says {manifest['sha256'][:16]}...")
     out.mkdir(parents=True, exist_ok=True)
     (out / LIB_NAME).write_bytes(data)
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    (out / "manifest.json").write_bytes(manifest_bytes)
     print(f"sm90: {out / LIB_NAME} (sha256 {got[:16]}..., {len(manifest['configs'])} configurations)", flush=True)
     return out / LIB_NAME
 

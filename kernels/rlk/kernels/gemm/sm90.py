@@ -169,7 +169,7 @@ def _cutlass_dir(given: str | None) -> Path:
     d = given or os.environ.get(CUTLASS_ENV)
     p = pin()
     if d:
-        path = Path(d)
+        path = Path(d).resolve()
     else:
         path = ROOT / ".cache" / f"cutlass-{p['tag']}"
         if not (path / "include" / "cutlass" / "cutlass.h").is_file():
@@ -209,6 +209,8 @@ def build(out: Path, cutlass_dir: str | None = None, jobs: int | None = None, na
     object whose stamp (``<name>.stamp.json``: nvcc command, source sha256, nvcc version) matches is
     reused, so adding a configuration compiles that one only."""
     cutlass = _cutlass_dir(cutlass_dir)
+    # Absolute paths in the nvcc command, so that a stamp does not depend on how the folder was named.
+    out = Path(out).resolve()
     names = list(names or CONFIGS)
     unknown = [n for n in names if n not in CONFIGS]
     if unknown:

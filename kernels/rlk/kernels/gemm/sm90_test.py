@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -274,6 +275,9 @@ def test_every_configuration_is_a_legal_tile_and_its_compile_names_it(tmp_path, 
     assert manifest["configs"]["sw128x80n2"] == [128, 80, 1, 2, 1, 1, 0]
     assert manifest["configs"]["sw64x72m2d"] == [64, 72, 2, 1, 0, 1, 1]
     sm90.build(tmp_path / "out", str(tmp_path / "cutlass"), jobs=1, names=names)
+    assert compiled() == {}
+    monkeypatch.chdir(tmp_path)  # the same folders named relatively: the same stamps
+    sm90.build(Path("out"), "cutlass", jobs=1, names=names)
     assert compiled() == {}
     (tmp_path / "out" / "sw64x48.o").unlink()  # a missing object, and a changed source, recompile
     sm90.build(tmp_path / "out", str(tmp_path / "cutlass"), jobs=1, names=names)

@@ -405,6 +405,28 @@ def cublas_twins(doc: dict, max_m: int = 512) -> dict:
     return out
 
 
+def direct_pairs(doc: dict, max_m: int = 512) -> dict:
+    """Each direct-epilogue configuration (stores from registers) against its TMA-epilogue twin
+    (the same name without the trailing ``d``: same tile, cluster and operand order) at every
+    probe row (M <= ``max_m``) where both were timed: which epilogue costs the time, the rest of
+    the kernel held fixed. ``direct_over_tma`` < 1: the direct epilogue is faster."""
+    per_config = {}
+    for name, fields in sm90.CONFIGS.items():
+        if not fields[6] or not name.endswith("d") or name[:-1] not in sm90.CONFIGS:
+            continue
+        ratios = []
+        for r in doc["rows"]:
+            a, b = r["configs"].get(name) or {}, r["configs"].get(name[:-1]) or {}
+            if r["M"] <= max_m and "ms" in a and "ms" in b:
+                ratios.append({"shape": r["shape"], "M": r["M"], "direct_over_tma": a["ms"] / b["ms"],
+                               "direct_vs_cublas": a["ms"] / r["cublas_ms"], "tma_vs_cublas": b["ms"] / r["cublas_ms"]})
+        if ratios:
+            x = sorted(t["direct_over_tma"] for t in ratios)
+            per_config[name] = {"twin": name[:-1], "rows": len(x), "min": x[0], "median": statistics.median(x),
+                                "max": x[-1], "direct_faster_rows": sum(v < 1.0 for v in x), "per_row": ratios}
+    return {"max_m": max_m, "configs": per_config}
+
+
 def _print_eval(ev: dict) -> None:
     for rule, s in ev["summary"].items():
         print(f"table {ev['table']} {rule:7s}: {s['rows']} rows of {len(s['shapes'])} shapes; route / Triton max "
@@ -472,6 +494,11 @@ def main(argv=None) -> int:
         print(f"cuBLAS's own tile and cluster in the library at {tw['rows']} rows (M <= {tw['max_m']}): "
               f"configuration / cuBLAS {tw['min']:.3f}-{tw['max']:.3f}, median {tw['median']:.3f}, "
               f"{tw['at_or_under_cublas']} rows at or under 1", flush=True)
+    doc["direct_pairs"] = dp = direct_pairs(doc)
+    for name, d in dp["configs"].items():
+        print(f"direct epilogue {name} / TMA epilogue {d['twin']} at {d['rows']} rows (M <= {dp['max_m']}): "
+              f"{d['min']:.3f}-{d['max']:.3f}, median {d['median']:.3f}, direct faster at {d['direct_faster_rows']}",
+              flush=True)
     if args.leave_one_out:
         doc["leave_one_out"] = [leave_one_out(doc, set(shape_names(args.table_shapes)), r) for r in RULES]
         for lo in doc["leave_one_out"]:

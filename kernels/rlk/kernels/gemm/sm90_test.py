@@ -450,6 +450,28 @@ def test_cublas_twins_time_cublas_own_tile_against_cublas():
     assert sm90_probe.cublas_twins({"rows": []}) == {"max_m": 512, "rows": 0, "at_or_under_cublas": 0, "per_row": []}
 
 
+def test_direct_pairs_time_each_direct_epilogue_against_its_tma_twin():
+    """A direct-epilogue configuration is compared with the same name without its ``d`` at rows
+    where both ran (M <= max_m): a row where either is missing or failed, or above max_m, is left out."""
+    def row(M, configs, cublas_ms=1.0):
+        return {"shape": "o", "M": M, "cublas_ms": cublas_ms, "configs": configs}
+
+    doc = {"rows": [
+        row(144, {"sw64x72m2d": {"ms": 0.6}, "sw64x72m2": {"ms": 1.2}}),
+        row(160, {"sw64x72m2d": {"ms": 1.5}, "sw64x72m2": {"ms": 1.0}}, cublas_ms=0.5),
+        row(176, {"sw64x72m2d": {"ms": 0.5}, "sw64x72m2": {"error": "launch"}}),
+        row(1024, {"sw64x72m2d": {"ms": 0.1}, "sw64x72m2": {"ms": 1.0}}),
+        row(192, {"sw64x80d": {"ms": 1.0}}),
+    ]}
+    dp = sm90_probe.direct_pairs(doc)
+    assert sorted(dp["configs"]) == ["sw64x72m2d"], dp
+    d = dp["configs"]["sw64x72m2d"]
+    assert (d["twin"], d["rows"], d["direct_faster_rows"]) == ("sw64x72m2", 2, 1), d
+    assert (d["min"], d["max"]) == (pytest.approx(0.5), pytest.approx(1.5)), d
+    assert d["per_row"][1]["direct_vs_cublas"] == pytest.approx(3.0) and d["per_row"][1]["tma_vs_cublas"] == 2.0
+    assert sm90_probe.direct_pairs({"rows": []}) == {"max_m": 512, "configs": {}}
+
+
 def test_pack_and_unpack_round_trip_the_library_and_refuse_a_mismatch(tmp_path):
     """What a device call carries when its 64 MiB are nearly full: the library xz-compressed with
     its manifest; unpacking gives the same bytes, and a library whose sha256 is not the manifest's

@@ -132,6 +132,18 @@ CONFIGS = {
     "sw64x80m2d": (64, 80, 2, 1, 0, 1, 1),
     "sw64x104m2d": (64, 104, 2, 1, 0, 1, 1),
     "sw128x80n2d": (128, 80, 1, 2, 1, 1, 1),
+    # The other slow twins with narrow subtiles (16 or 8 columns, unswapped ones included), and the
+    # route's most picked wide-subtile tiles: whether the direct epilogue helps only narrow subtiles.
+    "sw64x144m2d": (64, 144, 2, 1, 0, 1, 1),
+    "sw64x144m4d": (64, 144, 4, 1, 0, 1, 1),
+    "sw128x80m4n2d": (128, 80, 4, 2, 1, 1, 1),
+    "sw128x104m4n2d": (128, 104, 4, 2, 1, 1, 1),
+    "pp64x144n2d": (64, 144, 1, 2, 0, 0, 1),
+    "co128x144n2d": (128, 144, 1, 2, 1, 0, 1),
+    "pp64x96d": (64, 96, 1, 1, 0, 0, 1),
+    "pp64x128d": (64, 128, 1, 1, 0, 0, 1),
+    "pp64x192d": (64, 192, 1, 1, 0, 0, 1),
+    "co128x192d": (128, 192, 1, 1, 1, 0, 1),
 }
 
 # The C entry point's error codes (gemm_sm90.cu).

@@ -110,8 +110,10 @@ CONFIGS = {
     "sw128x80m4n2": (128, 80, 4, 2, 1, 1, 0),
     "sw128x104m4n2": (128, 104, 4, 2, 1, 1, 0),
     # Swapped tiles whose token width is a multiple of 32. CUTLASS's epilogue stores a tile in
-    # subtiles gcd(min(32, width), width) columns wide (explicit wider ones, tried at 48, 72 and
-    # 104, do not compile): 8 for the 72- and 104-wide tiles above, 16 for 48, 80 and 144, 32 here.
+    # subtiles gcd(min(32, width), width) columns wide: 8 for the 72- and 104-wide tiles above, 16
+    # for 48, 80 and 144, 32 here. Explicit wider subtiles do not compile: 72 and 104 columns fail
+    # the epilogue builder's multiple-of-16 assert, 48 and a whole 144-wide tile (swapped or not)
+    # the TMA epilogue's "Fragment size does not vectorize properly".
     # On the H100 the swapped tiles ran 1.1-3.1x cuBLAS with cuBLAS's own tile and cluster, the
     # narrowest subtiles slowest (docs/results/h100_2026-12-07_session30); where the route loses
     # on o, down, tp4_o and tp4_down (M 64-384), cuBLAS runs swapped 64-row tiles 32-120 tokens

@@ -397,33 +397,38 @@ def cublas_twins(doc: dict, max_m: int = 512) -> dict:
             if "ms" in timed:
                 per_row.append({"shape": r["shape"], "M": r["M"], "config": name,
                                 "vs_cublas": timed["ms"] / r["cublas_ms"]})
-    ratios = sorted(t["vs_cublas"] for t in per_row)
-    out = {"max_m": max_m, "rows": len(per_row), "at_or_under_cublas": sum(x <= 1.0 for x in ratios),
-           "per_row": per_row}
-    if ratios:
-        out.update(min=ratios[0], median=statistics.median(ratios), max=ratios[-1])
-    return out
+    ratios = [t["vs_cublas"] for t in per_row]
+    return {"max_m": max_m, "rows": len(per_row), "at_or_under_cublas": sum(x <= 1.0 for x in ratios),
+            "per_row": per_row, **_spread(ratios)}
+
+
+def _spread(values) -> dict:
+    """min, median and max of ``values`` ({} for none)."""
+    x = sorted(values)
+    return {"min": x[0], "median": statistics.median(x), "max": x[-1]} if x else {}
 
 
 def direct_pairs(doc: dict, max_m: int = 512) -> dict:
     """Each direct-epilogue configuration (stores from registers) against its TMA-epilogue twin
-    (the same name without the trailing ``d``: same tile, cluster and operand order) at every
-    probe row (M <= ``max_m``) where both were timed: which epilogue costs the time, the rest of
-    the kernel held fixed. ``direct_over_tma`` < 1: the direct epilogue is faster."""
+    (the configuration with the same fields but the epilogue: same tile, cluster and operand
+    order) at every probe row (M <= ``max_m``) where both were timed: which epilogue costs the
+    time, the rest of the kernel held fixed. ``direct_over_tma`` < 1: the direct epilogue is faster."""
+    by_fields = {fields: name for name, fields in sm90.CONFIGS.items()}
     per_config = {}
     for name, fields in sm90.CONFIGS.items():
-        if not fields[6] or not name.endswith("d") or name[:-1] not in sm90.CONFIGS:
+        twin = by_fields.get((*fields[:6], 0)) if fields[6] else None
+        if twin is None:
             continue
         ratios = []
         for r in doc["rows"]:
-            a, b = r["configs"].get(name) or {}, r["configs"].get(name[:-1]) or {}
+            a, b = r["configs"].get(name) or {}, r["configs"].get(twin) or {}
             if r["M"] <= max_m and "ms" in a and "ms" in b:
                 ratios.append({"shape": r["shape"], "M": r["M"], "direct_over_tma": a["ms"] / b["ms"],
                                "direct_vs_cublas": a["ms"] / r["cublas_ms"], "tma_vs_cublas": b["ms"] / r["cublas_ms"]})
         if ratios:
-            x = sorted(t["direct_over_tma"] for t in ratios)
-            per_config[name] = {"twin": name[:-1], "rows": len(x), "min": x[0], "median": statistics.median(x),
-                                "max": x[-1], "direct_faster_rows": sum(v < 1.0 for v in x), "per_row": ratios}
+            x = [t["direct_over_tma"] for t in ratios]
+            per_config[name] = {"twin": twin, "rows": len(x), **_spread(x),
+                                "direct_faster_rows": sum(v < 1.0 for v in x), "per_row": ratios}
     return {"max_m": max_m, "configs": per_config}
 
 

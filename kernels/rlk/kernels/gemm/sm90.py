@@ -234,18 +234,25 @@ def build(out: Path, cutlass_dir: str | None = None, jobs: int | None = None, na
     nvcc_version = subprocess.run(["nvcc", "--version"], capture_output=True, text=True, check=True).stdout
     source_sha = _sha256(SOURCE)
 
-    def compile_one(name: str) -> Path:
+    def plan(name: str):
+        """The object, its nvcc command and the stamp key that marks it up to date."""
         tm, tn, cm, cn, coop, swap, direct = CONFIGS[name]
         obj = out / f"{name}.o"
         cmd = ["nvcc", *flags, f"-DRLK_TILE_M={tm}", f"-DRLK_TILE_N={tn}", f"-DRLK_CLUSTER_M={cm}",
                f"-DRLK_CLUSTER_N={cn}", f"-DRLK_COOP={coop}", f"-DRLK_SWAP_AB={swap}", f"-DRLK_SYMBOL={symbol(name)}",
                *(["-DRLK_EPI_DIRECT=1"] if direct else []), "-c", str(SOURCE), "-o", str(obj)]
-        # An object is reused only when its stamp names the same command, source and compiler.
-        stamp = obj.with_suffix(".stamp.json")
         key = json.dumps({"cmd": cmd, "source_sha256": source_sha, "nvcc": nvcc_version}, sort_keys=True)
-        if obj.is_file() and stamp.is_file() and stamp.read_text() == key:
-            print(f"sm90: {name} is up to date", flush=True)
-            return obj
+        return obj, cmd, key
+
+    def up_to_date(name: str) -> bool:
+        # An object is reused only when its stamp names the same command, source and compiler.
+        obj, _, key = plan(name)
+        stamp = obj.with_suffix(".stamp.json")
+        return obj.is_file() and stamp.is_file() and stamp.read_text() == key
+
+    def compile_one(name: str) -> Path:
+        obj, cmd, key = plan(name)
+        stamp = obj.with_suffix(".stamp.json")
         stamp.unlink(missing_ok=True)
         t0 = time.perf_counter()
         r = subprocess.run(cmd, capture_output=True, text=True)
@@ -255,8 +262,14 @@ def build(out: Path, cutlass_dir: str | None = None, jobs: int | None = None, na
         print(f"sm90: compiled {name} in {time.perf_counter() - t0:.0f} s", flush=True)
         return obj
 
-    with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
-        objs = list(pool.map(compile_one, names))
+    stale = [n for n in names if not up_to_date(n)]
+    workers = jobs or os.cpu_count() or 1
+    # Said before the first object, which takes about a minute: what will compile and what is reused.
+    print(f"sm90: {len(stale)} of {len(names)} configurations to compile ({workers} at a time), "
+          f"{len(names) - len(stale)} up to date" + (f": {' '.join(stale)}" if stale else ""), flush=True)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        list(pool.map(compile_one, stale))
+    objs = [plan(n)[0] for n in names]
     lib = out / LIB_NAME
     subprocess.run(["nvcc", "-shared", "-cudart", "static", "-o", str(lib), *map(str, objs)], check=True)
     manifest = {"library": LIB_NAME, "sha256": _sha256(lib), "configs": {n: CONFIGS[n] for n in names},

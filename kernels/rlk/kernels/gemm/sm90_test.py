@@ -221,7 +221,7 @@ def test_build_refuses_unknown_configurations_and_a_checkout_of_another_version(
         sm90.build(tmp_path / "out", str(tmp_path / "nowhere"))
 
 
-def test_every_configuration_is_a_legal_tile_and_its_compile_names_it(tmp_path, monkeypatch):
+def test_every_configuration_is_a_legal_tile_and_its_compile_names_it(tmp_path, monkeypatch, capsys):
     """Each configuration's tile is one CUTLASS's sm_90 builders take (ping-pong: 64 rows per
     consumer warp group; cooperative: 128 or 256; wgmma N a multiple of 8 up to 256; clusters of
     at most 8 CTAs, named by their m/n suffix), and the build passes exactly its fields to nvcc, the
@@ -264,6 +264,9 @@ def test_every_configuration_is_a_legal_tile_and_its_compile_names_it(tmp_path, 
     sm90.build(tmp_path / "out", str(tmp_path / "cutlass"), jobs=1, names=names)
     compiles = compiled()
     assert sorted(compiles) == sorted(names)
+    # The plan is printed before the first compile: how many, and which.
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first == f"sm90: 6 of 6 configurations to compile (1 at a time), 0 up to date: {' '.join(names)}", first
     for name, cmd in compiles.items():
         tm, tn, cm, cn, coop, swap, direct = sm90.CONFIGS[name]
         want = {f"-DRLK_TILE_M={tm}", f"-DRLK_TILE_N={tn}", f"-DRLK_CLUSTER_M={cm}", f"-DRLK_CLUSTER_N={cn}",
@@ -280,8 +283,10 @@ def test_every_configuration_is_a_legal_tile_and_its_compile_names_it(tmp_path, 
     sm90.build(Path("out"), "cutlass", jobs=1, names=names)
     assert compiled() == {}
     (tmp_path / "out" / "sw64x48.o").unlink()  # a missing object, and a changed source, recompile
+    capsys.readouterr()
     sm90.build(tmp_path / "out", str(tmp_path / "cutlass"), jobs=1, names=names)
     assert sorted(compiled()) == ["sw64x48"]
+    assert "sm90: 1 of 6 configurations to compile (1 at a time), 5 up to date: sw64x48" in capsys.readouterr().out
     monkeypatch.setattr(sm90, "_sha256", lambda path: "another source")
     sm90.build(tmp_path / "out", str(tmp_path / "cutlass"), jobs=1, names=names)
     assert sorted(compiled()) == sorted(names)

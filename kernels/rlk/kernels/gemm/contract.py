@@ -162,7 +162,7 @@ _KERNELS = ("gemm.segment", "gemm.fold", "gemm.tiled")
 # v1 only (launch routes no other contract there): the sm_90 CUTLASS kernels (sm90.py).
 _V1_SCHEDULE_FIELDS = {**_SCHEDULE_FIELDS, "sm90_cutlass": (
     "sm_90, split count 1, bf16 out: configs/sm90_cutlass.json may pick a CUTLASS configuration "
-    "(sm90.CONFIGS: tile M 64/128/256 x tile N 48-256, tile K = the 64-chunk, ping-pong or cooperative, "
+    "(sm90.CONFIGS: tile M 64/128/256 x tile N 48-256, tile K = the 64-chunk, ping-pong, cooperative or non-persistent, "
     "clusters of up to 4 CTAs along M or N, a TMA or a direct epilogue; or operands swapped, y^T = w @ x^T: "
     "64 or 128 weight rows x 32-208 tokens) per (K, N) and M range instead of the Triton kernels")}
 _V1_EVIDENCE = {**_EVIDENCE, "sm90_cutlass": (

@@ -57,7 +57,10 @@ MODES = ("auto", "off", "require")
 # contract's chunk (64); direct_epilogue 1 ("d"): stores from registers, no shared-memory epilogue.
 # Widths follow one wave on 132 SMs at Qwen3 shapes (N 4096, 6144, 24576; M 64-512) and the
 # tiles cuBLAS picks there; "pp" = ping-pong (two consumer warp groups on alternate 64-row
-# tiles), "co" = cooperative (both on one 128- or 256-row tile).
+# tiles), "co" = cooperative (both on one 128- or 256-row tile), both persistent; "ws" (coop 2) =
+# CUTLASS's non-persistent kernel: one CTA per tile, one consumer warp group on a 64-row tile.
+# Swapped names start "sw"; their schedule follows from the tile (64 rows ping-pong, 128
+# cooperative) unless they end in "w" (coop 2, before the "d").
 CONFIGS = {
     "pp64x96": (64, 96, 1, 1, 0, 0, 0),
     "pp64x128": (64, 128, 1, 1, 0, 0, 0),
@@ -146,6 +149,28 @@ CONFIGS = {
     "pp64x128d": (64, 128, 1, 1, 0, 0, 1),
     "pp64x192d": (64, 192, 1, 1, 0, 0, 1),
     "co128x192d": (128, 192, 1, 1, 1, 0, 1),
+    # The non-persistent schedule ("ws", "w"): cuBLAS's swapped 64-row tiles of the decode rows and
+    # the route's most picked 64-row tiles again, each beside its persistent ping-pong twin. On the
+    # H100 the same tile and cluster ran 1.01-3.09x cuBLAS (median 1.36) under ping-pong
+    # (docs/results/h100_2026-12-07_session30): whether the persistent loop costs that time.
+    "sw64x48w": (64, 48, 1, 1, 2, 1, 0),
+    "sw64x80w": (64, 80, 1, 1, 2, 1, 0),
+    "sw64x96w": (64, 96, 1, 1, 2, 1, 0),
+    "sw64x32n2w": (64, 32, 1, 2, 2, 1, 0),
+    "sw64x64m2w": (64, 64, 2, 1, 2, 1, 0),
+    "sw64x72m2w": (64, 72, 2, 1, 2, 1, 0),
+    "sw64x80m2w": (64, 80, 2, 1, 2, 1, 0),
+    "sw64x96m2w": (64, 96, 2, 1, 2, 1, 0),
+    "sw64x104m2w": (64, 104, 2, 1, 2, 1, 0),
+    "sw64x128m2w": (64, 128, 2, 1, 2, 1, 0),
+    "sw64x144m2w": (64, 144, 2, 1, 2, 1, 0),
+    "sw64x144m4w": (64, 144, 4, 1, 2, 1, 0),
+    "sw64x72m2wd": (64, 72, 2, 1, 2, 1, 1),
+    "ws64x96": (64, 96, 1, 1, 2, 0, 0),
+    "ws64x128": (64, 128, 1, 1, 2, 0, 0),
+    "ws64x192": (64, 192, 1, 1, 2, 0, 0),
+    "ws64x48n2": (64, 48, 1, 2, 2, 0, 0),
+    "ws64x144n2": (64, 144, 1, 2, 2, 0, 0),
 }
 
 # The C entry point's error codes (gemm_sm90.cu).

@@ -402,34 +402,60 @@ def cublas_twins(doc: dict, max_m: int = 512) -> dict:
             "per_row": per_row, **_spread(ratios)}
 
 
+def read_json(path: str):
+    """A probe's JSON, plain or xz-compressed (``.xz``: how docs/results keeps the large ones, so
+    that the tree stays small enough for a device call to carry it with the vLLM bundle)."""
+    import lzma  # noqa: PLC0415
+
+    opener = lzma.open if str(path).endswith(".xz") else open
+    with opener(path, "rt") as f:
+        return json.load(f)
+
+
 def _spread(values) -> dict:
     """min, median and max of ``values`` ({} for none)."""
     x = sorted(values)
     return {"min": x[0], "median": statistics.median(x), "max": x[-1]} if x else {}
 
 
-def direct_pairs(doc: dict, max_m: int = 512) -> dict:
-    """Each direct-epilogue configuration (stores from registers) against its TMA-epilogue twin
-    (the configuration with the same fields but the epilogue: same tile, cluster and operand
-    order) at every probe row (M <= ``max_m``) where both were timed: which epilogue costs the
-    time, the rest of the kernel held fixed. ``direct_over_tma`` < 1: the direct epilogue is faster."""
+def _twin_pairs(doc: dict, field: int, value: int, base: int, label: str, max_m: int) -> dict:
+    """Each configuration whose ``field`` (an index into the CONFIGS tuple) is ``value`` against
+    its twin, the configuration with the same fields but ``base`` there, at every probe row (M <=
+    ``max_m``) where both were timed. ``label`` ("direct", "tma") names the two sides in the keys."""
+    mine, theirs = label.split("/")
     by_fields = {fields: name for name, fields in sm90.CONFIGS.items()}
     per_config = {}
     for name, fields in sm90.CONFIGS.items():
-        twin = by_fields.get((*fields[:6], 0)) if fields[6] else None
+        twin = by_fields.get((*fields[:field], base, *fields[field + 1:])) if fields[field] == value else None
         if twin is None:
             continue
         ratios = []
         for r in doc["rows"]:
             a, b = r["configs"].get(name) or {}, r["configs"].get(twin) or {}
             if r["M"] <= max_m and "ms" in a and "ms" in b:
-                ratios.append({"shape": r["shape"], "M": r["M"], "direct_over_tma": a["ms"] / b["ms"],
-                               "direct_vs_cublas": a["ms"] / r["cublas_ms"], "tma_vs_cublas": b["ms"] / r["cublas_ms"]})
+                ratios.append({"shape": r["shape"], "M": r["M"], f"{mine}_over_{theirs}": a["ms"] / b["ms"],
+                               f"{mine}_vs_cublas": a["ms"] / r["cublas_ms"], f"{theirs}_vs_cublas": b["ms"] / r["cublas_ms"]})
         if ratios:
-            x = [t["direct_over_tma"] for t in ratios]
+            x = [t[f"{mine}_over_{theirs}"] for t in ratios]
             per_config[name] = {"twin": twin, "rows": len(x), **_spread(x),
-                                "direct_faster_rows": sum(v < 1.0 for v in x), "per_row": ratios}
+                                f"{mine}_faster_rows": sum(v < 1.0 for v in x), "per_row": ratios}
     return {"max_m": max_m, "configs": per_config}
+
+
+def direct_pairs(doc: dict, max_m: int = 512) -> dict:
+    """Each direct-epilogue configuration (stores from registers) against its TMA-epilogue twin
+    (the configuration with the same fields but the epilogue: same tile, cluster, schedule and
+    operand order) at every probe row (M <= ``max_m``) where both were timed: which epilogue costs
+    the time, the rest of the kernel held fixed. ``direct_over_tma`` < 1: the direct epilogue is faster."""
+    return _twin_pairs(doc, 6, 1, 0, "direct/tma", max_m)
+
+
+def schedule_pairs(doc: dict, max_m: int = 512) -> dict:
+    """Each configuration on the non-persistent kernel (coop 2: one CTA per tile, one consumer warp
+    group) against its persistent ping-pong twin (coop 0, every other field the same) at every
+    probe row (M <= ``max_m``) where both were timed: what the persistent schedule costs or saves
+    with tile, cluster and epilogue held fixed. ``nonpersistent_over_pingpong`` < 1: non-persistent is faster."""
+    return _twin_pairs(doc, 4, 2, 0, "nonpersistent/pingpong", max_m)
 
 
 def _print_eval(ev: dict) -> None:
@@ -467,7 +493,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.from_json:
         paths = args.from_json.split(",")
-        doc = merge_probes([json.load(open(p)) for p in paths])
+        doc = merge_probes([read_json(p) for p in paths])
         source = ",".join(paths)
     else:
         if sm90.library() is None:
@@ -504,6 +530,11 @@ def main(argv=None) -> int:
         print(f"direct epilogue {name} / TMA epilogue {d['twin']} at {d['rows']} rows (M <= {dp['max_m']}): "
               f"{d['min']:.3f}-{d['max']:.3f}, median {d['median']:.3f}, direct faster at {d['direct_faster_rows']}",
               flush=True)
+    doc["schedule_pairs"] = sp = schedule_pairs(doc)
+    for name, d in sp["configs"].items():
+        print(f"non-persistent {name} / persistent ping-pong {d['twin']} at {d['rows']} rows (M <= {sp['max_m']}): "
+              f"{d['min']:.3f}-{d['max']:.3f}, median {d['median']:.3f}, non-persistent faster at "
+              f"{d['nonpersistent_faster_rows']}", flush=True)
     if args.leave_one_out:
         doc["leave_one_out"] = [leave_one_out(doc, set(shape_names(args.table_shapes)), r) for r in RULES]
         for lo in doc["leave_one_out"]:

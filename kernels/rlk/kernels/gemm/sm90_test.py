@@ -228,13 +228,13 @@ def test_every_configuration_is_a_legal_tile_and_its_compile_names_it(tmp_path, 
     operand swap included (a swapped configuration compiled unswapped would be another kernel under
     its name). A second build reuses the objects its stamps match and recompiles one whose source changed."""
     for name, (tm, tn, cm, cn, coop, swap, direct) in sm90.CONFIGS.items():
-        assert (tm == 64) if not coop else tm in (128, 256), name
+        assert (tm == 64) if coop != 1 else tm in (128, 256), name
         assert tn % 8 == 0 and 8 <= tn <= 256 and swap in (0, 1) and cm in (1, 2, 4) and cn in (1, 2, 4), name
-        assert cm * cn <= 8 and name.startswith("sw") == bool(swap), name
-        parts = re.fullmatch(r"(pp|co|sw)(\d+)x(\d+)(m\d)?(n\d)?(d)?", name)
-        assert parts and parts.groups() == ("sw" if swap else "co" if coop else "pp", str(tm), str(tn),
+        assert cm * cn <= 8 and name.startswith("sw") == bool(swap) and coop in (0, 1, 2), name
+        parts = re.fullmatch(r"(pp|co|ws|sw)(\d+)x(\d+)(m\d)?(n\d)?(w)?(d)?", name)
+        assert parts and parts.groups() == ("sw" if swap else ("pp", "co", "ws")[coop], str(tm), str(tn),
                                             f"m{cm}" if cm > 1 else None, f"n{cn}" if cn > 1 else None,
-                                            "d" if direct else None), name
+                                            "w" if swap and coop == 2 else None, "d" if direct else None), name
         assert direct in (0, 1), name
     inc = tmp_path / "cutlass" / "include" / "cutlass"
     inc.mkdir(parents=True)
@@ -254,7 +254,7 @@ def test_every_configuration_is_a_legal_tile_and_its_compile_names_it(tmp_path, 
         return Done()
 
     monkeypatch.setattr(sm90.subprocess, "run", fake_run)
-    names = ["pp64x96", "co128x192m2", "sw64x48", "sw128x144", "sw128x80n2", "sw64x72m2d"]
+    names = ["pp64x96", "co128x192m2", "sw64x48", "sw128x144", "sw128x80n2", "sw64x72m2d", "ws64x96", "sw64x72m2w"]
 
     def compiled():
         got = {c[c.index("-o") + 1].rsplit("/", 1)[-1][:-2]: c for c in cmds if "-c" in c}
@@ -266,7 +266,7 @@ def test_every_configuration_is_a_legal_tile_and_its_compile_names_it(tmp_path, 
     assert sorted(compiles) == sorted(names)
     # The plan is printed before the first compile: how many, and which.
     first = capsys.readouterr().out.splitlines()[0]
-    assert first == f"sm90: 6 of 6 configurations to compile (1 at a time), 0 up to date: {' '.join(names)}", first
+    assert first == f"sm90: 8 of 8 configurations to compile (1 at a time), 0 up to date: {' '.join(names)}", first
     for name, cmd in compiles.items():
         tm, tn, cm, cn, coop, swap, direct = sm90.CONFIGS[name]
         want = {f"-DRLK_TILE_M={tm}", f"-DRLK_TILE_N={tn}", f"-DRLK_CLUSTER_M={cm}", f"-DRLK_CLUSTER_N={cn}",
@@ -277,6 +277,7 @@ def test_every_configuration_is_a_legal_tile_and_its_compile_names_it(tmp_path, 
     assert manifest["configs"]["sw64x48"] == [64, 48, 1, 1, 0, 1, 0]
     assert manifest["configs"]["sw128x80n2"] == [128, 80, 1, 2, 1, 1, 0]
     assert manifest["configs"]["sw64x72m2d"] == [64, 72, 2, 1, 0, 1, 1]
+    assert manifest["configs"]["sw64x72m2w"] == [64, 72, 2, 1, 2, 1, 0]
     sm90.build(tmp_path / "out", str(tmp_path / "cutlass"), jobs=1, names=names)
     assert compiled() == {}
     monkeypatch.chdir(tmp_path)  # the same folders named relatively: the same stamps
@@ -286,7 +287,7 @@ def test_every_configuration_is_a_legal_tile_and_its_compile_names_it(tmp_path, 
     capsys.readouterr()
     sm90.build(tmp_path / "out", str(tmp_path / "cutlass"), jobs=1, names=names)
     assert sorted(compiled()) == ["sw64x48"]
-    assert "sm90: 1 of 6 configurations to compile (1 at a time), 5 up to date: sw64x48" in capsys.readouterr().out
+    assert "sm90: 1 of 8 configurations to compile (1 at a time), 7 up to date: sw64x48" in capsys.readouterr().out
     monkeypatch.setattr(sm90, "_sha256", lambda path: "another source")
     sm90.build(tmp_path / "out", str(tmp_path / "cutlass"), jobs=1, names=names)
     assert sorted(compiled()) == sorted(names)
@@ -475,6 +476,41 @@ def test_direct_pairs_time_each_direct_epilogue_against_its_tma_twin():
     assert (d["min"], d["max"]) == (pytest.approx(0.5), pytest.approx(1.5)), d
     assert d["per_row"][1]["direct_vs_cublas"] == pytest.approx(3.0) and d["per_row"][1]["tma_vs_cublas"] == 2.0
     assert sm90_probe.direct_pairs({"rows": []}) == {"max_m": 512, "configs": {}}
+
+
+def test_read_json_reads_plain_and_xz_probes_alike(tmp_path):
+    """docs/results keeps large probe JSON xz-compressed; --from-json reads it as the plain file."""
+    import lzma
+
+    doc = {"rows": [{"shape": "o", "M": 1}], "seconds": 1.5}
+    (tmp_path / "p.json").write_text(json.dumps(doc))
+    with lzma.open(tmp_path / "p.json.xz", "wt") as f:
+        json.dump(doc, f)
+    assert sm90_probe.read_json(str(tmp_path / "p.json")) == sm90_probe.read_json(str(tmp_path / "p.json.xz")) == doc
+    (tmp_path / "bad.json.xz").write_text(json.dumps(doc))  # plain text under an .xz name is refused
+    with pytest.raises(lzma.LZMAError):
+        sm90_probe.read_json(str(tmp_path / "bad.json.xz"))
+
+
+def test_schedule_pairs_time_each_non_persistent_configuration_against_its_ping_pong_twin():
+    """A non-persistent configuration (coop 2) is compared with the one whose fields differ only in
+    the schedule (coop 0: "sw64x72m2w" with "sw64x72m2", "ws64x96" with "pp64x96", "sw64x72m2wd"
+    with "sw64x72m2d"), never with a twin that differs in anything else (the epilogue)."""
+    def row(M, configs):
+        return {"shape": "o", "M": M, "cublas_ms": 1.0, "configs": configs}
+
+    doc = {"rows": [
+        row(144, {"sw64x72m2w": {"ms": 0.8}, "sw64x72m2": {"ms": 1.0}, "sw64x72m2wd": {"ms": 0.9},
+                  "sw64x72m2d": {"ms": 0.6}, "ws64x96": {"ms": 2.0}, "pp64x96": {"ms": 1.0}}),
+        row(640, {"sw64x72m2w": {"ms": 0.1}, "sw64x72m2": {"ms": 1.0}}),
+    ]}
+    sp = sm90_probe.schedule_pairs(doc)
+    got = {n: (d["twin"], d["rows"], d["nonpersistent_faster_rows"], d["min"]) for n, d in sp["configs"].items()}
+    assert got == {"sw64x72m2w": ("sw64x72m2", 1, 1, pytest.approx(0.8)),
+                   "sw64x72m2wd": ("sw64x72m2d", 1, 0, pytest.approx(1.5)),
+                   "ws64x96": ("pp64x96", 1, 0, pytest.approx(2.0))}, got
+    # The direct pairs hold the schedule fixed: the non-persistent direct one's twin is non-persistent.
+    assert sm90_probe.direct_pairs(doc)["configs"]["sw64x72m2wd"]["twin"] == "sw64x72m2w"
 
 
 def test_pack_and_unpack_round_trip_the_library_and_refuse_a_mismatch(tmp_path):

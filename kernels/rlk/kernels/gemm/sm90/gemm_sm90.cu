@@ -13,7 +13,7 @@
 //
 // Each compilation of this file is one configuration, chosen by macros (the build script passes
 // them): RLK_TILE_M, RLK_TILE_N, RLK_CLUSTER_M, RLK_CLUSTER_N, RLK_COOP (1: cooperative, 0:
-// ping-pong), RLK_SWAP_AB, RLK_SYMBOL (the exported C function's name) and, optionally,
+// ping-pong, 2: non-persistent), RLK_SWAP_AB, RLK_SYMBOL (the exported C function's name) and, optionally,
 // RLK_EPI_DIRECT (stores from registers, no shared-memory epilogue).
 //
 // RLK_SWAP_AB = 1 computes the transpose, y^T[N, M] = w[N, K] @ x[M, K]^T: the weight rows take
@@ -58,9 +58,17 @@ constexpr int kChunkK = 64;
 using TileShape = Shape<Int<RLK_TILE_M>, Int<RLK_TILE_N>, Int<kChunkK>>;
 using ClusterShape = Shape<Int<RLK_CLUSTER_M>, Int<RLK_CLUSTER_N>, _1>;
 
-#if RLK_COOP
+// RLK_COOP: 1 cooperative (two consumer warp groups on one tile), 0 ping-pong (two consumer warp
+// groups on alternate tiles), both persistent (a grid of at most one CTA per SM walks the tiles);
+// 2 the non-persistent kernel: one CTA per tile, one consumer warp group, shared memory of the
+// mainloop and the epilogue in a union (no persistent loop, no tile scheduler in the K walk's way).
+// The schedule decides which CTA and warp group runs a tile, never the tile's K walk.
+#if RLK_COOP == 1
 using MainloopSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
 using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
+#elif RLK_COOP == 2
+using MainloopSchedule = cutlass::gemm::KernelTmaWarpSpecialized;
+using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecialized;
 #else
 using MainloopSchedule = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
 using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecialized;

@@ -52,6 +52,9 @@ stage sm90_probe ${SM90_LIMIT:-240} python3 -m rlk.kernels.gemm.sm90_probe --out
 # Only when named: route tables A/B on a decode step's GEMMs (36 layers x qkv, o, gate_up, down in one
 # CUDA graph per arm and M), e.g. SM90_STEP_ARGS="--tables A.json,B.json".
 stage sm90_step ${SM90_STEP_LIMIT:-180} python3 -m rlk.kernels.gemm.sm90_step --out "$R/sm90_step.json" ${SM90_STEP_ARGS:-}
+# Only when named: each route's time fitted to fixed + per-K cost at fixed N, M (where a configuration
+# loses its time to cuBLAS), e.g. SM90_KSCAN_ARGS="--cases 4096x144 --configs sw64x72m2,sw64x80".
+stage sm90_kscan ${SM90_KSCAN_LIMIT:-240} python3 -m rlk.kernels.gemm.sm90_kscan_probe --out "$R/sm90_kscan.json" ${SM90_KSCAN_ARGS:---configs sw64x72m2,sw64x80}
 stage gemm_bwd_bench ${GEMM_BWD_LIMIT:-240} python3 -m rlk.kernels.gemm.gemm_bench --backward --out "$R/gemm_bwd_h200.json"
 # Only when named (not in the default STAGES): the opt-in contract gemm.bf16.v2 against v1 and
 # cuBLAS on the same tensors (M 1-512, CUDA graphs), its GPU invariance tests, and v2's own

@@ -1,0 +1,163 @@
+"""Where a configuration loses its time to cuBLAS: once per call, or on every K step.
+
+The probe (``sm90_probe``) times each configuration at the model's K only, so a configuration
+that runs the same tile and cluster as cuBLAS's kernel yet takes 1.2-3x its time (the
+``cublas_twins`` of the H100 probes) does not say where the time goes. This scan holds N, M and
+the tile fixed and walks K: each route's time is fitted to ``t(K) = fixed + per_k * K`` by least
+squares. ``fixed`` is what a call costs whatever its length (launch, prologue, pipeline fill,
+epilogue, the wave's tail); ``per_k`` is the mainloop's cost per K element, from which the
+weight stream's rate follows (N x 2 bytes per K element). A configuration whose ``per_k``
+matches cuBLAS's but whose ``fixed`` does not loses its time outside the K walk, and the other
+way round.
+
+    python -m rlk.kernels.gemm.sm90_kscan_probe --out sm90_kscan.json --cases 4096x144,4096x200 \
+        --k 1024,2048,4096,8192 --configs sw64x72m2,sw64x80,sw64x72m2w
+
+Timing is the probe's: CUDA-graph replay of back-to-back calls, cold weights (a ring of copies of
+at least 4x the L2), median of 3; cuBLAS is ``torch.nn.functional.linear`` on the same tensors in
+the same process. Each configuration's output is compared with the Triton kernels' at every
+point (``torch.equal`` on the bits): a configuration that differs is reported, never fitted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+
+def parse_cases(text: str) -> list[tuple[int, int]]:
+    """``"4096x144,6144x200"`` -> [(N, M), ...]: weight rows N (a multiple of 8) and tokens M."""
+    cases = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        try:
+            n, m = (int(v) for v in part.lower().split("x"))
+        except ValueError:
+            raise ValueError(f"sm90_kscan_probe: a case is NxM (weight rows x tokens), got {part!r}") from None
+        if n < 8 or n % 8 or m < 1:
+            raise ValueError(f"sm90_kscan_probe: case {part!r}: N must be a positive multiple of 8 and M >= 1")
+        cases.append((n, m))
+    if not cases:
+        raise ValueError("sm90_kscan_probe: no case given")
+    return cases
+
+
+def parse_ks(text: str) -> list[int]:
+    ks = sorted({int(v) for v in text.split(",") if v.strip()})
+    if len(ks) < 2 or any(k < 64 or k % 64 for k in ks):
+        raise ValueError(f"sm90_kscan_probe: at least two K, each a positive multiple of 64 (the contract's chunk), got {text!r}")
+    return ks
+
+
+def fit_line(ks: list[int], ms: list[float]) -> dict:
+    """Least-squares ``ms = fixed + per_k * K``: fixed in microseconds, per_k in microseconds per
+    1024 K elements, and the largest relative residual (how well a line describes the route)."""
+    if len(ks) != len(ms) or len(ks) < 2:
+        raise ValueError("fit_line: needs two or more (K, time) points")
+    n = len(ks)
+    mk, mt = sum(ks) / n, sum(ms) / n
+    sxx = sum((k - mk) ** 2 for k in ks)
+    if sxx == 0:
+        raise ValueError("fit_line: the K values are all equal")
+    slope = sum((k - mk) * (t - mt) for k, t in zip(ks, ms)) / sxx
+    icpt = mt - slope * mk
+    resid = max(abs(t - (icpt + slope * k)) / t for k, t in zip(ks, ms))
+    return {"fixed_us": icpt * 1e3, "per_1024k_us": slope * 1024 * 1e3, "max_rel_residual": resid}
+
+
+def summarize(doc: dict) -> list[dict]:
+    """Per case and route (cuBLAS, Triton, each configuration with times at every K): the fit, and
+    the configuration's fixed and per-K cost over cuBLAS's."""
+    out = []
+    for case in doc["cases"]:
+        ks = [p["K"] for p in case["points"]]
+        routes = {"cublas": [p["cublas_ms"] for p in case["points"]], "triton": [p["triton_ms"] for p in case["points"]]}
+        names = {c for p in case["points"] for c in p["configs"]}
+        for c in sorted(names):
+            got = [p["configs"].get(c, {}) for p in case["points"]]
+            if all("ms" in g and g.get("differing") == 0 for g in got):
+                routes[c] = [g["ms"] for g in got]
+        base = fit_line(ks, routes["cublas"])
+        for route, ms in routes.items():
+            f = fit_line(ks, ms)
+            row = {"N": case["N"], "M": case["M"], "route": route, **f}
+            if route != "cublas":
+                row["fixed_over_cublas"] = f["fixed_us"] / base["fixed_us"] if base["fixed_us"] > 0 else None
+                row["per_k_over_cublas"] = f["per_1024k_us"] / base["per_1024k_us"] if base["per_1024k_us"] > 0 else None
+            # Weight bytes streamed per microsecond of mainloop: N rows x 1024 K x 2 bytes per per_1024k_us.
+            row["weight_stream_tb_s"] = (case["N"] * 1024 * 2 / (f["per_1024k_us"] * 1e-6) / 1e12
+                                         if f["per_1024k_us"] > 0 else None)
+            out.append(row)
+    return out
+
+
+def scan(cases, ks, configs) -> dict:
+    import torch  # noqa: PLC0415
+
+    from rlk.kernels.gemm import sm90  # noqa: PLC0415
+    from rlk.kernels.gemm.gemm_tune import WeightRing, bench_ms, l2_bytes, ring_size  # noqa: PLC0415
+    from rlk.kernels.gemm.launch import gemm  # noqa: PLC0415
+    from rlk.kernels.gemm.sm90_probe import kernel_names  # noqa: PLC0415
+
+    dev = torch.device("cuda")
+    gen = torch.Generator(device=dev).manual_seed(0)
+    missing = [c for c in configs if not sm90.available(c)]
+    if missing:
+        print(f"sm90_kscan_probe: not in the loaded library, skipped: {missing}", flush=True)
+    configs = [c for c in configs if c not in missing]
+    t0, out = time.perf_counter(), []
+    for N, M in cases:
+        case = {"N": N, "M": M, "points": []}
+        for K in ks:
+            w = (torch.randn((N, K), generator=gen, device=dev) * K ** -0.5).to(torch.bfloat16)
+            ring = WeightRing(w, ring_size(w.numel() * 2, l2_bytes()))
+            x = torch.randn((M, K), generator=gen, device=dev).to(torch.bfloat16)
+            ref = gemm(x, w)
+            p = {"K": K, "cublas_ms": bench_ms(lambda: torch.nn.functional.linear(x, ring.next())),
+                 "cublas_kernels": kernel_names(lambda: torch.nn.functional.linear(x, w)),
+                 "triton_ms": bench_ms(lambda: gemm(x, ring.next())), "configs": {}}
+            for c in configs:
+                y = torch.full_like(ref, float("nan"))
+                sm90.gemm_into(y, x, w, c)
+                torch.cuda.synchronize()
+                diff = int((y.view(torch.int16) != ref.view(torch.int16)).sum())
+                yo = torch.empty_like(ref)
+                p["configs"][c] = {"differing": diff, "ms": bench_ms(lambda: sm90.gemm_into(yo, x, ring.next(), c))}
+            case["points"].append(p)
+            print(f"N={N} M={M} K={K:6d} cuBLAS {p['cublas_ms'] * 1e3:7.1f} us  "
+                  + "  ".join(f"{c} {v['ms'] / p['cublas_ms']:.2f}x" + ("" if v["differing"] == 0 else " DIFFERS")
+                              for c, v in p["configs"].items()), flush=True)
+            del ring, w
+        out.append(case)
+    return {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "library": sm90.library_manifest(), "skipped_configs": missing,
+            "timing": "CUDA graph replay of back-to-back calls, cold weights (ring of copies >= 4x L2), median of 3",
+            "baseline": "cuBLAS via torch.nn.functional.linear, same process, same inputs",
+            "cases": out, "seconds": time.perf_counter() - t0}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--cases", default="4096x144,4096x200", help="NxM pairs (weight rows x tokens), comma-separated")
+    ap.add_argument("--k", default="1024,2048,4096,8192,12288", help="K values, multiples of 64")
+    ap.add_argument("--configs", required=True, help="sm90 configuration names, comma-separated")
+    args = ap.parse_args(argv)
+    doc = scan(parse_cases(args.cases), parse_ks(args.k), [c for c in args.configs.split(",") if c])
+    doc["fits"] = summarize(doc)
+    for f in doc["fits"]:
+        extra = "" if f["route"] == "cublas" else (
+            f"  fixed/cuBLAS {f['fixed_over_cublas'] or float('nan'):.2f}  per-K/cuBLAS {f['per_k_over_cublas'] or float('nan'):.2f}")
+        print(f"N={f['N']} M={f['M']} {f['route']:14s} fixed {f['fixed_us']:6.2f} us  per 1024 K {f['per_1024k_us']:6.2f} us  "
+              f"weights {f['weight_stream_tb_s'] or float('nan'):.2f} TB/s  residual {f['max_rel_residual']:.3f}{extra}", flush=True)
+    with open(args.out, "w") as fh:
+        json.dump(doc, fh, indent=1)
+    bad = [(c["N"], c["M"], p["K"], n) for c in doc["cases"] for p in c["points"]
+           for n, v in p["configs"].items() if v["differing"]]
+    print(f"sm90_kscan_probe: differing points {len(bad)} {bad[:10]}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

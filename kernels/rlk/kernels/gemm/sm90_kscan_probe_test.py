@@ -30,16 +30,41 @@ def test_fit_recovers_a_line_and_reports_how_far_points_stray_from_it():
 def test_summary_compares_each_route_with_cublas_and_leaves_out_a_differing_configuration():
     ks = [1024, 2048, 4096]
 
+    def t(fixed, per_k, k, hidden=0.0):  # back to back, part of the fixed cost may hide under the neighbour
+        return {"ms": fixed - hidden + per_k * k / 1024, "separated_ms": fixed + per_k * k / 1024}
+
     def point(k):
-        return {"K": k, "cublas_ms": 0.004 + 0.001 * k / 1024, "triton_ms": 0.004 + 0.002 * k / 1024,
-                "configs": {"slow_fixed": {"ms": 0.008 + 0.001 * k / 1024, "differing": 0},
-                            "wrong": {"ms": 0.001, "differing": 3 if k == 2048 else 0}}}
+        return {"K": k, "cublas": t(0.004, 0.001, k, hidden=0.002), "triton": t(0.004, 0.002, k),
+                "configs": {"slow_fixed": {**t(0.008, 0.001, k), "differing": 0},
+                            "wrong": {"ms": 0.001, "separated_ms": 0.001, "differing": 3 if k == 2048 else 0}}}
 
     doc = {"cases": [{"N": 4096, "M": 144, "points": [point(k) for k in ks]}]}
+    sep = {r["route"]: r for r in sm90_kscan_probe.summarize(doc, "separated_ms")}
+    assert sep["slow_fixed"]["fixed_over_cublas"] == pytest.approx(2.0) and sep["cublas"]["fixed_us"] == pytest.approx(4.0)
     rows = {r["route"]: r for r in sm90_kscan_probe.summarize(doc)}
+    assert rows["cublas"]["fixed_us"] == pytest.approx(2.0) and rows["cublas"]["timing"] == "ms"
     assert sorted(rows) == ["cublas", "slow_fixed", "triton"]
-    assert rows["slow_fixed"]["fixed_over_cublas"] == pytest.approx(2.0)
+    assert rows["slow_fixed"]["fixed_over_cublas"] == pytest.approx(4.0)
     assert rows["slow_fixed"]["per_k_over_cublas"] == pytest.approx(1.0)
     assert rows["triton"]["per_k_over_cublas"] == pytest.approx(2.0)
     # 4096 rows x 1024 K x 2 bytes per 1 us: 8.39 TB/s.
     assert rows["cublas"]["weight_stream_tb_s"] == pytest.approx(4096 * 1024 * 2 / 1e-6 / 1e12)
+
+
+def test_scan_times_every_route_at_every_k_and_fits_it_on_the_cpu(monkeypatch):
+    """The whole scan on tiny shapes through the Triton interpreter (no configuration: the CUTLASS
+    library needs an sm_90 GPU): both timings per route and K, then one fit per route and timing."""
+    import torch
+
+    from rlk.kernels.gemm import sm90, sm90_probe
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(sm90_probe, "kernel_names", lambda fn: [])
+    monkeypatch.setattr(sm90, "available", lambda name: False)
+    doc = sm90_kscan_probe.scan([(16, 2)], [64, 128], ["sw64x72m2"], device="cpu")
+    assert doc["skipped_configs"] == ["sw64x72m2"] and [p["K"] for p in doc["cases"][0]["points"]] == [64, 128]
+    for p in doc["cases"][0]["points"]:
+        assert set(p["cublas"]) == set(p["triton"]) == {"ms", "separated_ms"} and p["configs"] == {}
+    fits = sm90_kscan_probe.summarize(doc) + sm90_kscan_probe.summarize(doc, "separated_ms")
+    assert sorted((f["timing"], f["route"]) for f in fits) == [("ms", "cublas"), ("ms", "triton"),
+                                                              ("separated_ms", "cublas"), ("separated_ms", "triton")]

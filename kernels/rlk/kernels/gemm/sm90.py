@@ -171,6 +171,17 @@ CONFIGS = {
     "ws64x192": (64, 192, 1, 1, 2, 0, 0),
     "ws64x48n2": (64, 48, 1, 2, 2, 0, 0),
     "ws64x144n2": (64, 144, 1, 2, 2, 0, 0),
+    # The same-tile twins that stream their weights at half cuBLAS's rate (sw64x72m2, sw64x104m2:
+    # 1.9x and 2.2x cuBLAS's time per K step at N 4096, M 144 and 200 on the H100, session 32's
+    # sm90_kscan) share a 2 x 1 cluster whose multicast halves of the token tile (36 and 52 rows)
+    # are not whole 8-row swizzle atoms. These hold the width and drop the cluster, or multicast the
+    # weight tile instead (n2: halves of 32 rows).
+    "sw64x72": (64, 72, 1, 1, 0, 1, 0),
+    "sw64x104": (64, 104, 1, 1, 0, 1, 0),
+    "sw64x72w": (64, 72, 1, 1, 2, 1, 0),
+    "sw64x104w": (64, 104, 1, 1, 2, 1, 0),
+    "sw64x72n2w": (64, 72, 1, 2, 2, 1, 0),
+    "sw64x104n2w": (64, 104, 1, 2, 2, 1, 0),
 }
 
 # The C entry point's error codes (gemm_sm90.cu).

@@ -58,7 +58,9 @@ MODES = ("auto", "off", "require")
 # Widths follow one wave on 132 SMs at Qwen3 shapes (N 4096, 6144, 24576; M 64-512) and the
 # tiles cuBLAS picks there; "pp" = ping-pong (two consumer warp groups on alternate 64-row
 # tiles), "co" = cooperative (both on one 128- or 256-row tile), both persistent; "ws" (coop 2) =
-# CUTLASS's non-persistent kernel: one CTA per tile, one consumer warp group on a 64-row tile.
+# CUTLASS's non-persistent kernel: one CTA per tile, one consumer warp group on a 64-row tile
+# (its stage count leaves the same epilogue carveout as the persistent kernels', so it gets no
+# more pipeline stages from sharing shared memory between mainloop and epilogue).
 # Swapped names start "sw"; their schedule follows from the tile (64 rows ping-pong, 128
 # cooperative) unless they end in "w" (coop 2, before the "d").
 CONFIGS = {
@@ -172,10 +174,12 @@ CONFIGS = {
     "ws64x48n2": (64, 48, 1, 2, 2, 0, 0),
     "ws64x144n2": (64, 144, 1, 2, 2, 0, 0),
     # The same-tile twins that stream their weights at half cuBLAS's rate (sw64x72m2, sw64x104m2:
-    # 1.9x and 2.2x cuBLAS's time per K step at N 4096, M 144 and 200 on the H100, session 32's
-    # sm90_kscan) share a 2 x 1 cluster whose multicast halves of the token tile (36 and 52 rows)
-    # are not whole 8-row swizzle atoms. These hold the width and drop the cluster, or multicast the
-    # weight tile instead (n2: halves of 32 rows).
+    # 1.87x and 2.15x cuBLAS's time per K step at N 4096, M 144 and 200 on the H100;
+    # docs/results/h100_2026-12-07_session32/sm90_probe_75/sm90_kscan_fits.json) share a 2 x 1
+    # cluster whose multicast halves of the token tile (36 and 52 rows) are not whole 8-row swizzle
+    # atoms. Whether that is the cause is open (sw64x64m2, whose halves are whole atoms, streams
+    # slowly too): these hold the width and drop the cluster, or multicast the weight tile instead
+    # (n2: halves of 32 rows).
     "sw64x72": (64, 72, 1, 1, 0, 1, 0),
     "sw64x104": (64, 104, 1, 1, 0, 1, 0),
     "sw64x72w": (64, 72, 1, 1, 2, 1, 0),

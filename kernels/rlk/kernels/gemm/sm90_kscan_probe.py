@@ -3,7 +3,7 @@
 The probe (``sm90_probe``) times each configuration at the model's K only, so a configuration
 that runs the same tile and cluster as cuBLAS's kernel yet takes 1.2-3x its time (the
 ``cublas_twins`` of the H100 probes) does not say where the time goes. This scan holds N, M and
-the tile fixed and walks K: each route's time is fitted to ``t(K) = fixed + per_k * K`` by least
+each configuration fixed and walks K: each route's time is fitted to ``t(K) = fixed + per_k * K`` by least
 squares. ``fixed`` is what a call costs whatever its length (launch, prologue, pipeline fill,
 epilogue, the wave's tail); ``per_k`` is the mainloop's cost per K element, from which the
 weight stream's rate follows (N x 2 bytes per K element). A configuration whose ``per_k``
@@ -12,6 +12,13 @@ way round.
 
     python -m rlk.kernels.gemm.sm90_kscan_probe --out sm90_kscan.json --cases 4096x144,4096x200 \
         --k 1024,2048,4096,8192 --configs sw64x72m2,sw64x80,sw64x72m2w
+    python -m rlk.kernels.gemm.sm90_kscan_probe --from-json sm90_kscan.json --out fits.json   # refit, no GPU
+
+cuBLAS picks its kernel per shape, so it may change kernels along K (a wider tile, split K): every
+route is fitted over the longest run of consecutive K values at which cuBLAS launched the same
+kernels (``ks`` and ``cublas_kernels`` in each fit), so that its line describes one kernel. The
+Triton route runs with the CUTLASS route off (``RLK_GEMM_SM90=off``): the Triton kernels alone,
+and the reference each configuration's bytes are compared with.
 
 Timing is the probe's: CUDA-graph replay of back-to-back calls, cold weights (a ring of copies of
 at least 4x the L2), median of 3; cuBLAS is ``torch.nn.functional.linear`` on the same tensors in
@@ -70,24 +77,39 @@ def fit_line(ks: list[int], ms: list[float]) -> dict:
     return {"fixed_us": icpt * 1e3, "per_1024k_us": slope * 1024 * 1e3, "max_rel_residual": resid}
 
 
+def same_cublas_run(points: list[dict]) -> list[dict]:
+    """The longest run of consecutive points (ascending K) at which cuBLAS launched the same
+    kernels (the first such run on a tie); all points where no two neighbours agree."""
+    best, start = (0, 1), 0
+    for i in range(1, len(points) + 1):
+        if i == len(points) or points[i].get("cublas_kernels") != points[start].get("cublas_kernels"):
+            if i - start > best[1] - best[0]:
+                best = (start, i)
+            start = i
+    return points[best[0]:best[1]] if best[1] - best[0] >= 2 else points
+
+
 def summarize(doc: dict, timing: str = "ms") -> list[dict]:
-    """Per case and route (cuBLAS, Triton, each configuration with times at every K): the fit, and
-    the configuration's fixed and per-K cost over cuBLAS's. ``timing``: "ms" (back to back) or
-    "separated_ms" (a one-element add between calls, its time subtracted)."""
+    """Per case and route (cuBLAS, Triton, each configuration with times at every K): the fit over
+    cuBLAS's longest one-kernel run of K (:func:`same_cublas_run`), and the configuration's fixed
+    and per-K cost over cuBLAS's. ``timing``: "ms" (back to back) or "separated_ms" (a one-element
+    add between calls, its time subtracted)."""
     out = []
     for case in doc["cases"]:
-        ks = [p["K"] for p in case["points"]]
-        routes = {"cublas": [p["cublas"][timing] for p in case["points"]],
-                  "triton": [p["triton"][timing] for p in case["points"]]}
-        names = {c for p in case["points"] for c in p["configs"]}
+        points = same_cublas_run(sorted(case["points"], key=lambda p: p["K"]))
+        ks = [p["K"] for p in points]
+        routes = {"cublas": [p["cublas"][timing] for p in points], "triton": [p["triton"][timing] for p in points]}
+        names = {c for p in points for c in p["configs"]}
         for c in sorted(names):
-            got = [p["configs"].get(c, {}) for p in case["points"]]
+            got = [p["configs"].get(c, {}) for p in points]
             if all(timing in g and g.get("differing") == 0 for g in got):
                 routes[c] = [g[timing] for g in got]
         base = fit_line(ks, routes["cublas"])
+        kernels = points[0].get("cublas_kernels")
         for route, ms in routes.items():
             f = fit_line(ks, ms)
-            row = {"N": case["N"], "M": case["M"], "timing": timing, "route": route, **f}
+            row = {"N": case["N"], "M": case["M"], "timing": timing, "route": route, "ks": ks,
+                   "cublas_kernels": kernels, **f}
             if route != "cublas":
                 row["fixed_over_cublas"] = f["fixed_us"] / base["fixed_us"] if base["fixed_us"] > 0 else None
                 row["per_k_over_cublas"] = f["per_1024k_us"] / base["per_1024k_us"] if base["per_1024k_us"] > 0 else None
@@ -99,6 +121,15 @@ def summarize(doc: dict, timing: str = "ms") -> list[dict]:
 
 
 def scan(cases, ks, configs, device: str = "cuda") -> dict:
+    """Times every route at every (case, K); the Triton route with the CUTLASS route off."""
+    from rlk import determinism  # noqa: PLC0415
+    from rlk.kernels.gemm import sm90  # noqa: PLC0415
+
+    with determinism.scoped({sm90.MODE_ENV: "off"}):
+        return _scan(cases, ks, configs, device)
+
+
+def _scan(cases, ks, configs, device: str) -> dict:
     import torch  # noqa: PLC0415
 
     from rlk.kernels.gemm import sm90  # noqa: PLC0415
@@ -154,6 +185,7 @@ def scan(cases, ks, configs, device: str = "cuda") -> dict:
             "timing": "CUDA graph replay of back-to-back calls, cold weights (ring of copies >= 4x L2), median of 3; "
                       "separated_ms: the same with a one-element add between calls, the add's own time subtracted",
             "baseline": "cuBLAS via torch.nn.functional.linear, same process, same inputs",
+            "triton_route": f"{sm90.MODE_ENV}=off: the Triton kernels alone, also the bytes reference",
             "cases": out, "seconds": time.perf_counter() - t0}
 
 
@@ -162,14 +194,23 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--cases", default="4096x144,4096x200", help="NxM pairs (weight rows x tokens), comma-separated")
     ap.add_argument("--k", default="1024,2048,4096,8192,12288", help="K values, multiples of 64")
-    ap.add_argument("--configs", required=True, help="sm90 configuration names, comma-separated")
+    ap.add_argument("--configs", help="sm90 configuration names, comma-separated (required unless --from-json)")
+    ap.add_argument("--from-json", help="an earlier scan's JSON: fit it again (no GPU) and write --out")
     args = ap.parse_args(argv)
-    doc = scan(parse_cases(args.cases), parse_ks(args.k), [c for c in args.configs.split(",") if c])
+    if args.from_json:
+        from rlk.kernels.gemm.sm90_probe import read_json  # noqa: PLC0415
+
+        doc = read_json(args.from_json)
+        doc["refit_from"] = args.from_json
+    elif not args.configs:
+        ap.error("--configs is required (or --from-json)")
+    else:
+        doc = scan(parse_cases(args.cases), parse_ks(args.k), [c for c in args.configs.split(",") if c])
     doc["fits"] = summarize(doc, "ms") + summarize(doc, "separated_ms")
     for f in doc["fits"]:
         extra = "" if f["route"] == "cublas" else (
             f"  fixed/cuBLAS {f['fixed_over_cublas'] or float('nan'):.2f}  per-K/cuBLAS {f['per_k_over_cublas'] or float('nan'):.2f}")
-        print(f"N={f['N']} M={f['M']} {f['timing']:12s} {f['route']:14s} fixed {f['fixed_us']:6.2f} us  per 1024 K {f['per_1024k_us']:6.2f} us  "
+        print(f"N={f['N']} M={f['M']} K {f['ks'][0]}-{f['ks'][-1]} {f['timing']:12s} {f['route']:14s} fixed {f['fixed_us']:6.2f} us  per 1024 K {f['per_1024k_us']:6.2f} us  "
               f"weights {f['weight_stream_tb_s'] or float('nan'):.2f} TB/s  residual {f['max_rel_residual']:.3f}{extra}", flush=True)
     with open(args.out, "w") as fh:
         json.dump(doc, fh, indent=1)

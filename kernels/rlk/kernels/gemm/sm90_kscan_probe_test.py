@@ -58,13 +58,48 @@ def test_scan_times_every_route_at_every_k_and_fits_it_on_the_cpu(monkeypatch):
 
     from rlk.kernels.gemm import sm90, sm90_probe
 
+    from rlk.kernels.gemm import launch
+
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     monkeypatch.setattr(sm90_probe, "kernel_names", lambda fn: [])
     monkeypatch.setattr(sm90, "available", lambda name: False)
+    gemm, modes = launch.gemm, set()
+
+    def triton_gemm(x, w):  # the "triton" route and the bytes reference: the CUTLASS route must be off
+        modes.add(sm90.mode())
+        return gemm(x, w)
+
+    monkeypatch.setattr(launch, "gemm", triton_gemm)
+    monkeypatch.setenv(sm90.MODE_ENV, "auto")
     doc = sm90_kscan_probe.scan([(16, 2)], [64, 128], ["sw64x72m2"], device="cpu")
+    assert modes == {"off"} and sm90.mode() == "auto", modes
     assert doc["skipped_configs"] == ["sw64x72m2"] and [p["K"] for p in doc["cases"][0]["points"]] == [64, 128]
     for p in doc["cases"][0]["points"]:
         assert set(p["cublas"]) == set(p["triton"]) == {"ms", "separated_ms"} and p["configs"] == {}
     fits = sm90_kscan_probe.summarize(doc) + sm90_kscan_probe.summarize(doc, "separated_ms")
     assert sorted((f["timing"], f["route"]) for f in fits) == [("ms", "cublas"), ("ms", "triton"),
                                                               ("separated_ms", "cublas"), ("separated_ms", "triton")]
+
+
+def test_fits_use_only_the_k_run_where_cublas_ran_one_kernel(tmp_path):
+    """cuBLAS switches kernels along K (here a wider tile at 8192, split K at 12288): every route is
+    fitted over the longest run with one cuBLAS kernel, so the baseline line is one kernel's; a
+    saved scan is fitted again the same way without a GPU (--from-json)."""
+    import json
+
+    def point(k, kernels):
+        t = {"ms": 0.003 + 0.003 * k / 1024, "separated_ms": 0.003 + 0.003 * k / 1024}
+        return {"K": k, "cublas": t if k <= 4096 else {"ms": 1.0, "separated_ms": 1.0}, "triton": t,
+                "cublas_kernels": kernels, "configs": {"c": {**t, "differing": 0}}}
+
+    pts = [point(1024, ["a"]), point(2048, ["a"]), point(4096, ["a"]), point(8192, ["b"]), point(12288, ["s", "r"])]
+    assert [p["K"] for p in sm90_kscan_probe.same_cublas_run(pts)] == [1024, 2048, 4096]
+    assert [p["K"] for p in sm90_kscan_probe.same_cublas_run([pts[3], pts[4]])] == [8192, 12288]  # no run: all
+    doc = {"cases": [{"N": 4096, "M": 144, "points": pts}]}
+    cb = next(f for f in sm90_kscan_probe.summarize(doc) if f["route"] == "cublas")
+    assert cb["ks"] == [1024, 2048, 4096] and cb["cublas_kernels"] == ["a"]
+    assert cb["per_1024k_us"] == pytest.approx(3.0) and cb["max_rel_residual"] == pytest.approx(0.0, abs=1e-9)
+    (tmp_path / "scan.json").write_text(json.dumps(doc))
+    assert sm90_kscan_probe.main(["--from-json", str(tmp_path / "scan.json"), "--out", str(tmp_path / "fits.json")]) == 0
+    fits = json.loads((tmp_path / "fits.json").read_text())["fits"]
+    assert {f["route"] for f in fits} == {"cublas", "triton", "c"} and all(f["ks"] == [1024, 2048, 4096] for f in fits)

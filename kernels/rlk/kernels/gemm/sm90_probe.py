@@ -421,7 +421,8 @@ def _spread(values) -> dict:
 def _twin_pairs(doc: dict, field: int, value: int, base: int, label: str, max_m: int) -> dict:
     """Each configuration whose ``field`` (an index into the CONFIGS tuple) is ``value`` against
     its twin, the configuration with the same fields but ``base`` there, at every probe row (M <=
-    ``max_m``) where both were timed. ``label`` ("direct", "tma") names the two sides in the keys."""
+    ``max_m``) where both were timed. ``label`` ("mine/theirs", e.g. "direct/tma") names the two
+    sides in the keys (``direct_over_tma``, ``direct_faster_rows``, ...)."""
     mine, theirs = label.split("/")
     by_fields = {fields: name for name, fields in sm90.CONFIGS.items()}
     per_config = {}

@@ -222,9 +222,10 @@ def test_build_refuses_unknown_configurations_and_a_checkout_of_another_version(
 
 
 def test_every_configuration_is_a_legal_tile_and_its_compile_names_it(tmp_path, monkeypatch, capsys):
-    """Each configuration's tile is one CUTLASS's sm_90 builders take (ping-pong: 64 rows per
-    consumer warp group; cooperative: 128 or 256; wgmma N a multiple of 8 up to 256; clusters of
-    at most 8 CTAs, named by their m/n suffix), and the build passes exactly its fields to nvcc, the
+    """Each configuration's tile is one CUTLASS's sm_90 builders take (ping-pong and the
+    non-persistent kernel: 64 rows per consumer warp group, named "ws" or, swapped, with a "w";
+    cooperative: 128 or 256; wgmma N a multiple of 8 up to 256; clusters of at most 8 CTAs, named
+    by their m/n suffix), and the build passes exactly its fields to nvcc, the
     operand swap included (a swapped configuration compiled unswapped would be another kernel under
     its name). A second build reuses the objects its stamps match and recompiles one whose source changed."""
     for name, (tm, tn, cm, cn, coop, swap, direct) in sm90.CONFIGS.items():

@@ -284,14 +284,16 @@ def build(out: Path, cutlass_dir: str | None = None, jobs: int | None = None, na
         key = json.dumps({"cmd": cmd, "source_sha256": source_sha, "nvcc": nvcc_version}, sort_keys=True)
         return obj, cmd, key
 
+    plans = {n: plan(n) for n in names}
+
     def up_to_date(name: str) -> bool:
         # An object is reused only when its stamp names the same command, source and compiler.
-        obj, _, key = plan(name)
+        obj, _, key = plans[name]
         stamp = obj.with_suffix(".stamp.json")
         return obj.is_file() and stamp.is_file() and stamp.read_text() == key
 
     def compile_one(name: str) -> Path:
-        obj, cmd, key = plan(name)
+        obj, cmd, key = plans[name]
         stamp = obj.with_suffix(".stamp.json")
         stamp.unlink(missing_ok=True)
         t0 = time.perf_counter()
@@ -309,7 +311,7 @@ def build(out: Path, cutlass_dir: str | None = None, jobs: int | None = None, na
           f"{len(names) - len(stale)} up to date" + (f": {' '.join(stale)}" if stale else ""), flush=True)
     with ThreadPoolExecutor(max_workers=workers) as pool:
         list(pool.map(compile_one, stale))
-    objs = [plan(n)[0] for n in names]
+    objs = [plans[n][0] for n in names]
     lib = out / LIB_NAME
     subprocess.run(["nvcc", "-shared", "-cudart", "static", "-o", str(lib), *map(str, objs)], check=True)
     manifest = {"library": LIB_NAME, "sha256": _sha256(lib), "configs": {n: CONFIGS[n] for n in names},

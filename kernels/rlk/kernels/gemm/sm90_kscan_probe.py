@@ -3,8 +3,8 @@
 The probe (``sm90_probe``) times each configuration at the model's K only, so a configuration
 that runs the same tile and cluster as cuBLAS's kernel yet takes 1.2-3x its time (the
 ``cublas_twins`` of the H100 probes) does not say where the time goes. This scan holds N, M and
-each configuration fixed and walks K: each route's time is fitted to ``t(K) = fixed + per_k * K`` by least
-squares. ``fixed`` is what a call costs whatever its length (launch, prologue, pipeline fill,
+each configuration fixed and walks K: each route's time is fitted to ``t(K) = fixed + per_k * K``
+by least squares. ``fixed`` is what a call costs whatever its length (launch, prologue, pipeline fill,
 epilogue, the wave's tail); ``per_k`` is the mainloop's cost per K element, from which the
 weight stream's rate follows (N x 2 bytes per K element). A configuration whose ``per_k``
 matches cuBLAS's but whose ``fixed`` does not loses its time outside the K walk, and the other
@@ -26,8 +26,9 @@ the same process. Each route is also timed with a one-element add between its ca
 (``separated``, the add's own time subtracted): back to back, a kernel may start while the one
 before it drains (programmatic dependent launch, or a short prologue hidden in the launch gap),
 which a decode step, where norms and attention sit between the GEMMs, does not allow. A route
-whose fixed cost grows when separated was hiding part of it behind its neighbour. Each configuration's output is compared with the Triton kernels' at every
-point (``torch.equal`` on the bits): a configuration that differs is reported, never fitted.
+whose fixed cost grows when separated was hiding part of it behind its neighbour. Each
+configuration's output is compared with the Triton kernels' at every point (``torch.equal`` on
+the bits): a configuration that differs is reported, never fitted.
 """
 
 from __future__ import annotations

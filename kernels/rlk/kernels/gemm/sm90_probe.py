@@ -526,16 +526,16 @@ def main(argv=None) -> int:
         print(f"cuBLAS's own tile and cluster in the library at {tw['rows']} rows (M <= {tw['max_m']}): "
               f"configuration / cuBLAS {tw['min']:.3f}-{tw['max']:.3f}, median {tw['median']:.3f}, "
               f"{tw['at_or_under_cublas']} rows at or under 1", flush=True)
-    doc["direct_pairs"] = dp = direct_pairs(doc)
-    for name, d in dp["configs"].items():
-        print(f"direct epilogue {name} / TMA epilogue {d['twin']} at {d['rows']} rows (M <= {dp['max_m']}): "
-              f"{d['min']:.3f}-{d['max']:.3f}, median {d['median']:.3f}, direct faster at {d['direct_faster_rows']}",
-              flush=True)
-    doc["schedule_pairs"] = sp = schedule_pairs(doc)
-    for name, d in sp["configs"].items():
-        print(f"non-persistent {name} / persistent ping-pong {d['twin']} at {d['rows']} rows (M <= {sp['max_m']}): "
-              f"{d['min']:.3f}-{d['max']:.3f}, median {d['median']:.3f}, non-persistent faster at "
-              f"{d['nonpersistent_faster_rows']}", flush=True)
+    # (JSON key, pairing, the two sides as printed, the faster side as printed, its key prefix)
+    for key, pairs, mine, theirs, short, prefix in (
+            ("direct_pairs", direct_pairs, "direct epilogue", "TMA epilogue", "direct", "direct"),
+            ("schedule_pairs", schedule_pairs, "non-persistent", "persistent ping-pong", "non-persistent",
+             "nonpersistent")):
+        doc[key] = pp = pairs(doc)
+        for name, d in pp["configs"].items():
+            print(f"{mine} {name} / {theirs} {d['twin']} at {d['rows']} rows (M <= {pp['max_m']}): "
+                  f"{d['min']:.3f}-{d['max']:.3f}, median {d['median']:.3f}, {short} faster at "
+                  f"{d[f'{prefix}_faster_rows']}", flush=True)
     if args.leave_one_out:
         doc["leave_one_out"] = [leave_one_out(doc, set(shape_names(args.table_shapes)), r) for r in RULES]
         for lo in doc["leave_one_out"]:

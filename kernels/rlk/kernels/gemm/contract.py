@@ -162,12 +162,12 @@ _KERNELS = ("gemm.segment", "gemm.fold", "gemm.tiled")
 # v1 only (launch routes no other contract there): the sm_90 CUTLASS kernels (sm90.py).
 _V1_SCHEDULE_FIELDS = {**_SCHEDULE_FIELDS, "sm90_cutlass": (
     "sm_90, split count 1, bf16 out: configs/sm90_cutlass.json may pick a CUTLASS configuration "
-    "(sm90.CONFIGS: tile M 64/128/256 x tile N 48-256, tile K = the 64-chunk, ping-pong, cooperative or non-persistent, "
+    "(sm90.CONFIGS: tile M 64/128/256 x tile N 48-256, tile K one 64-chunk or two, ping-pong, cooperative or non-persistent, "
     "clusters of up to 4 CTAs along M or N, a TMA or a direct epilogue; or operands swapped, y^T = w @ x^T: "
     "64 or 128 weight rows x 32-208 tokens) per (K, N) and M range instead of the Triton kernels")}
 _V1_EVIDENCE = {**_EVIDENCE, "sm90_cutlass": (
-    "same arithmetic: one fp32 accumulator from zero per element, 64-wide K tiles ascending, each four "
-    "wgmma k16 steps, alpha 1 and no C operand, one RNE rounding; sm90_probe@H100 (sm_90): 0 differing "
+    "same arithmetic: one fp32 accumulator from zero per element, 64-wide K chunks ascending, each four "
+    "wgmma k16 steps (a 128-deep tile issues two chunks' eight in the same order), alpha 1 and no C operand, one RNE rounding; sm90_probe@H100 (sm_90): 0 differing "
     "elements against the Triton kernels over 8 Qwen3-8B shapes x 15 M (odd M 77 and 200 included) x every "
     "unswapped configuration; sm90_test.py (GPU: three (K, N) incl. 192 x 200, M 1-513, and a CUDA-graph "
     "replay). The operand-swapped configurations (sw*: the same products and K chain per element): "

@@ -459,6 +459,14 @@ def schedule_pairs(doc: dict, max_m: int = 512) -> dict:
     return _twin_pairs(doc, 4, 2, 0, "nonpersistent/pingpong", max_m)
 
 
+def tile_k_pairs(doc: dict, max_m: int = 512) -> dict:
+    """Each configuration with 128-deep tiles (two K chunks per pipeline stage) against its 64-deep
+    twin (every other field the same) at every probe row (M <= ``max_m``) where both were timed:
+    what the longer TMA rows and half the stage barriers per K save or cost with tile, cluster,
+    schedule and epilogue held fixed. ``k128_over_k64`` < 1: the 128-deep tile is faster."""
+    return _twin_pairs(doc, 7, 128, 64, "k128/k64", max_m)
+
+
 def _print_eval(ev: dict) -> None:
     for rule, s in ev["summary"].items():
         print(f"table {ev['table']} {rule:7s}: {s['rows']} rows of {len(s['shapes'])} shapes; route / Triton max "
@@ -530,7 +538,8 @@ def main(argv=None) -> int:
     for key, pairs, mine, theirs, short, prefix in (
             ("direct_pairs", direct_pairs, "direct epilogue", "TMA epilogue", "direct", "direct"),
             ("schedule_pairs", schedule_pairs, "non-persistent", "persistent ping-pong", "non-persistent",
-             "nonpersistent")):
+             "nonpersistent"),
+            ("tile_k_pairs", tile_k_pairs, "128-deep", "64-deep", "128-deep", "k128")):
         doc[key] = pp = pairs(doc)
         for name, d in pp["configs"].items():
             print(f"{mine} {name} / {theirs} {d['twin']} at {d['rows']} rows (M <= {pp['max_m']}): "

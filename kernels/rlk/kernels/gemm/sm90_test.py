@@ -228,15 +228,16 @@ def test_every_configuration_is_a_legal_tile_and_its_compile_names_it(tmp_path, 
     by their m/n suffix), and the build passes exactly its fields to nvcc, the
     operand swap included (a swapped configuration compiled unswapped would be another kernel under
     its name). A second build reuses the objects its stamps match and recompiles one whose source changed."""
-    for name, (tm, tn, cm, cn, coop, swap, direct) in sm90.CONFIGS.items():
+    for name, (tm, tn, cm, cn, coop, swap, direct, tk) in sm90.CONFIGS.items():
         assert (tm == 64) if coop != 1 else tm in (128, 256), name
         assert tn % 8 == 0 and 8 <= tn <= 256 and swap in (0, 1) and cm in (1, 2, 4) and cn in (1, 2, 4), name
         assert cm * cn <= 8 and name.startswith("sw") == bool(swap) and coop in (0, 1, 2), name
-        parts = re.fullmatch(r"(pp|co|ws|sw)(\d+)x(\d+)(m\d)?(n\d)?(w)?(d)?", name)
+        parts = re.fullmatch(r"(pp|co|ws|sw)(\d+)x(\d+)(?:x(\d+))?(m\d)?(n\d)?(w)?(d)?", name)
         assert parts and parts.groups() == ("sw" if swap else ("pp", "co", "ws")[coop], str(tm), str(tn),
+                                            str(tk) if tk != 64 else None,
                                             f"m{cm}" if cm > 1 else None, f"n{cn}" if cn > 1 else None,
                                             "w" if swap and coop == 2 else None, "d" if direct else None), name
-        assert direct in (0, 1), name
+        assert direct in (0, 1) and tk in (64, 128), name
     inc = tmp_path / "cutlass" / "include" / "cutlass"
     inc.mkdir(parents=True)
     (inc / "cutlass.h").write_text("")
@@ -255,7 +256,8 @@ def test_every_configuration_is_a_legal_tile_and_its_compile_names_it(tmp_path, 
         return Done()
 
     monkeypatch.setattr(sm90.subprocess, "run", fake_run)
-    names = ["pp64x96", "co128x192m2", "sw64x48", "sw128x144", "sw128x80n2", "sw64x72m2d", "ws64x96", "sw64x72m2w"]
+    names = ["pp64x96", "co128x192m2", "sw64x48", "sw128x144", "sw128x80n2", "sw64x72m2d", "ws64x96", "sw64x72m2w",
+             "sw64x72x128m2w"]
 
     def compiled():
         got = {c[c.index("-o") + 1].rsplit("/", 1)[-1][:-2]: c for c in cmds if "-c" in c}
@@ -267,18 +269,19 @@ def test_every_configuration_is_a_legal_tile_and_its_compile_names_it(tmp_path, 
     assert sorted(compiles) == sorted(names)
     # The plan is printed before the first compile: how many, and which.
     first = capsys.readouterr().out.splitlines()[0]
-    assert first == f"sm90: 8 of 8 configurations to compile (1 at a time), 0 up to date: {' '.join(names)}", first
+    assert first == f"sm90: 9 of 9 configurations to compile (1 at a time), 0 up to date: {' '.join(names)}", first
     for name, cmd in compiles.items():
-        tm, tn, cm, cn, coop, swap, direct = sm90.CONFIGS[name]
-        want = {f"-DRLK_TILE_M={tm}", f"-DRLK_TILE_N={tn}", f"-DRLK_CLUSTER_M={cm}", f"-DRLK_CLUSTER_N={cn}",
-                f"-DRLK_COOP={coop}", f"-DRLK_SWAP_AB={swap}", f"-DRLK_SYMBOL={sm90.symbol(name)}"}
+        tm, tn, cm, cn, coop, swap, direct, tk = sm90.CONFIGS[name]
+        want = {f"-DRLK_TILE_M={tm}", f"-DRLK_TILE_N={tn}", f"-DRLK_TILE_K={tk}", f"-DRLK_CLUSTER_M={cm}",
+                f"-DRLK_CLUSTER_N={cn}", f"-DRLK_COOP={coop}", f"-DRLK_SWAP_AB={swap}", f"-DRLK_SYMBOL={sm90.symbol(name)}"}
         assert want <= set(cmd), (name, cmd)
         assert ("-DRLK_EPI_DIRECT=1" in cmd) == bool(direct), (name, cmd)
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
-    assert manifest["configs"]["sw64x48"] == [64, 48, 1, 1, 0, 1, 0]
-    assert manifest["configs"]["sw128x80n2"] == [128, 80, 1, 2, 1, 1, 0]
-    assert manifest["configs"]["sw64x72m2d"] == [64, 72, 2, 1, 0, 1, 1]
-    assert manifest["configs"]["sw64x72m2w"] == [64, 72, 2, 1, 2, 1, 0]
+    assert manifest["configs"]["sw64x48"] == [64, 48, 1, 1, 0, 1, 0, 64]
+    assert manifest["configs"]["sw128x80n2"] == [128, 80, 1, 2, 1, 1, 0, 64]
+    assert manifest["configs"]["sw64x72m2d"] == [64, 72, 2, 1, 0, 1, 1, 64]
+    assert manifest["configs"]["sw64x72m2w"] == [64, 72, 2, 1, 2, 1, 0, 64]
+    assert manifest["configs"]["sw64x72x128m2w"] == [64, 72, 2, 1, 2, 1, 0, 128]
     sm90.build(tmp_path / "out", str(tmp_path / "cutlass"), jobs=1, names=names)
     assert compiled() == {}
     monkeypatch.chdir(tmp_path)  # the same folders named relatively: the same stamps
@@ -288,7 +291,7 @@ def test_every_configuration_is_a_legal_tile_and_its_compile_names_it(tmp_path, 
     capsys.readouterr()
     sm90.build(tmp_path / "out", str(tmp_path / "cutlass"), jobs=1, names=names)
     assert sorted(compiled()) == ["sw64x48"]
-    assert "sm90: 1 of 8 configurations to compile (1 at a time), 7 up to date: sw64x48" in capsys.readouterr().out
+    assert "sm90: 1 of 9 configurations to compile (1 at a time), 8 up to date: sw64x48" in capsys.readouterr().out
     monkeypatch.setattr(sm90, "_sha256", lambda path: "another source")
     sm90.build(tmp_path / "out", str(tmp_path / "cutlass"), jobs=1, names=names)
     assert sorted(compiled()) == sorted(names)
@@ -512,6 +515,29 @@ def test_schedule_pairs_time_each_non_persistent_configuration_against_its_ping_
                    "ws64x96": ("pp64x96", 1, 0, pytest.approx(2.0))}, got
     # The direct pairs hold the schedule fixed: the non-persistent direct one's twin is non-persistent.
     assert sm90_probe.direct_pairs(doc)["configs"]["sw64x72m2wd"]["twin"] == "sw64x72m2w"
+
+
+def test_tile_k_pairs_time_each_128_deep_tile_against_its_64_deep_twin():
+    """A 128-deep configuration is compared with the one whose fields differ only in tile K
+    ("sw64x72x128m2w" with "sw64x72m2w", "ws64x192x128" with "ws64x192"), never with a twin that
+    differs in anything else (the schedule: "sw64x72m2")."""
+    def row(M, configs):
+        return {"shape": "o", "M": M, "cublas_ms": 2.0, "configs": configs}
+
+    doc = {"rows": [
+        row(144, {"sw64x72x128m2w": {"ms": 0.5}, "sw64x72m2w": {"ms": 1.0}, "sw64x72m2": {"ms": 0.1},
+                  "ws64x192x128": {"ms": 1.2}, "ws64x192": {"ms": 1.0}}),
+        row(200, {"sw64x72x128m2w": {"ms": 3.0}, "sw64x72m2w": {"ms": 2.0}}),
+        row(1024, {"ws64x192x128": {"ms": 0.1}, "ws64x192": {"ms": 1.0}}),
+    ]}
+    kp = sm90_probe.tile_k_pairs(doc)
+    got = {n: (d["twin"], d["rows"], d["k128_faster_rows"], d["min"], d["max"]) for n, d in kp["configs"].items()}
+    assert got == {"sw64x72x128m2w": ("sw64x72m2w", 2, 1, pytest.approx(0.5), pytest.approx(1.5)),
+                   "ws64x192x128": ("ws64x192", 1, 0, pytest.approx(1.2), pytest.approx(1.2))}, got
+    assert kp["configs"]["ws64x192x128"]["per_row"][0]["k128_vs_cublas"] == pytest.approx(0.6)
+    # Every 128-deep configuration in the library has its 64-deep twin there.
+    deep = [n for n, f in sm90.CONFIGS.items() if f[7] == 128]
+    assert deep and all((*sm90.CONFIGS[n][:7], 64) in set(sm90.CONFIGS.values()) for n in deep), deep
 
 
 def test_pack_and_unpack_round_trip_the_library_and_refuse_a_mismatch(tmp_path):

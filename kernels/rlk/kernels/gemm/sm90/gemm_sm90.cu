@@ -3,9 +3,12 @@
 //   y[M, N] (bf16) = x[M, K] (bf16, row-major) @ w[N, K]^T (bf16, row-major), fp32 accumulator.
 //
 // The arithmetic is v1's for a single segment (split_rule(K, N) == 1): each output element is one
-// fp32 accumulator that starts at zero and runs over K in ascending 64-wide chunks (the tile's K
-// extent), each chunk a sequential chain of four 16-deep wgmma k-steps; one RNE rounding to bf16
-// at the store (alpha = 1, no C operand). That is the instruction chain the Triton kernels issue,
+// fp32 accumulator that starts at zero and runs over K in ascending 64-wide chunks, each chunk a
+// sequential chain of four 16-deep wgmma k-steps; one RNE rounding to bf16 at the store (alpha =
+// 1, no C operand). A tile's K extent (RLK_TILE_K) is one chunk or two: a 128-deep tile issues the
+// two chunks' eight k-steps in the same ascending order on the same accumulator, so the chain, and
+// the bytes, do not depend on it; only the pipeline stage (and each TMA row: 256 contiguous bytes
+// instead of 128) grows. That is the instruction chain the Triton kernels issue,
 // so the bytes equal theirs at every M: the GPU test proves it per configuration, and the
 // invariance sweep proves it across M. What the CUTLASS kernels add is what Triton 3.6 cannot
 // express on Hopper: tile widths that are not powers of two (one wave on 132 SMs), a TMA producer
@@ -14,7 +17,7 @@
 // Each compilation of this file is one configuration, chosen by macros (the build script passes
 // them): RLK_TILE_M, RLK_TILE_N, RLK_CLUSTER_M, RLK_CLUSTER_N, RLK_COOP (1: cooperative, 0:
 // ping-pong, 2: non-persistent), RLK_SWAP_AB, RLK_SYMBOL (the exported C function's name) and, optionally,
-// RLK_EPI_DIRECT (stores from registers, no shared-memory epilogue).
+// RLK_TILE_K (64, the default, or 128) and RLK_EPI_DIRECT (stores from registers, no shared-memory epilogue).
 //
 // RLK_SWAP_AB = 1 computes the transpose, y^T[N, M] = w[N, K] @ x[M, K]^T: the weight rows take
 // wgmma's M side (tiles of RLK_TILE_M weight rows) and the tokens its N side (RLK_TILE_N tokens,
@@ -53,9 +56,14 @@ namespace RLK_CAT(RLK_SYMBOL, _ns) {
 
 using namespace cute;
 
-// The contract's chunk: 64 K elements per pipeline stage (four wgmma k-steps of 16).
+// The contract's chunk: 64 K elements (four wgmma k-steps of 16). A pipeline stage holds one
+// chunk or two (RLK_TILE_K), walked in the same order either way (see the top of this file).
 constexpr int kChunkK = 64;
-using TileShape = Shape<Int<RLK_TILE_M>, Int<RLK_TILE_N>, Int<kChunkK>>;
+#ifndef RLK_TILE_K
+#define RLK_TILE_K 64
+#endif
+static_assert(RLK_TILE_K == kChunkK || RLK_TILE_K == 2 * kChunkK, "RLK_TILE_K: 64 or 128");
+using TileShape = Shape<Int<RLK_TILE_M>, Int<RLK_TILE_N>, Int<RLK_TILE_K>>;
 using ClusterShape = Shape<Int<RLK_CLUSTER_M>, Int<RLK_CLUSTER_N>, _1>;
 
 // RLK_COOP: 1 cooperative (two consumer warp groups on one tile), 0 ping-pong (two consumer warp
@@ -216,5 +224,5 @@ extern "C" int RLK_SYMBOL(const void* x, const void* w, void* y, int M, int N, i
 extern "C" const char* RLK_CAT(RLK_SYMBOL, _config)() {
   return "tile_m=" RLK_STR(RLK_TILE_M) " tile_n=" RLK_STR(RLK_TILE_N) " cluster_m=" RLK_STR(
       RLK_CLUSTER_M) " cluster_n=" RLK_STR(RLK_CLUSTER_N) " coop=" RLK_STR(RLK_COOP) " swap_ab=" RLK_STR(
-      RLK_SWAP_AB) " chunk_k=64";
+      RLK_SWAP_AB) " tile_k=" RLK_STR(RLK_TILE_K) " chunk_k=64";
 }

@@ -11,7 +11,7 @@ matches cuBLAS's but whose ``fixed`` does not loses its time outside the K walk,
 way round.
 
     python -m rlk.kernels.gemm.sm90_kscan_probe --out sm90_kscan.json --cases 4096x144,4096x200 \
-        --k 1024,2048,4096,8192 --configs sw64x72m2,sw64x80,sw64x72m2w
+        --k 64,256,1024,2048,4096,8192 --configs sw64x72m2,sw64x80,sw64x72m2w   # fits over K >= 1024
     python -m rlk.kernels.gemm.sm90_kscan_probe --from-json sm90_kscan.json --out fits.json   # refit, no GPU
 
 cuBLAS picks its kernel per shape, so it may change kernels along K (a wider tile, split K): every
@@ -62,6 +62,11 @@ def parse_ks(text: str) -> list[int]:
     return ks
 
 
+# The shortest K a fit uses: below it a call is mostly pipeline fill and epilogue, and time is not
+# yet linear in K (the scan may still time shorter K: what a call costs with almost no mainloop).
+FIT_MIN_K = 1024
+
+
 def fit_line(ks: list[int], ms: list[float]) -> dict:
     """Least-squares ``ms = fixed + per_k * K``: fixed in microseconds, per_k in microseconds per
     1024 K elements, and the largest relative residual (how well a line describes the route)."""
@@ -90,14 +95,18 @@ def same_cublas_run(points: list[dict]) -> list[dict]:
     return points[best[0]:best[1]] if best[1] - best[0] >= 2 else points
 
 
-def summarize(doc: dict, timing: str = "ms") -> list[dict]:
+def summarize(doc: dict, timing: str = "ms", min_k: int = FIT_MIN_K) -> list[dict]:
     """Per case and route (cuBLAS, Triton, each configuration with times at every K): the fit over
-    cuBLAS's longest one-kernel run of K (:func:`same_cublas_run`), and the configuration's fixed
-    and per-K cost over cuBLAS's. ``timing``: "ms" (back to back) or "separated_ms" (a one-element
-    add between calls, its time subtracted)."""
+    cuBLAS's longest one-kernel run of K (:func:`same_cublas_run`) among the K >= ``min_k``, and the
+    configuration's fixed and per-K cost over cuBLAS's. ``timing``: "ms" (back to back) or
+    "separated_ms" (a one-element add between calls, its time subtracted). Shorter K are kept in
+    the scan (their times are the fixed cost with little mainloop) but left out of the line."""
     out = []
     for case in doc["cases"]:
-        points = same_cublas_run(sorted(case["points"], key=lambda p: p["K"]))
+        long_k = [p for p in case["points"] if p["K"] >= min_k]
+        if len(long_k) < 2:
+            raise ValueError(f"sm90_kscan_probe: case N={case['N']} M={case['M']} has fewer than two K >= {min_k} to fit")
+        points = same_cublas_run(sorted(long_k, key=lambda p: p["K"]))
         ks = [p["K"] for p in points]
         routes = {"cublas": [p["cublas"][timing] for p in points], "triton": [p["triton"][timing] for p in points]}
         names = {c for p in points for c in p["configs"]}
@@ -197,6 +206,8 @@ def main(argv=None) -> int:
     ap.add_argument("--k", default="1024,2048,4096,8192,12288", help="K values, multiples of 64")
     ap.add_argument("--configs", help="sm90 configuration names, comma-separated (required unless --from-json)")
     ap.add_argument("--from-json", help="an earlier scan's JSON: fit it again (no GPU) and write --out")
+    ap.add_argument("--fit-min-k", type=int, default=FIT_MIN_K,
+                    help="shortest K the fits use (shorter K are timed and kept, not fitted)")
     args = ap.parse_args(argv)
     if args.from_json:
         from rlk.kernels.gemm.sm90_probe import read_json  # noqa: PLC0415
@@ -207,7 +218,8 @@ def main(argv=None) -> int:
         ap.error("--configs is required (or --from-json)")
     else:
         doc = scan(parse_cases(args.cases), parse_ks(args.k), [c for c in args.configs.split(",") if c])
-    doc["fits"] = summarize(doc, "ms") + summarize(doc, "separated_ms")
+    doc["fit_min_k"] = args.fit_min_k
+    doc["fits"] = summarize(doc, "ms", args.fit_min_k) + summarize(doc, "separated_ms", args.fit_min_k)
     for f in doc["fits"]:
         extra = "" if f["route"] == "cublas" else (
             f"  fixed/cuBLAS {f['fixed_over_cublas'] or float('nan'):.2f}  per-K/cuBLAS {f['per_k_over_cublas'] or float('nan'):.2f}")

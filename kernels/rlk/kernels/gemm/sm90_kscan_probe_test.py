@@ -76,7 +76,9 @@ def test_scan_times_every_route_at_every_k_and_fits_it_on_the_cpu(monkeypatch):
     assert doc["skipped_configs"] == ["sw64x72m2"] and [p["K"] for p in doc["cases"][0]["points"]] == [64, 128]
     for p in doc["cases"][0]["points"]:
         assert set(p["cublas"]) == set(p["triton"]) == {"ms", "separated_ms"} and p["configs"] == {}
-    fits = sm90_kscan_probe.summarize(doc) + sm90_kscan_probe.summarize(doc, "separated_ms")
+    fits = sm90_kscan_probe.summarize(doc, min_k=64) + sm90_kscan_probe.summarize(doc, "separated_ms", min_k=64)
+    with pytest.raises(ValueError, match="fewer than two K >= 1024"):
+        sm90_kscan_probe.summarize(doc)
     assert sorted((f["timing"], f["route"]) for f in fits) == [("ms", "cublas"), ("ms", "triton"),
                                                               ("separated_ms", "cublas"), ("separated_ms", "triton")]
 
@@ -103,3 +105,26 @@ def test_fits_use_only_the_k_run_where_cublas_ran_one_kernel(tmp_path):
     assert sm90_kscan_probe.main(["--from-json", str(tmp_path / "scan.json"), "--out", str(tmp_path / "fits.json")]) == 0
     fits = json.loads((tmp_path / "fits.json").read_text())["fits"]
     assert {f["route"] for f in fits} == {"cublas", "triton", "c"} and all(f["ks"] == [1024, 2048, 4096] for f in fits)
+
+
+def test_fits_leave_out_the_short_k_where_a_call_is_mostly_fixed_cost(tmp_path):
+    """K below the fit's minimum (1024 unless --fit-min-k) are timed and kept in the scan but left
+    out of the line: there a call is pipeline fill and epilogue, not yet linear in K."""
+    import json
+
+    def point(k):
+        fill = 0.002 if k < 1024 else 0.0  # short K: more than the line predicts
+        t = {"ms": 0.003 + fill + 0.003 * k / 1024, "separated_ms": 0.003 + fill + 0.003 * k / 1024}
+        return {"K": k, "cublas": t, "triton": t, "cublas_kernels": ["a"], "configs": {}}
+
+    doc = {"cases": [{"N": 4096, "M": 144, "points": [point(k) for k in (64, 256, 1024, 2048, 4096)]}]}
+    cb = next(f for f in sm90_kscan_probe.summarize(doc) if f["route"] == "cublas")
+    assert cb["ks"] == [1024, 2048, 4096] and cb["fixed_us"] == pytest.approx(3.0)
+    assert cb["max_rel_residual"] == pytest.approx(0.0, abs=1e-9)
+    every = next(f for f in sm90_kscan_probe.summarize(doc, min_k=64) if f["route"] == "cublas")
+    assert every["ks"] == [64, 256, 1024, 2048, 4096] and every["max_rel_residual"] > 0.1
+    (tmp_path / "scan.json").write_text(json.dumps(doc))
+    out = tmp_path / "fits.json"
+    assert sm90_kscan_probe.main(["--from-json", str(tmp_path / "scan.json"), "--out", str(out), "--fit-min-k", "64"]) == 0
+    got = json.loads(out.read_text())
+    assert got["fit_min_k"] == 64 and all(f["ks"][0] == 64 for f in got["fits"])

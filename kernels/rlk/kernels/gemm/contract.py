@@ -173,7 +173,8 @@ _V1_EVIDENCE = {**_EVIDENCE, "sm90_cutlass": (
     "replay). The operand-swapped configurations (sw*: the same products and K chain per element): "
     "sm90_probe@H100: 0 differing elements over the 8 Qwen3-8B shapes x 31 M (1-8192) and 15 other Qwen3 "
     "sizes' projections x 7 M; the checked-in table names none, and sm90_probe picks only configurations "
-    "with 0 differing elements")}
+    "with 0 differing elements. The 128-deep configurations (x128) serve only K with an even number of "
+    "64-chunks (sm90.serves_k) and are not yet run on a GPU; no table names them")}
 
 CONTRACT = contracts.register(contracts.Contract(
     id=CONTRACT_ID,

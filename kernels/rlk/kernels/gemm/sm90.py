@@ -54,7 +54,8 @@ MODE_ENV = "RLK_GEMM_SM90"
 MODES = ("auto", "off", "require")
 
 # name -> (tile_m, tile_n, cluster_m, cluster_n, coop, swap_ab, direct_epilogue, tile_k). Tile K is
-# the contract's chunk (64) or two chunks (128, "x128" after the width: the same K chain);
+# the contract's chunk (64) or two chunks (128, "x128" after the width: the same K chain where
+# K's chunks come in pairs, :func:`serves_k`);
 # direct_epilogue 1 ("d"): stores from registers, no shared-memory epilogue.
 # Widths follow one wave on 132 SMs at Qwen3 shapes (N 4096, 6144, 24576; M 64-512) and the
 # tiles cuBLAS picks there; "pp" = ping-pong (two consumer warp groups on alternate 64-row
@@ -188,11 +189,13 @@ CONFIGS = {
     "sw64x72n2w": (64, 72, 1, 2, 2, 1, 0, 64),
     "sw64x104n2w": (64, 104, 1, 2, 2, 1, 0, 64),
     # Tiles two chunks deep ("x128" after the width: tile K 128, the same ascending chain of
-    # wgmma k16 steps on one accumulator, so the same bytes): each TMA row of a weight tile is 256
-    # contiguous bytes instead of 128, and a pipeline stage waits on one barrier per 128 K instead
-    # of per 64. Whether the short rows cost the swapped tiles their weight-streaming rate (the best
-    # 64-deep ones stream at 0.86-0.91 of cuBLAS's at N 4096, M 144 and 200 on the H100; cuBLAS's
-    # nvjet kernels there are 64 deep too, so this is a test, not a copy).
+    # wgmma k16 steps on one accumulator where K's chunks come in pairs, see serves_k): a stage
+    # reads 256 contiguous bytes of each weight row instead of 128 (two 128-byte box rows, the
+    # 128-byte swizzle's limit), waits on one barrier per 128 K instead of per 64, and the stage
+    # count halves. A test of whether the short reads cost the route its weight-streaming rate: at
+    # N 4096 on the H100 the best 64-deep configurations stream at 0.86 of cuBLAS's rate (sw64x80,
+    # M 144) and 0.90 (ws64x192, M 200), the best swapped one at M 200 at 0.51 (sw64x80m2w);
+    # cuBLAS's nvjet kernels there are 64 deep, so a gain would not be cuBLAS's own choice.
     "sw64x72x128w": (64, 72, 1, 1, 2, 1, 0, 128),
     "sw64x80x128w": (64, 80, 1, 1, 2, 1, 0, 128),
     "sw64x104x128w": (64, 104, 1, 1, 2, 1, 0, 128),
@@ -394,8 +397,32 @@ def library():
                     f = getattr(lib, symbol(name))
                     f.restype = ctypes.c_int
                     f.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 3 + [ctypes.c_longlong] * 3 + [ctypes.c_void_p]
+                    described = getattr(lib, symbol(name) + "_config", None)
+                    if described is not None:
+                        described.restype = ctypes.c_char_p
+                        wrong = config_mismatch(name, described().decode())
+                        if wrong:
+                            raise UnsupportedConfigError(f"sm90: {path}: {name} was built as {wrong}; rebuild it "
+                                                         f"(python -m rlk.kernels.gemm.sm90 build)")
         _LIB.append(lib)
     return _LIB[0]
+
+
+# The fields a library object names in its ``<symbol>_config()`` string, by CONFIGS index; an
+# object built before tile K was a field names no tile_k (it was 64).
+_DESCRIBED = {"tile_m": 0, "tile_n": 1, "cluster_m": 2, "cluster_n": 3, "coop": 4, "swap_ab": 5, "tile_k": 7}
+
+
+def config_mismatch(name: str, described: str) -> str | None:
+    """None when the object's own description (``tile_m=64 tile_n=72 ... tile_k=128 chunk_k=64``)
+    agrees with ``CONFIGS[name]``, else the fields it was built with: a library whose object under a
+    name is another kernel than this checkout's configuration must not serve that name."""
+    got = dict(kv.split("=", 1) for kv in described.split() if "=" in kv)
+    got.setdefault("tile_k", "64")
+    want = {k: str(CONFIGS[name][i]) for k, i in _DESCRIBED.items()}
+    if got.get("chunk_k", "64") != "64" or any(got.get(k) != v for k, v in want.items()):
+        return " ".join(f"{k}={got.get(k)}" for k in (*_DESCRIBED, "chunk_k"))
+    return None
 
 
 def usable_here() -> bool:
@@ -410,6 +437,14 @@ def available(name: str) -> bool:
     return lib is not None and hasattr(lib, symbol(name))
 
 
+def serves_k(name: str, K: int) -> bool:
+    """Whether ``name`` walks exactly the contract's K chunks at this K. A tile one chunk deep
+    always does; a 128-deep tile only where K's 64-chunks come in pairs (ceil(K / 64) even): with an
+    odd count its last tile's second half is zero-filled by TMA and four extra 0 * 0 k-steps run on
+    the accumulator, a step v1's chain does not have (and an accumulator of -0 would come out +0)."""
+    return CONFIGS[name][7] == 64 or -(-K // 64) % 2 == 0
+
+
 def gemm_into(y, x, w, name: str) -> None:
     """``y = x @ w.T`` by configuration ``name`` on the current CUDA stream (bf16, row strides
     free, unit column strides, 16-byte aligned). Raises UnsupportedConfigError on what it cannot do."""
@@ -417,6 +452,9 @@ def gemm_into(y, x, w, name: str) -> None:
 
     if name not in CONFIGS:
         raise UnsupportedConfigError(f"sm90: unknown configuration {name!r}")
+    if not serves_k(name, x.shape[-1]):
+        raise UnsupportedConfigError(f"sm90 {name}: its tiles are 128 deep and K={x.shape[-1]} has an odd number of "
+                                     f"64-chunks (the last tile would add a zero-filled half chunk to the K walk)")
     if not available(name):
         raise UnsupportedConfigError(f"sm90: configuration {name!r} is not in the loaded library "
                                      f"(build it: python -m rlk.kernels.gemm.sm90 build; or set {LIB_ENV})")
@@ -511,6 +549,11 @@ def route(x, w, M: int, K: int, N: int, split: int) -> str | None:
     name = pick(M, K, N)
     # y is allocated contiguous: its rows are 16-byte aligned (TMA store) only when N % 8 == 0.
     if name is None or N % 8 or not (_aligned(x) and _aligned(w)):
+        return None
+    if not serves_k(name, K):
+        if m == "require":
+            raise UnsupportedConfigError(f"{MODE_ENV}=require: the table picks {name} for M={M}, K={K}, N={N}, "
+                                         f"whose 128-deep tiles cannot walk K={K} (an odd number of 64-chunks)")
         return None
     if not available(name):
         if m == "require":

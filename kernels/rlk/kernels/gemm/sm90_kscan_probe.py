@@ -217,7 +217,10 @@ def main(argv=None) -> int:
     elif not args.configs:
         ap.error("--configs is required (or --from-json)")
     else:
-        doc = scan(parse_cases(args.cases), parse_ks(args.k), [c for c in args.configs.split(",") if c])
+        ks = parse_ks(args.k)
+        if sum(k >= args.fit_min_k for k in ks) < 2:  # said before the GPU time, not after it
+            ap.error(f"--k {args.k}: the fits need two or more K >= --fit-min-k {args.fit_min_k}")
+        doc = scan(parse_cases(args.cases), ks, [c for c in args.configs.split(",") if c])
     doc["fit_min_k"] = args.fit_min_k
     doc["fits"] = summarize(doc, "ms", args.fit_min_k) + summarize(doc, "separated_ms", args.fit_min_k)
     for f in doc["fits"]:

@@ -128,3 +128,14 @@ def test_fits_leave_out_the_short_k_where_a_call_is_mostly_fixed_cost(tmp_path):
     assert sm90_kscan_probe.main(["--from-json", str(tmp_path / "scan.json"), "--out", str(out), "--fit-min-k", "64"]) == 0
     got = json.loads(out.read_text())
     assert got["fit_min_k"] == 64 and all(f["ks"][0] == 64 for f in got["fits"])
+
+
+def test_a_k_list_the_fits_cannot_use_is_refused_before_the_scan(tmp_path, monkeypatch):
+    """Fewer than two K at or above --fit-min-k: the scan would end with nothing to fit, after its
+    GPU time, so it is refused before any timing."""
+    monkeypatch.setattr(sm90_kscan_probe, "scan", lambda *a, **k: pytest.fail("scanned"))
+    with pytest.raises(SystemExit):
+        sm90_kscan_probe.main(["--out", str(tmp_path / "o.json"), "--k", "64,256,1024", "--configs", "sw64x80"])
+    with pytest.raises(SystemExit):
+        sm90_kscan_probe.main(["--out", str(tmp_path / "o.json"), "--k", "1024,2048", "--fit-min-k", "4096",
+                               "--configs", "sw64x80"])

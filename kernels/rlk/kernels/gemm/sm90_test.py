@@ -84,6 +84,54 @@ def test_require_mode_fails_closed_without_the_library(tmp_path, monkeypatch):
         sm90.route(_FakeTensor(), _FakeTensor(), 8, 4096, 4096, 1)
 
 
+def test_a_128_deep_tile_serves_only_k_whose_chunks_come_in_pairs(tmp_path, monkeypatch):
+    """A 128-deep configuration walks K in pairs of 64-chunks: where ceil(K / 64) is odd its last
+    tile would add a zero-filled half chunk to v1's K walk, so gemm_into refuses it and the route
+    falls back to the Triton kernels (same bytes), or, under require, says why."""
+    deep, flat = "sw64x72x128w", "sw64x72w"
+    assert [k for k in (64, 128, 192, 256, 320, 384, 4096, 4097, 4160, 4200) if sm90.serves_k(deep, k)] == \
+        [128, 256, 384, 4096, 4200]  # 2, 4, 6, 64 and 66 chunks (the last one partial); 4097 and 4160: 65
+    assert all(sm90.serves_k(flat, k) for k in (64, 192, 4097))
+    x = torch.zeros((4, 192), dtype=torch.bfloat16)
+    with pytest.raises(UnsupportedConfigError, match="odd number of 64-chunks"):
+        sm90.gemm_into(x, x, x, deep)
+    path = _write(tmp_path, {"entries": {}, "default": [[None, deep]]})
+    monkeypatch.setattr(sm90, "available", lambda name: True)
+    with determinism.scoped({sm90.TABLE_ENV: path}):
+        assert sm90.route(_FakeTensor(), _FakeTensor(), 8, 4096, 4096, 1) == deep
+        assert sm90.route(_FakeTensor(192), _FakeTensor(192), 8, 192, 4096, 1) is None
+    with determinism.scoped({sm90.TABLE_ENV: path, sm90.MODE_ENV: "require"}), \
+            pytest.raises(UnsupportedConfigError, match="cannot walk K=192"):
+        sm90.route(_FakeTensor(192), _FakeTensor(192), 8, 192, 4096, 1)
+
+
+def test_the_loader_refuses_an_object_built_as_another_configuration():
+    """Each object describes the fields it was compiled with (``<symbol>_config()``); the loader
+    compares them with CONFIGS, so a library built from another checkout's configuration under
+    the same name is refused, not served. An object built before tile K was a field names none (64)."""
+    new = "tile_m=64 tile_n=72 cluster_m=2 cluster_n=1 coop=2 swap_ab=1 tile_k=128 chunk_k=64"
+    assert sm90.config_mismatch("sw64x72x128m2w", new) is None
+    old = "tile_m=64 tile_n=72 cluster_m=2 cluster_n=1 coop=2 swap_ab=1 chunk_k=64"
+    assert sm90.config_mismatch("sw64x72m2w", old) is None
+    assert "tile_k=64" in sm90.config_mismatch("sw64x72x128m2w", old)
+    assert "coop=0" in sm90.config_mismatch("sw64x72m2w", old.replace("coop=2", "coop=0"))
+    assert sm90.config_mismatch("sw64x72m2w", old.replace("chunk_k=64", "chunk_k=32")) is not None
+    assert sm90.config_mismatch("sw64x72m2w", "") is not None
+
+
+@pytest.mark.skipif(not sm90.library_path().is_file(), reason="needs the built library (build/sm90)")
+def test_the_built_library_describes_every_configuration_as_configs_does():
+    """Where the library is built (no GPU needed to load it): every configuration's object agrees
+    with CONFIGS, which the loader checks on every load."""
+    import ctypes
+
+    lib = ctypes.CDLL(str(sm90.library_path()))
+    for name in sm90.CONFIGS:
+        f = getattr(lib, sm90.symbol(name) + "_config")
+        f.restype = ctypes.c_char_p
+        assert sm90.config_mismatch(name, f().decode()) is None, name
+
+
 def _row(name, K, N, M, triton, **cfg):
     return {"shape": name, "K": K, "N": N, "M": M, "triton_ms": triton,
             "configs": {c: ({"ms": v, "differing": 0} if v > 0 else {"ms": -v, "differing": 3})
@@ -347,13 +395,17 @@ def test_every_configuration_gives_the_triton_kernels_bytes(name):
     from rlk.kernels.gemm.launch import gemm
 
     g = torch.Generator(device="cuda").manual_seed(1)
-    for K, N in ((4096, 6144), (1024, 4096), (192, 200)):
+    for K, N in ((4096, 6144), (1024, 4096), (192, 200), (384, 200)):
         w = (torch.randn((N, K), generator=g, device="cuda") / K ** 0.5).to(torch.bfloat16)
         for M in (1, 13, 64, 77, 200, 256, 513):
             x = torch.randn((M, K), generator=g, device="cuda").to(torch.bfloat16)
             with determinism.scoped({sm90.MODE_ENV: "off"}):
                 ref = gemm(x, w)
             y = torch.empty_like(ref)
+            if not sm90.serves_k(name, K):  # 128 deep, 3 chunks: refused, never run
+                with pytest.raises(UnsupportedConfigError, match="odd number"):
+                    sm90.gemm_into(y, x, w, name)
+                continue
             sm90.gemm_into(y, x, w, name)
             assert torch.equal(y.view(torch.int16), ref.view(torch.int16)), (name, K, N, M)
 

@@ -36,6 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from rlk.errors import UnsupportedConfigError
+from rlk.kernels.common import cdiv
 
 ROOT = Path(__file__).resolve().parents[4]
 SOURCE = Path(__file__).with_name("sm90") / "gemm_sm90.cu"
@@ -442,7 +443,7 @@ def serves_k(name: str, K: int) -> bool:
     always does; a 128-deep tile only where K's 64-chunks come in pairs (ceil(K / 64) even): with an
     odd count its last tile's second half is zero-filled by TMA and four extra 0 * 0 k-steps run on
     the accumulator, a step v1's chain does not have (and an accumulator of -0 would come out +0)."""
-    return CONFIGS[name][7] == 64 or -(-K // 64) % 2 == 0
+    return CONFIGS[name][7] == 64 or cdiv(K, 64) % 2 == 0
 
 
 def gemm_into(y, x, w, name: str) -> None:

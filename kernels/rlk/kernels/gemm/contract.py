@@ -174,7 +174,9 @@ _V1_EVIDENCE = {**_EVIDENCE, "sm90_cutlass": (
     "sm90_probe@H100: 0 differing elements over the 8 Qwen3-8B shapes x 31 M (1-8192) and 15 other Qwen3 "
     "sizes' projections x 7 M; the checked-in table names none, and sm90_probe picks only configurations "
     "with 0 differing elements. The 128-deep configurations (x128) serve only K with an even number of "
-    "64-chunks (sm90.serves_k) and are not yet run on a GPU; no table names them")}
+    "64-chunks (sm90.serves_k); sm90_probe@H100: 0 differing elements for each of the 14 over the 8 Qwen3-8B "
+    "shapes x 26 M (1-4096), sm90_kscan_probe 0 at N 4096, K 128-8192 (docs/results/h100_2026-12-07_session34); "
+    "no table names them")}
 
 CONTRACT = contracts.register(contracts.Contract(
     id=CONTRACT_ID,

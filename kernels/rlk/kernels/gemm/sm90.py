@@ -205,6 +205,24 @@ CONFIGS = {
     "sw64x72x128n2w": (64, 72, 1, 2, 2, 1, 0, 128),
     "ws64x128x128": (64, 128, 1, 1, 2, 0, 0, 128),
     "ws64x192x128": (64, 192, 1, 1, 2, 0, 0, 128),
+    # The unswapped 128-deep non-persistent tile streamed the weights at cuBLAS's rate at N 4096,
+    # M 200 on the H100 (ws64x128x128: 1.01x cuBLAS's time per K step; its 64-deep twin 1.40x;
+    # docs/results/h100_2026-12-07_session34). There its grid, 4 token tiles x 32 weight tiles,
+    # is one wave on 132 SMs. (The same scan over 16 M, kscan_m/ there: the 64-deep tile loses its
+    # per-K rate only where the last token tile holds 4-16 rows; the 128-deep one is flat in M.) These widths make one wave at other token counts at N 4096 (64: M
+    # <= 128, 96: M <= 192, 32: M <= 64; 144: N 6144 at M 129-192), multicast the weight tile over
+    # two token tiles (m2), or keep the tile and take the persistent ping-pong loop (pp). Each has
+    # its 64-deep twin (sm90_probe.tile_k_pairs).
+    "ws64x32": (64, 32, 1, 1, 2, 0, 0, 64),
+    "ws64x64": (64, 64, 1, 1, 2, 0, 0, 64),
+    "ws64x144": (64, 144, 1, 1, 2, 0, 0, 64),
+    "ws64x128m2": (64, 128, 2, 1, 2, 0, 0, 64),
+    "ws64x32x128": (64, 32, 1, 1, 2, 0, 0, 128),
+    "ws64x64x128": (64, 64, 1, 1, 2, 0, 0, 128),
+    "ws64x96x128": (64, 96, 1, 1, 2, 0, 0, 128),
+    "ws64x144x128": (64, 144, 1, 1, 2, 0, 0, 128),
+    "ws64x128x128m2": (64, 128, 2, 1, 2, 0, 0, 128),
+    "pp64x128x128": (64, 128, 1, 1, 0, 0, 0, 128),
 }
 
 # The C entry point's error codes (gemm_sm90.cu).

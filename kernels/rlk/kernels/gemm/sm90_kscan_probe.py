@@ -28,7 +28,10 @@ before it drains (programmatic dependent launch, or a short prologue hidden in t
 which a decode step, where norms and attention sit between the GEMMs, does not allow. A route
 whose fixed cost grows when separated was hiding part of it behind its neighbour. Each
 configuration's output is compared with the Triton kernels' at every point (``torch.equal`` on
-the bits): a configuration that differs is reported, never fitted.
+the bits): a configuration that differs is reported, never fitted. A configuration that does not
+serve a K (a 128-deep tile where K's 64-chunks do not come in pairs, ``sm90.serves_k``) is
+recorded there as ``not_served`` and not timed; the others are timed at that K as usual, and a
+configuration missing a point of the fitted K run is not fitted.
 """
 
 from __future__ import annotations
@@ -61,6 +64,8 @@ def parse_ks(text: str) -> list[int]:
         raise ValueError(f"sm90_kscan_probe: at least two K, each a positive multiple of 64 (the contract's chunk), got {text!r}")
     return ks
 
+
+NOT_SERVED = "tile K 128 and an odd number of 64-chunks in K (sm90.serves_k)"
 
 # The shortest K a fit uses: below it a call is mostly pipeline fill and epilogue, and time is not
 # yet linear in K (the scan may still time shorter K: what a call costs with almost no mainloop).
@@ -177,6 +182,9 @@ def _scan(cases, ks, configs, device: str) -> dict:
                  "cublas_kernels": kernel_names(lambda: torch.nn.functional.linear(x, w)),
                  "triton": timed(lambda: gemm(x, ring.next())), "configs": {}}
             for c in configs:
+                if not sm90.serves_k(c, K):
+                    p["configs"][c] = {"not_served": NOT_SERVED}
+                    continue
                 y = torch.full_like(ref, float("nan"))
                 sm90.gemm_into(y, x, w, c)
                 torch.cuda.synchronize()
@@ -186,7 +194,8 @@ def _scan(cases, ks, configs, device: str) -> dict:
             case["points"].append(p)
             cb = p["cublas"]
             print(f"N={N} M={M} K={K:6d} cuBLAS {cb['ms'] * 1e3:7.1f} us (separated {cb['separated_ms'] * 1e3:7.1f})  "
-                  + "  ".join(f"{c} {v['ms'] / cb['ms']:.2f}x ({v['separated_ms'] / cb['separated_ms']:.2f}x)"
+                  + "  ".join(f"{c} not served" if "not_served" in v else
+                              f"{c} {v['ms'] / cb['ms']:.2f}x ({v['separated_ms'] / cb['separated_ms']:.2f}x)"
                               + ("" if v["differing"] == 0 else " DIFFERS") for c, v in p["configs"].items()), flush=True)
             del ring, w
         out.append(case)
@@ -220,7 +229,16 @@ def main(argv=None) -> int:
         ks = parse_ks(args.k)
         if sum(k >= args.fit_min_k for k in ks) < 2:  # said before the GPU time, not after it
             ap.error(f"--k {args.k}: the fits need two or more K >= --fit-min-k {args.fit_min_k}")
-        doc = scan(parse_cases(args.cases), ks, [c for c in args.configs.split(",") if c])
+        configs = [c for c in args.configs.split(",") if c]
+        from rlk.kernels.gemm import sm90  # noqa: PLC0415
+
+        unknown = [c for c in configs if c not in sm90.CONFIGS]
+        if unknown:
+            ap.error(f"--configs: unknown configurations {unknown} (sm90.CONFIGS names them)")
+        unserved = [f"{c}@K={k}" for c in configs for k in ks if not sm90.serves_k(c, k)]
+        if unserved:
+            print(f"sm90_kscan_probe: not served, so not timed ({NOT_SERVED}): {', '.join(unserved)}", flush=True)
+        doc = scan(parse_cases(args.cases), ks, configs)
     doc["fit_min_k"] = args.fit_min_k
     doc["fits"] = summarize(doc, "ms", args.fit_min_k) + summarize(doc, "separated_ms", args.fit_min_k)
     for f in doc["fits"]:
@@ -231,7 +249,7 @@ def main(argv=None) -> int:
     with open(args.out, "w") as fh:
         json.dump(doc, fh, indent=1)
     bad = [(c["N"], c["M"], p["K"], n) for c in doc["cases"] for p in c["points"]
-           for n, v in p["configs"].items() if v["differing"]]
+           for n, v in p["configs"].items() if v.get("differing")]
     print(f"sm90_kscan_probe: differing points {len(bad)} {bad[:10]}")
     return 1 if bad else 0
 

@@ -139,3 +139,37 @@ def test_a_k_list_the_fits_cannot_use_is_refused_before_the_scan(tmp_path, monke
     with pytest.raises(SystemExit):
         sm90_kscan_probe.main(["--out", str(tmp_path / "o.json"), "--k", "1024,2048", "--fit-min-k", "4096",
                                "--configs", "sw64x80"])
+
+
+def test_a_configuration_that_does_not_serve_a_k_is_recorded_there_and_the_scan_goes_on(monkeypatch, tmp_path):
+    """A 128-deep tile at a K of odd 64-chunk count (K 64 here): the library refuses the call, so
+    the scan records the point as not served and times everything else, at that K too; the CLI
+    names such points before the scan and refuses unknown configuration names."""
+    import torch
+
+    from rlk.errors import UnsupportedConfigError
+    from rlk.kernels.gemm import launch, sm90, sm90_probe
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(sm90_probe, "kernel_names", lambda fn: [])
+    monkeypatch.setattr(sm90, "available", lambda name: True)
+    calls = []
+
+    def gemm_into(y, x, w, name):  # the library's own refusal, then the contract's bytes
+        if not sm90.serves_k(name, x.shape[1]):
+            raise UnsupportedConfigError(f"sm90 {name}: odd chunk count")
+        calls.append((name, x.shape[1]))
+        y.copy_(launch.gemm(x, w))
+
+    monkeypatch.setattr(sm90, "gemm_into", gemm_into)
+    doc = sm90_kscan_probe.scan([(16, 2)], [64, 128], ["sw64x72x128w", "sw64x72w"], device="cpu")
+    at = {p["K"]: p["configs"] for p in doc["cases"][0]["points"]}
+    assert at[64]["sw64x72x128w"] == {"not_served": sm90_kscan_probe.NOT_SERVED}
+    assert at[64]["sw64x72w"]["differing"] == 0 and at[128]["sw64x72x128w"]["differing"] == 0
+    assert {"ms", "separated_ms"} <= set(at[128]["sw64x72x128w"]) and ("sw64x72x128w", 64) not in calls
+    fits = {f["route"] for f in sm90_kscan_probe.summarize(doc, min_k=64)}
+    assert fits == {"cublas", "triton", "sw64x72w"}  # the 128-deep tile lacks a point of the run
+
+    monkeypatch.setattr(sm90_kscan_probe, "scan", lambda *a, **k: pytest.fail("scanned"))
+    with pytest.raises(SystemExit):
+        sm90_kscan_probe.main(["--out", str(tmp_path / "o.json"), "--k", "1024,2048", "--configs", "sw64x72,nope"])

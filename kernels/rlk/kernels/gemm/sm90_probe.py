@@ -40,15 +40,11 @@ from rlk.kernels.gemm import sm90
 from rlk.kernels.gemm.contract import split_rule
 from rlk.kernels.gemm.gemm_tune import WeightRing, bench_ms, l2_bytes, ring_size
 from rlk.kernels.gemm.launch import gemm
+from rlk.kernels.gemm.sm90_probe_select import M_LIST, contenders, parse_m
 from rlk.testing.shapes import QWEN3_8B_GEMMS, QWEN3_OTHER_GEMMS
 
 SHAPES = {**QWEN3_8B_GEMMS, **QWEN3_OTHER_GEMMS}
 GROUPS = {"8b": tuple(QWEN3_8B_GEMMS), "other": tuple(QWEN3_OTHER_GEMMS)}
-
-# Decode batches (vLLM pads them to multiples of 8) every 16 rows up to 256, where the route's table
-# changes most; odd 77 and 200 for half-empty tiles; prefill sizes sparser.
-M_LIST = (1, 16, 32, 48, 64, 77, 80, 96, 112, 128, 144, 160, 176, 192, 200, 208, 224, 240, 256, 320, 384,
-          448, 512, 1024, 2048, 4096)
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -481,8 +477,13 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="probe JSON (with --from-json: that probe plus the scores)")
     ap.add_argument("--shapes", default="8b", help="shape names and groups (8b, other), comma-separated")
-    ap.add_argument("--m", default=",".join(map(str, M_LIST)))
-    ap.add_argument("--configs", default=",".join(sm90.CONFIGS))
+    ap.add_argument("--m", default="default",
+                    help="token counts: integers and the lists 'default' and 'decode' (every vLLM decode batch)")
+    ap.add_argument("--configs", default=None, help="configuration names, comma-separated (default: the library's)")
+    ap.add_argument("--configs-from", default=None,
+                    help="earlier probes' JSON, comma-separated: probe only the configurations within --within "
+                         "of a row's fastest there (added to --configs where both are given)")
+    ap.add_argument("--within", type=float, default=0.02, help="with --configs-from: the margin (0.02: 2%%)")
     ap.add_argument("--table-out", default=None, help="also write the route table (configs/sm90_cutlass.json format)")
     ap.add_argument("--table-shapes", default="8b", help="the rows the table is built from (others: its default rule)")
     ap.add_argument("--eval-table", action="append", default=[],
@@ -505,14 +506,26 @@ def main(argv=None) -> int:
         doc = merge_probes([read_json(p) for p in paths])
         source = ",".join(paths)
     else:
+        try:
+            m_list = parse_m(args.m)
+            configs = args.configs.split(",") if args.configs else ([] if args.configs_from else list(sm90.CONFIGS))
+            if args.configs_from:
+                chosen = contenders([read_json(p) for p in args.configs_from.split(",")], args.within, sm90.CONFIGS)
+                configs += [c for c in chosen if c not in configs]
+                print(f"sm90_probe: {len(chosen)} configurations within {args.within:.0%} of a row's fastest in "
+                      f"{args.configs_from}", flush=True)
+        except (ValueError, OSError) as e:
+            ap.error(str(e))
+        unknown = [c for c in configs if c not in sm90.CONFIGS]
+        if unknown:
+            ap.error(f"--configs: unknown configurations {unknown}")
         if sm90.library() is None:
             print(f"sm90_probe: no library (set {sm90.LIB_ENV} or build it)", file=sys.stderr)
             return 2
         # The reference and the "triton" arm are the Triton kernels alone: the route is switched off
         # (gemm() would otherwise serve table picks with these very configurations).
         with determinism.scoped({sm90.MODE_ENV: "off"}):
-            doc = probe(shape_names(args.shapes), [int(m) for m in args.m.split(",")], args.configs.split(","),
-                        args.out)
+            doc = probe(shape_names(args.shapes), m_list, configs, args.out)
         source = args.out
     tables = [(p, json.load(open(p))) for p in args.eval_table]
     if args.table_out:

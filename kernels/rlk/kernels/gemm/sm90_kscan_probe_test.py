@@ -173,3 +173,30 @@ def test_a_configuration_that_does_not_serve_a_k_is_recorded_there_and_the_scan_
     monkeypatch.setattr(sm90_kscan_probe, "scan", lambda *a, **k: pytest.fail("scanned"))
     with pytest.raises(SystemExit):
         sm90_kscan_probe.main(["--out", str(tmp_path / "o.json"), "--k", "1024,2048", "--configs", "sw64x72,nope"])
+
+
+def test_the_cli_names_unserved_points_before_the_scan_and_fits_the_rest(tmp_path, monkeypatch, capsys):
+    """``main`` says which (configuration, K) will not be timed before any GPU work, and a scan
+    whose points hold ``not_served`` entries is fitted and written with exit status 0."""
+    import json
+
+    said_before = []
+
+    def fake_scan(cases, ks, configs):
+        said_before.append("not served, so not timed" in capsys.readouterr().out)
+        pts = []
+        for k in ks:
+            t = {"ms": 0.003 + 0.003 * k / 1024, "separated_ms": 0.003 + 0.003 * k / 1024}
+            pts.append({"K": k, "cublas": t, "triton": t, "cublas_kernels": ["a"],
+                        "configs": {"sw64x72w": {**t, "differing": 0},
+                                    "sw64x72x128w": ({"not_served": sm90_kscan_probe.NOT_SERVED} if k == 1088
+                                                     else {**t, "differing": 0})}})
+        return {"cases": [{"N": cases[0][0], "M": cases[0][1], "points": pts}]}
+
+    monkeypatch.setattr(sm90_kscan_probe, "scan", fake_scan)
+    out = tmp_path / "o.json"
+    rc = sm90_kscan_probe.main(["--out", str(out), "--cases", "4096x144", "--k", "1024,1088,2048",
+                                "--configs", "sw64x72w,sw64x72x128w"])
+    assert rc == 0 and said_before == [True]
+    fits = {f["route"] for f in json.loads(out.read_text())["fits"]}
+    assert fits == {"cublas", "triton", "sw64x72w"}

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import lzma
 import math
 import re
 import statistics
@@ -40,7 +41,7 @@ from rlk.kernels.gemm import sm90
 from rlk.kernels.gemm.contract import split_rule
 from rlk.kernels.gemm.gemm_tune import WeightRing, bench_ms, l2_bytes, ring_size
 from rlk.kernels.gemm.launch import gemm
-from rlk.kernels.gemm.sm90_probe_select import M_LIST, contenders, parse_m
+from rlk.kernels.gemm.sm90_probe_select import contenders, parse_m, split_names
 from rlk.testing.shapes import QWEN3_8B_GEMMS, QWEN3_OTHER_GEMMS
 
 SHAPES = {**QWEN3_8B_GEMMS, **QWEN3_OTHER_GEMMS}
@@ -401,8 +402,6 @@ def cublas_twins(doc: dict, max_m: int = 512) -> dict:
 def read_json(path: str):
     """A probe's JSON, plain or xz-compressed (``.xz``: how docs/results keeps the large ones, so
     that the tree stays small enough for a device call to carry it with the vLLM bundle)."""
-    import lzma  # noqa: PLC0415
-
     opener = lzma.open if str(path).endswith(".xz") else open
     with opener(path, "rt") as f:
         return json.load(f)
@@ -483,7 +482,7 @@ def main(argv=None) -> int:
     ap.add_argument("--configs-from", default=None,
                     help="earlier probes' JSON, comma-separated: probe only the configurations within --within "
                          "of a row's fastest there (added to --configs where both are given)")
-    ap.add_argument("--within", type=float, default=0.02, help="with --configs-from: the margin (0.02: 2%%)")
+    ap.add_argument("--within", type=float, default=None, help="with --configs-from: the margin (default 0.02: 2%%)")
     ap.add_argument("--table-out", default=None, help="also write the route table (configs/sm90_cutlass.json format)")
     ap.add_argument("--table-shapes", default="8b", help="the rows the table is built from (others: its default rule)")
     ap.add_argument("--eval-table", action="append", default=[],
@@ -502,20 +501,29 @@ def main(argv=None) -> int:
                     help="also score each rule's default on every --table-shapes K x N left out of its table")
     args = ap.parse_args(argv)
     if args.from_json:
+        given = [f for f, v in (("--m", args.m != "default"), ("--configs", args.configs is not None),
+                                ("--configs-from", args.configs_from), ("--within", args.within is not None)) if v]
+        if given:
+            ap.error(f"--from-json probes nothing: {', '.join(given)} would be ignored")
         paths = args.from_json.split(",")
         doc = merge_probes([read_json(p) for p in paths])
         source = ",".join(paths)
     else:
+        if args.within is not None and not args.configs_from:
+            ap.error("--within needs --configs-from")
+        if args.configs is not None and not split_names(args.configs):
+            ap.error("--configs names no configuration")
+        within = 0.02 if args.within is None else args.within
         try:
             m_list = parse_m(args.m)
-            configs = args.configs.split(",") if args.configs else ([] if args.configs_from else list(sm90.CONFIGS))
+            configs = split_names(args.configs) or ([] if args.configs_from else list(sm90.CONFIGS))
             if args.configs_from:
-                chosen = contenders([read_json(p) for p in args.configs_from.split(",")], args.within, sm90.CONFIGS)
+                chosen = contenders([read_json(p) for p in split_names(args.configs_from)], within, sm90.CONFIGS)
                 configs += [c for c in chosen if c not in configs]
-                print(f"sm90_probe: {len(chosen)} configurations within {args.within:.0%} of a row's fastest in "
-                      f"{args.configs_from}", flush=True)
-        except (ValueError, OSError) as e:
-            ap.error(str(e))
+                print(f"sm90_probe: {len(chosen)} configurations within {within:.1%} of a row's fastest in "
+                      f"{args.configs_from}, or timed in none of its rows", flush=True)
+        except (ValueError, OSError, EOFError, KeyError, lzma.LZMAError) as e:
+            ap.error(f"{type(e).__name__}: {e}")
         unknown = [c for c in configs if c not in sm90.CONFIGS]
         if unknown:
             ap.error(f"--configs: unknown configurations {unknown}")

@@ -47,17 +47,25 @@ def parse_m(text: str) -> list[int]:
 
 def contenders(docs: list[dict], within: float, known) -> list[str]:
     """The configurations that, in at least one row of the probes ``docs``, had 0 differing
-    elements and a time within ``1 + within`` of the fastest such configuration of that row, in
-    the order of ``known`` (the library's names; a name the library no longer has is left out)."""
+    elements and a time within ``1 + within`` of the fastest such configuration of that row, and
+    those of ``known`` that no row of ``docs`` timed (built after those probes: nothing says they
+    lose), in the order of ``known`` (the library's names; a name it no longer has is left out)."""
     if within < 0:
         raise ValueError(f"sm90_probe: --within must be >= 0, got {within}")
     keep: set[str] = set()
+    timed: set[str] = set()
     for doc in docs:
         for row in doc["rows"]:
+            timed.update(n for n, c in row["configs"].items() if c.get("ms"))
             ok = {n: c["ms"] for n, c in row["configs"].items() if c.get("ms") and c.get("differing") == 0}
             if ok:
                 best = min(ok.values())
                 keep.update(n for n, t in ok.items() if t <= best * (1 + within))
     if not keep:
         raise ValueError("sm90_probe: --configs-from: no configuration was timed with 0 differing elements there")
-    return [n for n in known if n in keep]
+    return [n for n in known if n in keep or n not in timed]
+
+
+def split_names(text: str | None) -> list[str]:
+    """``"a, b,,c"`` -> ["a", "b", "c"]; None -> []."""
+    return [c.strip() for c in (text or "").split(",") if c.strip()]

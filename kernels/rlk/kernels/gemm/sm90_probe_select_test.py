@@ -34,7 +34,10 @@ def test_contenders_are_the_configurations_near_a_rows_fastest_in_library_order(
         _row({"a": 1.00, "b": 1.01, "c": 1.05, "d": None}),
         _row({"a": 2.00, "c": 1.00, "d": 1.50}, differing={"c": 3}),  # c's bytes differ: not fastest
     ]}
-    assert contenders([doc], 0.02, ["d", "c", "b", "a", "gone"]) == ["d", "b", "a"]
+    # The margin is relative: 2.03 is within 2% of 2.0 (an absolute 0.02 would drop it).
+    assert contenders([{"rows": [_row({"a": 2.0, "b": 2.03, "c": 2.05})]}], 0.02, ["a", "b", "c"]) == ["a", "b"]
+    # A configuration no row timed (built after the probe) is kept; a library name is never invented.
+    assert contenders([doc], 0.02, ["d", "c", "b", "a", "new"]) == ["d", "b", "a", "new"]
     assert contenders([doc], 0.0, ["a", "b", "c", "d"]) == ["a", "d"]  # d: the fastest with equal bytes in row 2
     assert contenders([doc], 0.06, ["a", "b", "c", "d"]) == ["a", "b", "c", "d"]
     # A second probe adds its own rows' contenders.
@@ -50,7 +53,8 @@ def test_the_probe_runs_only_the_contenders_of_a_stored_probe(tmp_path, monkeypa
     probe times, ``--m decode`` its rows; unknown names and an empty choice are refused before any
     GPU work."""
     names = list(sm90.CONFIGS)[:3]
-    doc = {"rows": [_row({names[0]: 1.0, names[1]: 1.5, names[2]: 1.01})]}
+    slow = {n: 9.0 for n in sm90.CONFIGS}  # the stored probe timed the whole library
+    doc = {"rows": [_row({**slow, names[0]: 1.0, names[1]: 1.5, names[2]: 1.01})]}
     src = tmp_path / "old.json.xz"
     with lzma.open(src, "wt") as f:
         json.dump(doc, f)
@@ -69,8 +73,13 @@ def test_the_probe_runs_only_the_contenders_of_a_stored_probe(tmp_path, monkeypa
         sm90_probe.main(["--out", str(tmp_path / "p.json"), "--configs", names[1], "--configs-from", str(src),
                          "--within", "0"])
     assert seen["configs"] == [names[1], names[0]]
+    with pytest.raises(SystemExit):
+        sm90_probe.main(["--out", str(tmp_path / "p.json"), "--configs", f" {names[2]}, {names[1]},"])
+    assert seen["configs"] == [names[2], names[1]]
     seen.clear()
-    for bad in (["--configs", "nope"], ["--m", "prefill"], ["--configs-from", str(src), "--within", "-1"]):
+    for bad in (["--configs", "nope"], ["--m", "prefill"], ["--configs-from", str(src), "--within", "-1"],
+                ["--configs", ""], ["--within", "0.1"], ["--configs-from", str(tmp_path / "missing.json")],
+                ["--from-json", str(src), "--m", "decode"], ["--from-json", str(src), "--configs-from", str(src)]):
         with pytest.raises(SystemExit) as e:
             sm90_probe.main(["--out", str(tmp_path / "p.json"), *bad])
         assert e.value.code == 2 and not seen, bad

@@ -29,7 +29,6 @@ import json
 import lzma
 import math
 import re
-import statistics
 import sys
 import time
 from collections import defaultdict
@@ -41,6 +40,7 @@ from rlk.kernels.gemm import sm90
 from rlk.kernels.gemm.contract import split_rule
 from rlk.kernels.gemm.gemm_tune import WeightRing, bench_ms, l2_bytes, ring_size
 from rlk.kernels.gemm.launch import gemm
+from rlk.kernels.gemm.sm90_probe_pairs import direct_pairs, schedule_pairs, spread, tile_k_pairs
 from rlk.kernels.gemm.sm90_probe_select import contenders, parse_m, split_names
 from rlk.testing.shapes import QWEN3_8B_GEMMS, QWEN3_OTHER_GEMMS
 
@@ -111,11 +111,20 @@ def _cluster_suffix(along_m: int, along_n: int) -> str:
     return (f"m{along_m}" if along_m > 1 else "") + (f"n{along_n}" if along_n > 1 else "")
 
 
-def probe(shapes, m_list, configs, out_path: str) -> dict:
-    dev = torch.device("cuda")
+def probe(shapes, m_list, configs, out_path: str, device: str = "cuda") -> dict:
+    """Times every (shape, M, configuration). ``out_path`` is rewritten after each shape, marked
+    ``partial`` until the last: a probe stopped by a time limit keeps the shapes it finished, and a
+    later probe of those left merges with it (``--from-json partial.json,rest.json``)."""
+    dev = torch.device(device)
     gen = torch.Generator(device=dev).manual_seed(0)
     rows, t0 = [], time.perf_counter()
-    for name in shapes:
+    doc = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else device, "torch": torch.__version__,
+           "triton": __import__("triton").__version__, "library": sm90.library_manifest(), "timing":
+           "CUDA graph replay of back-to-back calls, cold weights (ring of copies >= 4x L2), median of 3",
+           "baseline": "cuBLAS via torch.nn.functional.linear, same process, same inputs; cublas_kernels: "
+           "the kernels one call launches (torch.profiler), cublas_k: split / single / unknown K walk, "
+           "cublas_tile: the nvjet kernel's tile and cluster as a swapped configuration's name"}
+    for i, name in enumerate(shapes):
         K, N = SHAPES[name]
         if split_rule(K, N) != 1:
             print(f"{name}: split {split_rule(K, N)} under v1: not served by sm90, skipped", flush=True)
@@ -156,23 +165,29 @@ def probe(shapes, m_list, configs, out_path: str) -> dict:
                   f"differing {row['differing_total']}  cuBLAS K {row['cublas_k']} "
                   f"tile {(row['cublas_tile'] or {}).get('as_config', '-')}", flush=True)
         del ring, w
-    doc = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "triton": __import__("triton").__version__, "library": sm90.library_manifest(), "timing":
-           "CUDA graph replay of back-to-back calls, cold weights (ring of copies >= 4x L2), median of 3",
-           "baseline": "cuBLAS via torch.nn.functional.linear, same process, same inputs; cublas_kernels: "
-           "the kernels one call launches (torch.profiler), cublas_k: split / single / unknown K walk, "
-           "cublas_tile: the nvjet kernel's tile and cluster as a swapped configuration's name",
-           "rows": rows, "seconds": time.perf_counter() - t0}
-    doc["differing_total"] = sum(r["differing_total"] for r in rows)
+        if i + 1 < len(shapes):
+            _write(_totals(doc, rows, t0) | {"partial": {"shapes_done": list(shapes[:i + 1]),
+                                                          "shapes_left": list(shapes[i + 1:])}}, out_path)
+    _write(_totals(doc, rows, t0), out_path)
+    print(f"cuBLAS split K at: {doc['cublas_split_k_rows'] or 'no row'}", flush=True)
+    return doc
+
+
+def _write(doc: dict, path: str) -> None:
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1)
+
+
+def _totals(doc: dict, rows: list, t0: float) -> dict:
+    """The probe's rows and what is summed over them, in place; returns ``doc``."""
+    doc.update(rows=rows, seconds=time.perf_counter() - t0,
+               differing_total=sum(r["differing_total"] for r in rows))
     split = defaultdict(list)
     for r in rows:
         if r.get("cublas_k") == "split":
             split[r["shape"]].append(r["M"])
     doc["cublas_split_k_rows"] = dict(split)  # shape -> the M at which cuBLAS split K
-    print(f"cuBLAS split K at: {dict(split) or 'no row'}", flush=True)
     doc["errors"] = sorted({f"{c}: {v['error']}" for r in rows for c, v in r["configs"].items() if "error" in v})
-    with open(out_path, "w") as f:
-        json.dump(doc, f, indent=1)
     return doc
 
 
@@ -286,9 +301,12 @@ def merge_probes(docs: list[dict]) -> dict:
         rows += mine
         taken.append(len(mine))
         seen |= {r["shape"] for r in d["rows"]}
-    out = {k: v for k, v in head.items() if k not in ("rows", "table_eval", "leave_one_out")}
+    out = {k: v for k, v in head.items() if k not in ("rows", "table_eval", "leave_one_out", "partial")}
     out.update(rows=rows, merged_from=taken, differing_total=sum(r["differing_total"] for r in rows),
                errors=sorted({e for d in docs for e in d.get("errors", [])}))
+    left = sorted({n for d in docs for n in d.get("partial", {}).get("shapes_left", [])} - seen)
+    if left:
+        out["partial"] = {"shapes_left": left}
     return out
 
 
@@ -396,7 +414,7 @@ def cublas_twins(doc: dict, max_m: int = 512) -> dict:
                                 "vs_cublas": timed["ms"] / r["cublas_ms"]})
     ratios = [t["vs_cublas"] for t in per_row]
     return {"max_m": max_m, "rows": len(per_row), "at_or_under_cublas": sum(x <= 1.0 for x in ratios),
-            "per_row": per_row, **_spread(ratios)}
+            "per_row": per_row, **spread(ratios)}
 
 
 def read_json(path: str):
@@ -405,61 +423,6 @@ def read_json(path: str):
     opener = lzma.open if str(path).endswith(".xz") else open
     with opener(path, "rt") as f:
         return json.load(f)
-
-
-def _spread(values) -> dict:
-    """min, median and max of ``values`` ({} for none)."""
-    x = sorted(values)
-    return {"min": x[0], "median": statistics.median(x), "max": x[-1]} if x else {}
-
-
-def _twin_pairs(doc: dict, field: int, value: int, base: int, label: str, max_m: int) -> dict:
-    """Each configuration whose ``field`` (an index into the CONFIGS tuple) is ``value`` against
-    its twin, the configuration with the same fields but ``base`` there, at every probe row (M <=
-    ``max_m``) where both were timed. ``label`` ("mine/theirs", e.g. "direct/tma") names the two
-    sides in the keys (``direct_over_tma``, ``direct_faster_rows``, ...)."""
-    mine, theirs = label.split("/")
-    by_fields = {fields: name for name, fields in sm90.CONFIGS.items()}
-    per_config = {}
-    for name, fields in sm90.CONFIGS.items():
-        twin = by_fields.get((*fields[:field], base, *fields[field + 1:])) if fields[field] == value else None
-        if twin is None:
-            continue
-        ratios = []
-        for r in doc["rows"]:
-            a, b = r["configs"].get(name) or {}, r["configs"].get(twin) or {}
-            if r["M"] <= max_m and "ms" in a and "ms" in b:
-                ratios.append({"shape": r["shape"], "M": r["M"], f"{mine}_over_{theirs}": a["ms"] / b["ms"],
-                               f"{mine}_vs_cublas": a["ms"] / r["cublas_ms"], f"{theirs}_vs_cublas": b["ms"] / r["cublas_ms"]})
-        if ratios:
-            x = [t[f"{mine}_over_{theirs}"] for t in ratios]
-            per_config[name] = {"twin": twin, "rows": len(x), **_spread(x),
-                                f"{mine}_faster_rows": sum(v < 1.0 for v in x), "per_row": ratios}
-    return {"max_m": max_m, "configs": per_config}
-
-
-def direct_pairs(doc: dict, max_m: int = 512) -> dict:
-    """Each direct-epilogue configuration (stores from registers) against its TMA-epilogue twin
-    (the configuration with the same fields but the epilogue: same tile, cluster, schedule and
-    operand order) at every probe row (M <= ``max_m``) where both were timed: which epilogue costs
-    the time, the rest of the kernel held fixed. ``direct_over_tma`` < 1: the direct epilogue is faster."""
-    return _twin_pairs(doc, 6, 1, 0, "direct/tma", max_m)
-
-
-def schedule_pairs(doc: dict, max_m: int = 512) -> dict:
-    """Each configuration on the non-persistent kernel (coop 2: one CTA per tile, one consumer warp
-    group) against its persistent ping-pong twin (coop 0, every other field the same) at every
-    probe row (M <= ``max_m``) where both were timed: what the persistent schedule costs or saves
-    with tile, cluster and epilogue held fixed. ``nonpersistent_over_pingpong`` < 1: non-persistent is faster."""
-    return _twin_pairs(doc, 4, 2, 0, "nonpersistent/pingpong", max_m)
-
-
-def tile_k_pairs(doc: dict, max_m: int = 512) -> dict:
-    """Each configuration with 128-deep tiles (two K chunks per pipeline stage) against its 64-deep
-    twin (every other field the same) at every probe row (M <= ``max_m``) where both were timed:
-    what the longer TMA rows and half the stage barriers per K save or cost with tile, cluster,
-    schedule and epilogue held fixed. ``k128_over_k64`` < 1: the 128-deep tile is faster."""
-    return _twin_pairs(doc, 7, 128, 64, "k128/k64", max_m)
 
 
 def _print_eval(ev: dict) -> None:
@@ -508,6 +471,9 @@ def main(argv=None) -> int:
         paths = args.from_json.split(",")
         doc = merge_probes([read_json(p) for p in paths])
         source = ",".join(paths)
+        if doc.get("partial"):
+            print(f"sm90_probe: {paths[0]} is a partial probe; shapes not probed: {doc['partial']['shapes_left']}",
+                  flush=True)
     else:
         if args.within is not None and not args.configs_from:
             ap.error("--within needs --configs-from")

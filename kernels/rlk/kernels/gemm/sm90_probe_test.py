@@ -267,3 +267,45 @@ def test_tile_k_pairs_time_each_128_deep_tile_against_its_64_deep_twin():
     # Every 128-deep configuration in the library has its 64-deep twin there.
     deep = [n for n, f in sm90.CONFIGS.items() if f[7] == 128]
     assert deep and all((*sm90.CONFIGS[n][:7], 64) in set(sm90.CONFIGS.values()) for n in deep), deep
+
+
+def test_a_probe_stopped_after_a_shape_keeps_it_and_merges_with_a_probe_of_the_rest(tmp_path, monkeypatch, capsys):
+    """The probe's JSON is rewritten after every shape, marked partial with the shapes left: a
+    probe cut short (here by an interrupt at the second shape) keeps the first shape's rows, and
+    ``--from-json partial,rest`` scores the whole set as one probe."""
+    import torch
+
+    from rlk.kernels.gemm import launch
+
+    class Stop(BaseException):
+        pass
+
+    monkeypatch.setattr(sm90_probe, "SHAPES", {"tiny_a": (64, 16), "tiny_b": (64, 24), "tiny_c": (128, 32)})
+    monkeypatch.setattr(sm90_probe, "kernel_names", lambda fn: [])
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(sm90, "library_manifest", lambda: {"sha256": "fake"})
+    stop_at = {24}
+
+    def gemm_into(y, x, w, name):
+        if w.shape[0] in stop_at:
+            raise Stop
+        y.copy_(launch.gemm(x, w))
+
+    monkeypatch.setattr(sm90, "gemm_into", gemm_into)
+    first, rest = tmp_path / "first.json", tmp_path / "rest.json"
+    with pytest.raises(Stop):
+        sm90_probe.probe(["tiny_a", "tiny_b", "tiny_c"], [1, 3], ["ws64x128"], str(first), device="cpu")
+    got = json.loads(first.read_text())
+    assert got["partial"] == {"shapes_done": ["tiny_a"], "shapes_left": ["tiny_b", "tiny_c"]}
+    assert [(r["shape"], r["M"]) for r in got["rows"]] == [("tiny_a", 1), ("tiny_a", 3)]
+    assert got["differing_total"] == 0 and got["errors"] == []
+
+    stop_at.clear()
+    done = sm90_probe.probe(["tiny_b", "tiny_c"], [1, 3], ["ws64x128"], str(rest), device="cpu")
+    assert "partial" not in done and json.loads(rest.read_text())["rows"] == json.loads(json.dumps(done["rows"]))
+    capsys.readouterr()
+    assert sm90_probe.main(["--from-json", str(first), "--out", str(tmp_path / "one.json")]) == 0
+    assert "partial probe; shapes not probed: ['tiny_b', 'tiny_c']" in capsys.readouterr().out
+    assert sm90_probe.main(["--from-json", f"{first},{rest}", "--out", str(tmp_path / "all.json")]) == 0
+    merged = json.loads((tmp_path / "all.json").read_text())
+    assert "partial" not in merged and {r["shape"] for r in merged["rows"]} == {"tiny_a", "tiny_b", "tiny_c"}

@@ -229,9 +229,10 @@ def main(argv=None) -> int:
         ks = parse_ks(args.k)
         if sum(k >= args.fit_min_k for k in ks) < 2:  # said before the GPU time, not after it
             ap.error(f"--k {args.k}: the fits need two or more K >= --fit-min-k {args.fit_min_k}")
-        configs = [c for c in args.configs.split(",") if c]
         from rlk.kernels.gemm import sm90  # noqa: PLC0415
+        from rlk.kernels.gemm.sm90_probe_select import split_names  # noqa: PLC0415
 
+        configs = split_names(args.configs)
         unknown = [c for c in configs if c not in sm90.CONFIGS]
         if unknown:
             ap.error(f"--configs: unknown configurations {unknown} (sm90.CONFIGS names them)")

@@ -5,9 +5,10 @@ The K scan (``sm90_kscan_probe``) times a route; it cannot say where the time go
 took 1.47-1.79x cuBLAS's time per K where its last 64-row token tile held 4-16 rows (M 136, 144,
 196-204), and its 128-deep twin did not. This tool launches each (route, M) once, inside an NVTX
 range, so that ncu profiles exactly those kernels, and turns ncu's CSV into JSON with, per case:
-the kernel time with cold caches, the bytes read from DRAM against the weights' bytes (N x K x 2:
-above 1 means some weight tiles came from DRAM more than once), L2 traffic and hit rate, and the
-warp stall shares ncu's sections report.
+the kernel time with cold caches, the DRAM bytes (read and write: ncu's DRAM rate times the
+kernel's duration) against the weights' bytes (N x K x 2: well above 1 means some weight tiles
+came from DRAM more than once), the DRAM and SM shares of peak, the L2 hit rate, and the warp
+stall reasons per issued instruction that ncu's WarpStateStats section reports.
 
     ncu --clock-control none --nvtx --nvtx-include "rlk_counters/" --export counters \\
         --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section LaunchStats \\
@@ -34,20 +35,21 @@ import sys
 RANGE = "rlk_counters"
 MARKER = "FillFunctor<int>"
 
-# Columns of ncu's raw page that the report names (any others it read are kept under "raw").
+# Columns of ncu's raw page that the report names, taken from a case's longest kernel (rates, shares).
 METRICS = {
-    "time_us": "gpu__time_duration.sum",
-    "dram_read_bytes": "dram__bytes_read.sum",
-    "dram_write_bytes": "dram__bytes_write.sum",
-    "l2_bytes": "lts__t_bytes.sum",
+    "dram_pct_of_peak": "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed",
     "l2_hit_pct": "lts__t_sector_hit_rate.pct",
-    "dram_pct_of_peak": "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+    "sm_pct_of_peak": "sm__throughput.avg.pct_of_peak_sustained_elapsed",
     "grid_size": "launch__grid_size",
 }
+TIME = "gpu__time_duration.sum"
+DRAM_RATE = "dram__bytes.sum.per_second"  # read and write, over the kernel's duration
+STALL = ("smsp__average_warps_issue_stalled_", "_per_issue_active.ratio")
 
-# ncu's base units, and the scaled ones an import without --print-units base would print.
-_SCALE = {"": 1.0, "byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "nsecond": 1e-3, "usecond": 1.0,
-          "msecond": 1e3, "second": 1e6, "%": 1.0}
+# Units ncu prints, scaled to the report's: times in microseconds, bytes in bytes, rates in bytes/s.
+_SCALE = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3, "s": 1e6, "second": 1e6,
+          "byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9,
+          "byte/s": 1.0, "Kbyte/s": 1e3, "Mbyte/s": 1e6, "Gbyte/s": 1e9, "Tbyte/s": 1e12}
 
 
 def _number(text: str, unit: str) -> float | None:
@@ -58,12 +60,11 @@ def _number(text: str, unit: str) -> float | None:
         v = float(text)
     except ValueError:
         return None
-    if unit.endswith("second") or unit.endswith("byte"):
-        if unit not in _SCALE:
-            raise ValueError(f"sm90_counters: unit {unit!r} not understood")
-        # Times are reported in microseconds, bytes in bytes.
+    if unit in _SCALE:
         return v * _SCALE[unit]
-    return v
+    if unit.endswith(("second", "byte", "/s")) or unit in ("ms", "us", "ns"):
+        raise ValueError(f"sm90_counters: unit {unit!r} not understood")
+    return v  # counts, cycles, percentages, ratios, bytes per block
 
 
 def read_csv(text: str) -> list[dict]:
@@ -110,23 +111,25 @@ def group_cases(kernels: list[dict], order: list[dict]) -> list[dict]:
     for case, seg in zip(order, segments):
         if not seg:
             raise ValueError(f"sm90_counters: case {case} has no kernel after its marker")
-        main = max(seg, key=lambda k: k["metrics"].get(METRICS["time_us"]) or 0.0)
+        main = max(seg, key=lambda k: k["metrics"].get(TIME) or 0.0)
         row = dict(case)
         row["kernels"] = [k["name"][:160] for k in seg]
+        times = [k["metrics"].get(TIME) for k in seg]
+        if any(t is None for t in times):
+            raise ValueError(f"sm90_counters: case {case} has a kernel without {TIME}")
+        row["time_us"] = sum(times)
+        rates = [k["metrics"].get(DRAM_RATE) for k in seg]
+        row["dram_bytes"] = (sum(r * t * 1e-6 for r, t in zip(rates, times)) if all(r is not None for r in rates)
+                             else None)
         for key, metric in METRICS.items():
-            vals = [k["metrics"].get(metric) for k in seg]
-            if key in ("time_us", "dram_read_bytes", "dram_write_bytes", "l2_bytes"):
-                row[key] = sum(v for v in vals if v is not None) if any(v is not None for v in vals) else None
-            else:
-                row[key] = main["metrics"].get(metric)
+            row[key] = main["metrics"].get(metric)
         weight_bytes = case["N"] * case["K"] * 2
-        if row["dram_read_bytes"] is not None:
-            row["dram_read_over_weights"] = row["dram_read_bytes"] / weight_bytes
+        if row["dram_bytes"] is not None:
+            row["dram_bytes_over_weights"] = row["dram_bytes"] / weight_bytes
         if row["time_us"]:
             row["weight_tb_s"] = weight_bytes / (row["time_us"] * 1e-6) / 1e12
-        row["stalls"] = {m.split("smsp__average_warp_latency_issue_stalled_")[1].split(".")[0]: v
-                         for m, v in main["metrics"].items()
-                         if m.startswith("smsp__average_warp_latency_issue_stalled_") and v}
+        row["stalls"] = {m[len(STALL[0]):-len(STALL[1])]: v for m, v in main["metrics"].items()
+                         if m.startswith(STALL[0]) and m.endswith(STALL[1]) and v}
         out.append(row)
     return out
 
@@ -170,7 +173,7 @@ def run(routes: list[str], ms: list[int], N: int, K: int, seed: int = 0) -> list
             launch()
             torch.cuda.synchronize()
             torch.cuda.nvtx.range_push(RANGE)
-            torch.zeros(1, device="cuda", dtype=torch.int32).fill_(1)
+            torch.empty(1, device="cuda", dtype=torch.int32).fill_(1)  # one fill kernel: the marker
             launch()
             torch.cuda.nvtx.range_pop()
             torch.cuda.synchronize()
@@ -239,8 +242,11 @@ def main(argv=None) -> int:
     with open(a.out, "w") as f:
         json.dump(doc, f, indent=1)
     for c in cases:
-        print(f"{c['route']:>14} M={c['M']:>4}: {c['time_us'] or 0:8.1f} us  DRAM read / weights "
-              f"{c.get('dram_read_over_weights', 0):.3f}  L2 hit {c['l2_hit_pct'] or 0:.1f}%  grid {c['grid_size']}")
+        top = sorted(c["stalls"].items(), key=lambda kv: -kv[1])[:3]
+        print(f"{c['route']:>14} M={c['M']:>4}: {c['time_us']:8.2f} us  DRAM bytes / weights "
+              f"{c.get('dram_bytes_over_weights', float('nan')):.3f}  DRAM {c['dram_pct_of_peak'] or 0:5.1f}% of peak  "
+              f"L2 hit {c['l2_hit_pct'] or 0:5.1f}%  grid {c['grid_size']:.0f}  stalls "
+              + " ".join(f"{k} {v:.2f}" for k, v in top))
     return 0
 
 

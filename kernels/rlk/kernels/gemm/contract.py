@@ -176,8 +176,8 @@ _V1_EVIDENCE = {**_EVIDENCE, "sm90_cutlass": (
     "with 0 differing elements. The 128-deep configurations (x128) serve only K with an even number of "
     "64-chunks (sm90.serves_k); sm90_probe@H100: 0 differing elements for each of the 14 over the 8 Qwen3-8B "
     "shapes x 26 M (1-4096), sm90_kscan_probe 0 at N 4096, K 128-8192 (docs/results/h100_2026-12-07_session34); "
-    "no table names them. Every vLLM decode M (1, 2, 4, every 8 to 256, 320-512, 1024-4096) x the 4 Qwen3-8B TP1 "
-    "shapes x the 50 configurations nearest the fastest: 0 differing (docs/results/h100_2026-12-08_session35)")}
+    "no table names them. M 1, 2, 4, every 8 to 256, 320, 384, 448, 512, 1024, 2048 and 4096 x the 4 Qwen3-8B "
+    "TP1 shapes x the 50 configurations nearest the fastest: 0 differing (docs/results/h100_2026-12-08_session35)")}
 
 CONTRACT = contracts.register(contracts.Contract(
     id=CONTRACT_ID,

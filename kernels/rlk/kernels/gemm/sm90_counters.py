@@ -19,10 +19,13 @@ stall reasons per issued instruction that ncu's WarpStateStats section reports.
 
 (``ci/h200_check.sh``'s ``sm90_counters`` stage runs the three.) Each case launches a one-element
 int32 fill before its GEMM, inside the range: the report splits ncu's rows at those fills, so a
-route that launches several kernels (cuBLAS with split K and its reduction) is summed per case,
-and a case whose rows do not line up with the launch order is an error, not a mislabelled row.
-Bytes are compared with the Triton kernels' output for the CUTLASS configurations (``torch.equal``)
-before the profiled launch, so the counters describe a kernel that computes the contract.
+route that launches several kernels (cuBLAS with split K and its reduction) is summed per case.
+A count of marker fills other than the cases launched, an empty case, or a configuration's case
+that is not one CUTLASS kernel is an error (cuBLAS's kernels are not checked by name). Bytes are
+compared with the Triton kernels' output for the CUTLASS configurations (``torch.equal``) before
+the profiled launch, so the counters describe a kernel that computes the contract; a difference
+exits 1, a usage or input error 2. Each case is one launch with the clocks unlocked: a diagnosis,
+not a timing (``sm90_probe``'s graph-replay medians are the timings of record).
 """
 
 from __future__ import annotations
@@ -46,57 +49,62 @@ TIME = "gpu__time_duration.sum"
 DRAM_RATE = "dram__bytes.sum.per_second"  # read and write, over the kernel's duration
 STALL = ("smsp__average_warps_issue_stalled_", "_per_issue_active.ratio")
 
-# Units ncu prints, scaled to the report's: times in microseconds, bytes in bytes, rates in bytes/s.
-_SCALE = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3, "s": 1e6, "second": 1e6,
-          "byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9,
-          "byte/s": 1.0, "Kbyte/s": 1e3, "Mbyte/s": 1e6, "Gbyte/s": 1e9, "Tbyte/s": 1e12}
+# The units the report reads TIME and DRAM_RATE in, scaled to microseconds and bytes per second.
+# Other columns are kept as ncu printed them (their units are in the CSV's units row).
+_TIME_US = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3, "s": 1e6, "second": 1e6}
+_RATE = {"byte/s": 1.0, "Kbyte/s": 1e3, "Mbyte/s": 1e6, "Gbyte/s": 1e9, "Tbyte/s": 1e12,
+         "byte/second": 1.0, "Kbyte/second": 1e3, "Mbyte/second": 1e6, "Gbyte/second": 1e9, "Tbyte/second": 1e12}
+_SCALED = {TIME: _TIME_US, DRAM_RATE: _RATE}
 
 
-def _number(text: str, unit: str) -> float | None:
+def _number(text: str) -> float | None:
     text = (text or "").replace(",", "").strip()
     if not text or text.lower() in ("n/a", "nan"):
         return None
     try:
-        v = float(text)
+        return float(text)
     except ValueError:
         return None
-    if unit in _SCALE:
-        return v * _SCALE[unit]
-    if unit.endswith(("second", "byte", "/s")) or unit in ("ms", "us", "ns"):
-        raise ValueError(f"sm90_counters: unit {unit!r} not understood")
-    return v  # counts, cycles, percentages, ratios, bytes per block
 
 
 def read_csv(text: str) -> list[dict]:
     """ncu's ``--csv --page raw`` output -> one dict per profiled kernel: ``name`` and every metric
-    as a number in base units (times in microseconds); lines before the header (ncu's ``==PROF==``
-    notes, the program's own output) are skipped."""
+    as a number (TIME in microseconds, DRAM_RATE in bytes/s, the rest as printed); lines before the
+    header (ncu's ``==PROF==`` notes, the program's own output) are skipped. A row of another width
+    than the header, or a unit the report cannot scale for the two columns it computes with, is an
+    error: a dropped kernel would under-sum its case."""
     lines = text.splitlines()
     start = next((i for i, ln in enumerate(lines) if ln.startswith('"ID"')), None)
     if start is None:
         raise ValueError("sm90_counters: no ncu raw-page header (a line starting with \"ID\") in the CSV")
-    rows = list(csv.reader(lines[start:]))
+    rows = [r for r in csv.reader(lines[start:]) if r]
     header, rest = rows[0], rows[1:]
     units = [""] * len(header)
     if rest and not rest[0][0].strip():
         units, rest = rest[0], rest[1:]
+    for metric, known in _SCALED.items():
+        if metric in header and units[header.index(metric)] not in known:
+            raise ValueError(f"sm90_counters: {metric} in unit {units[header.index(metric)]!r}: not understood "
+                             f"(expected one of {sorted(known)})")
     out = []
     for r in rest:
         if len(r) != len(header):
-            continue
+            raise ValueError(f"sm90_counters: a row of {len(r)} fields under a header of {len(header)}: {r[:3]}")
         rec = dict(zip(header, r))
         kernel = {"name": rec.get("Kernel Name", ""), "metrics": {}}
         for h, u, v in zip(header, units, r):
             if "__" in h:
-                kernel["metrics"][h] = _number(v, u)
+                x = _number(v)
+                kernel["metrics"][h] = x * _SCALED[h][u] if (x is not None and h in _SCALED) else x
         out.append(kernel)
     return out
 
 
 def group_cases(kernels: list[dict], order: list[dict]) -> list[dict]:
     """ncu's kernels (launch order) split at the marker fills: one case per marker, the kernels after
-    it summed (times, bytes) or taken from the largest (rates, grid). The number of markers must
-    equal ``order``'s cases, and each case must hold at least one kernel."""
+    it summed (times, bytes) or taken from the longest (rates, grid). The number of markers must
+    equal ``order``'s cases, each case must hold at least one kernel, and a CUTLASS configuration's
+    case exactly one CUTLASS kernel (``cutlass`` in its name)."""
     segments: list[list[dict]] = []
     for k in kernels:
         if MARKER in k["name"]:
@@ -111,6 +119,9 @@ def group_cases(kernels: list[dict], order: list[dict]) -> list[dict]:
     for case, seg in zip(order, segments):
         if not seg:
             raise ValueError(f"sm90_counters: case {case} has no kernel after its marker")
+        if case["route"] not in ("cublas", "triton") and (len(seg) != 1 or "cutlass" not in seg[0]["name"]):
+            raise ValueError(f"sm90_counters: case {case} should be one CUTLASS kernel, ncu has "
+                             f"{[k['name'][:60] for k in seg]}")
         main = max(seg, key=lambda k: k["metrics"].get(TIME) or 0.0)
         row = dict(case)
         row["kernels"] = [k["name"][:160] for k in seg]
@@ -211,6 +222,8 @@ def main(argv=None) -> int:
     p.add_argument("--csv", required=True)
     p.add_argument("--order", required=True)
     p.add_argument("--out", required=True)
+    p.add_argument("--tool", default="ncu (flags not given)",
+                   help="the ncu command line that profiled the run, recorded in the JSON")
     a = ap.parse_args(argv)
     if a.cmd == "run":
         import torch  # noqa: PLC0415
@@ -223,6 +236,9 @@ def main(argv=None) -> int:
         except ValueError as e:
             print(e, file=sys.stderr)
             return 2
+        except RuntimeError as e:  # a configuration's bytes differ from the Triton kernels'
+            print(e, file=sys.stderr)
+            return 1
         with open(a.order, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                        "library": sm90.library_manifest(), "cases": order}, f, indent=1)
@@ -237,15 +253,19 @@ def main(argv=None) -> int:
     except (OSError, ValueError, KeyError) as e:
         print(e, file=sys.stderr)
         return 2
-    doc = {"library": order_doc.get("library"), "device": order_doc.get("device"), "tool": "ncu --clock-control none (cold caches: ncu's default cache control)",
-           "cases": cases}
+    doc = {"library": order_doc.get("library"), "device": order_doc.get("device"), "tool": a.tool,
+           "sampling": "one launch per case, clocks unlocked", "cases": cases}
     with open(a.out, "w") as f:
         json.dump(doc, f, indent=1)
+
+    def fmt(v, spec: str) -> str:
+        return "n/a" if v is None else format(v, spec)
+
     for c in cases:
         top = sorted(c["stalls"].items(), key=lambda kv: -kv[1])[:3]
-        print(f"{c['route']:>14} M={c['M']:>4}: {c['time_us']:8.2f} us  DRAM bytes / weights "
-              f"{c.get('dram_bytes_over_weights', float('nan')):.3f}  DRAM {c['dram_pct_of_peak'] or 0:5.1f}% of peak  "
-              f"L2 hit {c['l2_hit_pct'] or 0:5.1f}%  grid {c['grid_size']:.0f}  stalls "
+        print(f"{c['route']:>14} M={c['M']:>4}: {fmt(c['time_us'], '8.2f')} us  DRAM bytes / weights "
+              f"{fmt(c.get('dram_bytes_over_weights'), '.3f')}  DRAM {fmt(c['dram_pct_of_peak'], '5.1f')}% of peak  "
+              f"L2 hit {fmt(c['l2_hit_pct'], '5.1f')}%  grid {fmt(c['grid_size'], '.0f')}  stalls "
               + " ".join(f"{k} {v:.2f}" for k, v in top))
     return 0
 

@@ -32,6 +32,12 @@ the bits): a configuration that differs is reported, never fitted. A configurati
 serve a K (a 128-deep tile where K's 64-chunks do not come in pairs, ``sm90.serves_k``) is
 recorded there as ``not_served`` and not timed; the others are timed at that K as usual, and a
 configuration missing a point of the fitted K run is not fitted.
+
+``--pad-m 64`` also times each configuration on token rows padded with zeros to a multiple of 64
+(the token tile), where M is not one: ``c+pad64`` with the copy of x in and of the first M output
+rows out inside the timed call (what a route that pads would pay), ``c+padded64`` the GEMM on the
+padded buffers alone. The kept rows are checked against the reference's bytes. It tests whether a
+nearly empty last token tile, whose TMA box is mostly out of bounds, is what slows a configuration.
 """
 
 from __future__ import annotations
@@ -135,16 +141,54 @@ def summarize(doc: dict, timing: str = "ms", min_k: int = FIT_MIN_K) -> list[dic
     return out
 
 
-def scan(cases, ks, configs, device: str = "cuda") -> dict:
-    """Times every route at every (case, K); the Triton route with the CUTLASS route off."""
+def scan(cases, ks, configs, device: str = "cuda", pad_m: int = 0) -> dict:
+    """Times every route at every (case, K); the Triton route with the CUTLASS route off. With
+    ``pad_m``, each configuration is also timed on token rows padded to a multiple of ``pad_m``
+    where M is not one (see :func:`_padded_routes`)."""
     from rlk import determinism  # noqa: PLC0415
     from rlk.kernels.gemm import sm90  # noqa: PLC0415
 
     with determinism.scoped({sm90.MODE_ENV: "off"}):
-        return _scan(cases, ks, configs, device)
+        return _scan(cases, ks, configs, device, pad_m)
 
 
-def _scan(cases, ks, configs, device: str) -> dict:
+def padded_rows(M: int, pad_m: int) -> int:
+    """M rounded up to a multiple of ``pad_m`` (M itself when ``pad_m`` is 0)."""
+    return -(-M // pad_m) * pad_m if pad_m else M
+
+
+def _padded_routes(c: str, x, w, ref, ring, pad_m: int, timed) -> dict:
+    """Configuration ``c`` on token rows padded with zeros to a multiple of ``pad_m``, so that no
+    token tile of ``pad_m`` rows reaches past the tensor: ``+pad`` copies x in and the first M rows
+    of the result out inside the timed call (what a route would pay), ``+padded`` times the GEMM on
+    the padded buffers alone (the kernel's share). Each row's products and K chain are the same at
+    any M, so the kept rows must equal the reference's bytes; a difference is recorded, not timed."""
+    import torch  # noqa: PLC0415
+
+    from rlk.kernels.gemm import sm90  # noqa: PLC0415
+
+    M, K = x.shape
+    Mp = padded_rows(M, pad_m)
+    xp = torch.zeros((Mp, K), dtype=x.dtype, device=x.device)
+    yp = torch.empty((Mp, ref.shape[1]), dtype=ref.dtype, device=ref.device)
+    yo = torch.full_like(ref, float("nan"))
+
+    def with_copies(wt):
+        xp[:M].copy_(x)
+        sm90.gemm_into(yp, xp, wt, c)
+        yo.copy_(yp[:M])
+
+    with_copies(w)
+    torch.cuda.synchronize()
+    diff = int((yo.view(torch.int16) != ref.view(torch.int16)).sum())
+    if diff:
+        return {f"{c}+pad{pad_m}": {"differing": diff, "padded_m": Mp}}
+    return {f"{c}+pad{pad_m}": {"differing": 0, "padded_m": Mp, **timed(lambda: with_copies(ring.next()))},
+            f"{c}+padded{pad_m}": {"differing": 0, "padded_m": Mp,
+                                   **timed(lambda: sm90.gemm_into(yp, xp, ring.next(), c))}}
+
+
+def _scan(cases, ks, configs, device: str, pad_m: int = 0) -> dict:
     import torch  # noqa: PLC0415
 
     from rlk.kernels.gemm import sm90  # noqa: PLC0415
@@ -191,10 +235,13 @@ def _scan(cases, ks, configs, device: str) -> dict:
                 diff = int((y.view(torch.int16) != ref.view(torch.int16)).sum())
                 yo = torch.empty_like(ref)
                 p["configs"][c] = {"differing": diff, **timed(lambda: sm90.gemm_into(yo, x, ring.next(), c))}
+                if padded_rows(M, pad_m) != M:
+                    p["configs"].update(_padded_routes(c, x, w, ref, ring, pad_m, timed))
             case["points"].append(p)
             cb = p["cublas"]
             print(f"N={N} M={M} K={K:6d} cuBLAS {cb['ms'] * 1e3:7.1f} us (separated {cb['separated_ms'] * 1e3:7.1f})  "
                   + "  ".join(f"{c} not served" if "not_served" in v else
+                              f"{c} DIFFERS, not timed" if "ms" not in v else
                               f"{c} {v['ms'] / cb['ms']:.2f}x ({v['separated_ms'] / cb['separated_ms']:.2f}x)"
                               + ("" if v["differing"] == 0 else " DIFFERS") for c, v in p["configs"].items()), flush=True)
             del ring, w
@@ -205,7 +252,7 @@ def _scan(cases, ks, configs, device: str) -> dict:
                       "separated_ms: the same with a one-element add between calls, the add's own time subtracted",
             "baseline": "cuBLAS via torch.nn.functional.linear, same process, same inputs",
             "triton_route": f"{sm90.MODE_ENV}=off: the Triton kernels alone, also the bytes reference",
-            "cases": out, "seconds": time.perf_counter() - t0}
+            "pad_m": pad_m, "cases": out, "seconds": time.perf_counter() - t0}
 
 
 def main(argv=None) -> int:
@@ -215,6 +262,9 @@ def main(argv=None) -> int:
     ap.add_argument("--k", default="1024,2048,4096,8192,12288", help="K values, multiples of 64")
     ap.add_argument("--configs", help="sm90 configuration names, comma-separated (required unless --from-json)")
     ap.add_argument("--from-json", help="an earlier scan's JSON: fit it again (no GPU) and write --out")
+    ap.add_argument("--pad-m", type=int, default=0,
+                    help="also time each configuration on token rows padded with zeros to a multiple of this "
+                         "(e.g. 64, the token tile): '+pad' with the copies in and out, '+padded' without")
     ap.add_argument("--fit-min-k", type=int, default=FIT_MIN_K,
                     help="shortest K the fits use (shorter K are timed and kept, not fitted)")
     args = ap.parse_args(argv)
@@ -239,7 +289,9 @@ def main(argv=None) -> int:
         unserved = [f"{c}@K={k}" for c in configs for k in ks if not sm90.serves_k(c, k)]
         if unserved:
             print(f"sm90_kscan_probe: not served, so not timed ({NOT_SERVED}): {', '.join(unserved)}", flush=True)
-        doc = scan(parse_cases(args.cases), ks, configs)
+        if args.pad_m < 0 or (args.pad_m and args.pad_m % 8):
+            ap.error(f"--pad-m {args.pad_m}: a positive multiple of 8 (or 0: no padded routes)")
+        doc = scan(parse_cases(args.cases), ks, configs, pad_m=args.pad_m)
     doc["fit_min_k"] = args.fit_min_k
     doc["fits"] = summarize(doc, "ms", args.fit_min_k) + summarize(doc, "separated_ms", args.fit_min_k)
     for f in doc["fits"]:

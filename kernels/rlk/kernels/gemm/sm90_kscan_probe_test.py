@@ -182,7 +182,7 @@ def test_the_cli_names_unserved_points_before_the_scan_and_fits_the_rest(tmp_pat
 
     said_before = []
 
-    def fake_scan(cases, ks, configs):
+    def fake_scan(cases, ks, configs, pad_m=0):
         said_before.append("not served, so not timed" in capsys.readouterr().out)
         pts = []
         for k in ks:
@@ -200,3 +200,42 @@ def test_the_cli_names_unserved_points_before_the_scan_and_fits_the_rest(tmp_pat
     assert rc == 0 and said_before == [True]
     fits = {f["route"] for f in json.loads(out.read_text())["fits"]}
     assert fits == {"cublas", "triton", "sw64x72w"}
+
+
+def test_padded_token_rows_keep_the_bytes_and_are_timed_with_and_without_the_copies(monkeypatch, tmp_path):
+    """``pad_m``: each configuration also runs on token rows padded with zeros to a multiple of
+    ``pad_m`` ('+pad': copies in and out inside the timed call; '+padded': the GEMM alone). The kept
+    rows must carry the reference's bytes; a kernel whose rows change with M is recorded as
+    differing and not timed; an M that is already a multiple gets no padded routes."""
+    import torch
+
+    from rlk.kernels.gemm import launch, sm90, sm90_probe
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(sm90_probe, "kernel_names", lambda fn: [])
+    monkeypatch.setattr(sm90, "available", lambda name: True)
+    shapes = []
+
+    def gemm_into(y, x, w, name):
+        shapes.append((name, x.shape[0], y.shape[0]))
+        y.copy_(launch.gemm(x, w))
+        if name == "sw64x72w" and x.shape[0] % 8 == 0:  # a kernel whose rows depend on M
+            y.add_(1.0)
+
+    monkeypatch.setattr(sm90, "gemm_into", gemm_into)
+    doc = sm90_kscan_probe.scan([(16, 3), (16, 8)], [64, 128], ["ws64x128", "sw64x72w"], device="cpu", pad_m=8)
+    assert doc["pad_m"] == 8
+    at3 = doc["cases"][0]["points"][0]["configs"]
+    assert at3["ws64x128+pad8"]["differing"] == 0 and at3["ws64x128+pad8"]["padded_m"] == 8
+    assert {"ms", "separated_ms"} <= set(at3["ws64x128+pad8"]) and {"ms", "separated_ms"} <= set(at3["ws64x128+padded8"])
+    assert ("ws64x128", 8, 8) in shapes  # the padded GEMM ran on 8 rows in and out
+    assert at3["sw64x72w+pad8"]["differing"] > 0 and "ms" not in at3["sw64x72w+pad8"]
+    assert "sw64x72w+padded8" not in at3
+    at8 = doc["cases"][1]["points"][0]["configs"]
+    assert set(at8) == {"ws64x128", "sw64x72w"}  # M 8 is a multiple of 8: nothing to pad
+    fits = {f["route"] for f in sm90_kscan_probe.summarize({"cases": doc["cases"][:1]}, min_k=64)}
+    assert {"ws64x128+pad8", "ws64x128+padded8"} <= fits and "sw64x72w+pad8" not in fits
+    assert sm90_kscan_probe.padded_rows(144, 64) == 192 and sm90_kscan_probe.padded_rows(144, 0) == 144
+    with pytest.raises(SystemExit):
+        sm90_kscan_probe.main(["--out", str(tmp_path / "o.json"), "--k", "1024,2048", "--configs", "ws64x128",
+                               "--pad-m", "12"])

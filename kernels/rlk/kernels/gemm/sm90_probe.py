@@ -40,7 +40,8 @@ from rlk.kernels.gemm import sm90
 from rlk.kernels.gemm.contract import split_rule
 from rlk.kernels.gemm.gemm_tune import WeightRing, bench_ms, l2_bytes, ring_size
 from rlk.kernels.gemm.launch import gemm
-from rlk.kernels.gemm.sm90_probe_pairs import direct_pairs, schedule_pairs, spread, tile_k_pairs
+from rlk.kernels.gemm.sm90_probe_pairs import (direct_pairs, padded_estimate, print_padded, read_json,  # noqa: F401
+                                               schedule_pairs, spread, tile_k_pairs)
 from rlk.kernels.gemm.sm90_probe_select import contenders, parse_m, split_names
 from rlk.testing.shapes import QWEN3_8B_GEMMS, QWEN3_OTHER_GEMMS
 
@@ -417,14 +418,6 @@ def cublas_twins(doc: dict, max_m: int = 512) -> dict:
             "per_row": per_row, **spread(ratios)}
 
 
-def read_json(path: str):
-    """A probe's JSON, plain or xz-compressed (``.xz``: how docs/results keeps the large ones, so
-    that the tree stays small enough for a device call to carry it with the vLLM bundle)."""
-    opener = lzma.open if str(path).endswith(".xz") else open
-    with opener(path, "rt") as f:
-        return json.load(f)
-
-
 def _print_eval(ev: dict) -> None:
     for rule, s in ev["summary"].items():
         print(f"table {ev['table']} {rule:7s}: {s['rows']} rows of {len(s['shapes'])} shapes; route / Triton max "
@@ -532,6 +525,8 @@ def main(argv=None) -> int:
             print(f"{mine} {name} / {theirs} {d['twin']} at {d['rows']} rows (M <= {pp['max_m']}): "
                   f"{d['min']:.3f}-{d['max']:.3f}, median {d['median']:.3f}, {short} faster at "
                   f"{d[f'{prefix}_faster_rows']}", flush=True)
+    doc["padded_estimate"] = padded_estimate(doc)
+    print_padded(doc["padded_estimate"])
     if args.leave_one_out:
         doc["leave_one_out"] = [leave_one_out(doc, set(shape_names(args.table_shapes)), r) for r in RULES]
         for lo in doc["leave_one_out"]:

@@ -17,7 +17,14 @@ outputs must equal the Triton kernels' bytes (earlier layers' outputs are overwr
 and not compared; cuBLAS's bytes are not expected to match: its max difference is recorded).
 
     python -m rlk.kernels.gemm.sm90_step --tables A.json,B.json --out step.json \
-        [--m 1,8,16,...] [--layers 36] [--shapes qkv,o,gate_up,down] [--rounds 5]
+        [--m 1,8,16,...] [--layers 36] [--shapes qkv,o,gate_up,down] [--rounds 5] [--pad-m 64]
+
+``--pad-m 64`` adds one arm per table, ``table:X+pad64``: each GEMM runs over its input's rows
+padded with zeros up to a multiple of 64, allocated so in advance (no copies in the graph), the
+route picking at the padded M, and only the first M output rows compared. That is what a route
+would get whose input kernels allocate their outputs with rows up to the token tile: on the
+H100 a token tile reaching past its tensor streams the weights slowly
+(docs/results/h100_2026-12-08_session35).
 """
 
 from __future__ import annotations
@@ -116,9 +123,17 @@ def _time_ms(run) -> float:
     return e0.elapsed_time(e1)
 
 
-def step(m_list, arms, layers: int, shapes=STEP_SHAPES, rounds: int = 5, seed: int = 0, dims=None) -> dict:
+def padded_arms(arms, pad_m: int) -> list:
+    """``arms`` and, with ``pad_m``, each table arm again as ``<name>+pad<pad_m>`` (same table)."""
+    return list(arms) + ([(f"{a}+pad{pad_m}", t) for a, t in arms if a.startswith("table:")] if pad_m else [])
+
+
+def step(m_list, arms, layers: int, shapes=STEP_SHAPES, rounds: int = 5, seed: int = 0, dims=None,
+         pad_m: int = 0) -> dict:
     """Times every arm's decode-step GEMMs at each M; ``dims`` (name -> (K, N)) overrides the
-    Qwen3-8B shapes (small ones for the CPU test)."""
+    Qwen3-8B shapes (small ones for the CPU test); ``pad_m`` adds the padded arms
+    (:func:`padded_arms`)."""
+    arms = padded_arms(arms, pad_m)
     dims = dims or {n: QWEN3_8B_GEMMS[n] for n in shapes}
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     gen = torch.Generator(device=dev).manual_seed(seed)
@@ -128,22 +143,24 @@ def step(m_list, arms, layers: int, shapes=STEP_SHAPES, rounds: int = 5, seed: i
     rows, t0 = [], time.perf_counter()
     for M in m_list:
         xs = {n: torch.randn((M, dims[n][0]), generator=gen, device=dev).to(torch.bfloat16) for n in shapes}
+        mp = -(-M // pad_m) * pad_m if pad_m else M
+        xs_pad = {n: torch.cat([xs[n], xs[n].new_zeros((mp - M, dims[n][0]))]) for n in shapes}
         outs, runs, routes = {}, {}, {}
         for arm, table in arms:
-            ys = {}
+            ys, xin = {}, (xs_pad if "+pad" in arm else xs)
 
-            def fn(arm=arm, ys=ys):
+            def fn(arm=arm, ys=ys, xin=xin):
                 for lw in weights:
                     for n in shapes:
-                        ys[n] = (torch.nn.functional.linear(xs[n], lw[n]) if arm == "cublas" else gemm(xs[n], lw[n]))
+                        ys[n] = (torch.nn.functional.linear(xin[n], lw[n]) if arm == "cublas" else gemm(xin[n], lw[n]))
 
             runs[arm] = _capture(fn, arm_env(arm, table), side)
             runs[arm]()
             if arm != "cublas":
                 with determinism.scoped(arm_env(arm, table)):
-                    routes[arm] = {n: sm90.route(xs[n], weights[0][n], M, *dims[n], split_rule(*dims[n]))
+                    routes[arm] = {n: sm90.route(xin[n], weights[0][n], xin[n].shape[0], *dims[n], split_rule(*dims[n]))
                                    for n in shapes}
-            outs[arm] = {n: ys[n].clone() for n in shapes}
+            outs[arm] = {n: ys[n][:M].clone() for n in shapes}
         ms = {a: [] for a, _ in arms}
         for _ in range(rounds):
             for a, _ in arms:
@@ -166,7 +183,7 @@ def step(m_list, arms, layers: int, shapes=STEP_SHAPES, rounds: int = 5, seed: i
                    "and M, distinct weights per layer, arms replayed in alternating order, median over rounds)",
            "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
            "torch": torch.__version__, "library": sm90.library_manifest(),
-           "arms": {a: t for a, t in arms}, "layers": layers, "shapes": {n: list(dims[n]) for n in shapes},
+           "arms": {a: t for a, t in arms}, "pad_m": pad_m, "layers": layers, "shapes": {n: list(dims[n]) for n in shapes},
            "rounds": rounds, "baseline": "cuBLAS via torch.nn.functional.linear, same process, same inputs",
            "rows": rows, "totals": totals(rows, names), "seconds": time.perf_counter() - t0}
     doc["differing_total"] = sum(sum(r["differing"].values()) for r in rows)
@@ -181,14 +198,18 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=36)
     ap.add_argument("--shapes", default=",".join(STEP_SHAPES))
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--pad-m", type=int, default=0,
+                    help="also run each table over token rows padded to a multiple of this (e.g. 64), allocated in advance")
     a = ap.parse_args(argv)
     shapes = tuple(a.shapes.split(","))
     unknown = [n for n in shapes if n not in QWEN3_8B_GEMMS]
     m_list = [int(m) for m in a.m.split(",")]
+    if a.pad_m < 0 or (a.pad_m and a.pad_m % 8):
+        raise SystemExit(f"sm90_step: --pad-m {a.pad_m}: a positive multiple of 8, or 0")
     if unknown or a.layers < 1 or a.rounds < 1 or min(m_list) < 1:
         raise SystemExit(f"sm90_step: unknown shapes {unknown} (of {sorted(QWEN3_8B_GEMMS)}), or M, layers or "
                          "rounds < 1")
-    doc = step(m_list, parse_arms(a.tables), a.layers, shapes, a.rounds)
+    doc = step(m_list, parse_arms(a.tables), a.layers, shapes, a.rounds, pad_m=a.pad_m)
     with open(a.out, "w") as f:
         json.dump(doc, f, indent=1)
     for arm, t in doc["totals"].items():

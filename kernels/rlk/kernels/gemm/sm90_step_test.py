@@ -76,3 +76,37 @@ def test_the_checked_in_table_gives_the_triton_kernels_bytes_in_a_captured_step(
     # the table arm did route to CUTLASS (qkv at M 77-256 has entries), the Triton arm never did
     assert any(r["routes"]["table:checked_in"]["qkv"] for r in doc["rows"])
     assert not any(v for r in doc["rows"] for v in r["routes"]["triton"].values())
+
+
+def test_padded_arms_run_each_table_over_rows_padded_in_advance_and_compare_the_first_m(monkeypatch):
+    """``pad_m``: each table arm again as ``+pad<n>``, its GEMMs over inputs of M rounded up to n rows
+    (zeros past M), only the first M output rows compared with the Triton kernels'; an arm whose
+    kept rows change with the padding counts as differing."""
+    arms = [("cublas", None), ("triton", None), ("table:t", None)]
+    monkeypatch.setattr(sm90_step, "arm_env", lambda arm, table: {sm90.MODE_ENV: "off"})
+    real, rows_seen = sm90_step.gemm, []
+
+    def gemm(x, w):
+        rows_seen.append(x.shape[0])
+        return real(x, w)
+
+    monkeypatch.setattr(sm90_step, "gemm", gemm)
+    doc = sm90_step.step([3, 8], arms, layers=1, shapes=("a", "b"), rounds=1, dims=DIMS, pad_m=8)
+    assert doc["pad_m"] == 8 and list(doc["arms"]) == ["cublas", "triton", "table:t", "table:t+pad8"]
+    for r in doc["rows"]:
+        assert r["differing"]["table:t+pad8"] == 0 and set(r["arms"]) == set(doc["arms"])
+    assert 8 in rows_seen and 3 in rows_seen  # M 3 ran unpadded and padded to 8
+
+    def drifting(x, w):  # a kernel whose rows depend on how many rows it is given
+        y = real(x, w)
+        if x.shape[0] % 8 == 0:
+            y.view(torch.int16)[0, 0] += 1
+        return y
+
+    monkeypatch.setattr(sm90_step, "gemm", drifting)
+    doc = sm90_step.step([3], arms, layers=1, shapes=("a", "b"), rounds=1, dims=DIMS, pad_m=8)
+    assert doc["rows"][0]["differing"] == {"triton": 0, "table:t": 0, "table:t+pad8": 2}
+    assert sm90_step.padded_arms(arms, 0) == arms
+    monkeypatch.setattr(sm90_step, "step", lambda *a, **k: pytest.fail("stepped with a bad --pad-m"))
+    with pytest.raises(SystemExit, match="--pad-m 12"):
+        sm90_step.main(["--out", "/tmp/unused.json", "--pad-m", "12"])

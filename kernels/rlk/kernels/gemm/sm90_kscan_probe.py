@@ -148,6 +148,8 @@ def scan(cases, ks, configs, device: str = "cuda", pad_m: int = 0) -> dict:
     from rlk import determinism  # noqa: PLC0415
     from rlk.kernels.gemm import sm90  # noqa: PLC0415
 
+    if pad_m < 0:
+        raise ValueError(f"sm90_kscan_probe: pad_m must be >= 0, got {pad_m}")
     with determinism.scoped({sm90.MODE_ENV: "off"}):
         return _scan(cases, ks, configs, device, pad_m)
 
@@ -157,9 +159,20 @@ def padded_rows(M: int, pad_m: int) -> int:
     return -(-M // pad_m) * pad_m if pad_m else M
 
 
+def token_tile(name: str) -> int:
+    """The rows of tokens one CTA tile covers: tile N for an operand-swapped configuration (the
+    weights are its A operand), else tile M."""
+    from rlk.kernels.gemm import sm90  # noqa: PLC0415
+
+    f = sm90.CONFIGS[name]
+    return f[1] if f[5] else f[0]
+
+
 def _padded_routes(c: str, x, w, ref, ring, pad_m: int, timed) -> dict:
-    """Configuration ``c`` on token rows padded with zeros to a multiple of ``pad_m``, so that no
-    token tile of ``pad_m`` rows reaches past the tensor: ``+pad`` copies x in and the first M rows
+    """Configuration ``c`` on token rows padded with zeros to a multiple of ``pad_m``; where ``c``'s
+    token tile divides ``pad_m`` no token tile then reaches past the tensor (a configuration whose
+    tile does not is recorded as ``not_padded``, not timed: padding would change its grid or leave
+    its last tile past the tensor): ``+pad`` copies x in and the first M rows
     of the result out inside the timed call (what a route would pay), ``+padded`` times the GEMM on
     the padded buffers alone (the kernel's share). Each row's products and K chain are the same at
     any M, so the kept rows must equal the reference's bytes; a difference is recorded, not timed."""
@@ -167,6 +180,8 @@ def _padded_routes(c: str, x, w, ref, ring, pad_m: int, timed) -> dict:
 
     from rlk.kernels.gemm import sm90  # noqa: PLC0415
 
+    if pad_m % token_tile(c):
+        return {f"{c}+pad{pad_m}": {"not_padded": f"token tile {token_tile(c)} does not divide {pad_m}"}}
     M, K = x.shape
     Mp = padded_rows(M, pad_m)
     xp = torch.zeros((Mp, K), dtype=x.dtype, device=x.device)
@@ -241,6 +256,7 @@ def _scan(cases, ks, configs, device: str, pad_m: int = 0) -> dict:
             cb = p["cublas"]
             print(f"N={N} M={M} K={K:6d} cuBLAS {cb['ms'] * 1e3:7.1f} us (separated {cb['separated_ms'] * 1e3:7.1f})  "
                   + "  ".join(f"{c} not served" if "not_served" in v else
+                              f"{c} not padded" if "not_padded" in v else
                               f"{c} DIFFERS, not timed" if "ms" not in v else
                               f"{c} {v['ms'] / cb['ms']:.2f}x ({v['separated_ms'] / cb['separated_ms']:.2f}x)"
                               + ("" if v["differing"] == 0 else " DIFFERS") for c, v in p["configs"].items()), flush=True)
@@ -269,6 +285,8 @@ def main(argv=None) -> int:
                     help="shortest K the fits use (shorter K are timed and kept, not fitted)")
     args = ap.parse_args(argv)
     if args.from_json:
+        if args.pad_m:
+            ap.error("--pad-m times padded routes on the GPU; an earlier scan (--from-json) is only refitted")
         from rlk.kernels.gemm.sm90_probe import read_json  # noqa: PLC0415
 
         doc = read_json(args.from_json)

@@ -203,39 +203,61 @@ def test_the_cli_names_unserved_points_before_the_scan_and_fits_the_rest(tmp_pat
 
 
 def test_padded_token_rows_keep_the_bytes_and_are_timed_with_and_without_the_copies(monkeypatch, tmp_path):
-    """``pad_m``: each configuration also runs on token rows padded with zeros to a multiple of
-    ``pad_m`` ('+pad': copies in and out inside the timed call; '+padded': the GEMM alone). The kept
-    rows must carry the reference's bytes; a kernel whose rows change with M is recorded as
-    differing and not timed; an M that is already a multiple gets no padded routes."""
+    """``pad_m``: each configuration whose token tile divides ``pad_m`` also runs on token rows
+    padded with zeros to a multiple of it ('+pad': copies in and out inside the timed call;
+    '+padded': the GEMM alone on the padded buffers). The kept rows must carry the reference's
+    bytes; a kernel whose rows change with M is recorded as differing and not timed; a swapped
+    configuration (token tile 72) is not padded; an M already a multiple gets no padded routes."""
     import torch
 
-    from rlk.kernels.gemm import launch, sm90, sm90_probe
+    from rlk.kernels.gemm import gemm_tune, launch, sm90, sm90_probe
 
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     monkeypatch.setattr(sm90_probe, "kernel_names", lambda fn: [])
     monkeypatch.setattr(sm90, "available", lambda name: True)
-    shapes = []
+    timing, seen, calls = [False], [], [0]
+
+    def bench_ms(fn):  # every timed call runs once here, marked as timed; times grow so none is 0
+        timing[0] = True
+        fn()
+        timing[0] = False
+        calls[0] += 1
+        return 1.0 + calls[0]
 
     def gemm_into(y, x, w, name):
-        shapes.append((name, x.shape[0], y.shape[0]))
+        seen.append({"name": name, "rows": x.shape[0], "y_rows": y.shape[0], "timed": timing[0],
+                     "tail_zero": bool((x[3:].float() == 0).all()) if x.shape[0] > 3 else None})
         y.copy_(launch.gemm(x, w))
-        if name == "sw64x72w" and x.shape[0] % 8 == 0:  # a kernel whose rows depend on M
+        if name == "ws64x96" and x.shape[0] % 64 == 0:  # a kernel whose rows depend on M
             y.add_(1.0)
 
+    monkeypatch.setattr(gemm_tune, "bench_ms", bench_ms)
     monkeypatch.setattr(sm90, "gemm_into", gemm_into)
-    doc = sm90_kscan_probe.scan([(16, 3), (16, 8)], [64, 128], ["ws64x128", "sw64x72w"], device="cpu", pad_m=8)
-    assert doc["pad_m"] == 8
+    doc = sm90_kscan_probe.scan([(16, 3)], [64, 128], ["ws64x128", "ws64x96", "sw64x72w"], device="cpu", pad_m=64)
+    assert doc["pad_m"] == 64
     at3 = doc["cases"][0]["points"][0]["configs"]
-    assert at3["ws64x128+pad8"]["differing"] == 0 and at3["ws64x128+pad8"]["padded_m"] == 8
-    assert {"ms", "separated_ms"} <= set(at3["ws64x128+pad8"]) and {"ms", "separated_ms"} <= set(at3["ws64x128+padded8"])
-    assert ("ws64x128", 8, 8) in shapes  # the padded GEMM ran on 8 rows in and out
-    assert at3["sw64x72w+pad8"]["differing"] > 0 and "ms" not in at3["sw64x72w+pad8"]
-    assert "sw64x72w+padded8" not in at3
-    at8 = doc["cases"][1]["points"][0]["configs"]
-    assert set(at8) == {"ws64x128", "sw64x72w"}  # M 8 is a multiple of 8: nothing to pad
-    fits = {f["route"] for f in sm90_kscan_probe.summarize({"cases": doc["cases"][:1]}, min_k=64)}
-    assert {"ws64x128+pad8", "ws64x128+padded8"} <= fits and "sw64x72w+pad8" not in fits
+    assert at3["ws64x128+pad64"]["differing"] == 0 and at3["ws64x128+pad64"]["padded_m"] == 64
+    assert {"ms", "separated_ms"} <= set(at3["ws64x128+pad64"]) and {"ms", "separated_ms"} <= set(at3["ws64x128+padded64"])
+    padded_timed = [c for c in seen if c["name"] == "ws64x128" and c["timed"] and c["rows"] == 64]
+    # +pad and +padded each timed back to back and separated at both K: 8 timed GEMMs over 64 rows
+    assert len(padded_timed) == 8 and all(c["y_rows"] == 64 and c["tail_zero"] for c in padded_timed)
+    assert at3["ws64x96+pad64"]["differing"] > 0 and "ms" not in at3["ws64x96+pad64"]
+    assert "ws64x96+padded64" not in at3
+    assert "not_padded" in at3["sw64x72w+pad64"] and not any(c["name"] == "sw64x72w" and c["rows"] == 64 for c in seen)
+    at64 = sm90_kscan_probe.scan([(16, 64)], [64, 128], ["ws64x128", "ws64x96", "sw64x72w"], device="cpu",
+                                 pad_m=64)["cases"][0]["points"][0]["configs"]
+    assert set(at64) == {"ws64x128", "ws64x96", "sw64x72w"}  # M 64 is a multiple of 64: nothing to pad
+    fits = {f["route"] for f in sm90_kscan_probe.summarize(doc, min_k=64)}
+    assert {"ws64x128+pad64", "ws64x128+padded64"} <= fits and "ws64x96+pad64" not in fits
     assert sm90_kscan_probe.padded_rows(144, 64) == 192 and sm90_kscan_probe.padded_rows(144, 0) == 144
+    assert sm90_kscan_probe.token_tile("sw64x72w") == 72 and sm90_kscan_probe.token_tile("ws64x128") == 64
+    with pytest.raises(ValueError, match="pad_m"):
+        sm90_kscan_probe.scan([(16, 3)], [64, 128], ["ws64x128"], device="cpu", pad_m=-64)
+    monkeypatch.setattr(sm90_kscan_probe, "scan", lambda *a, **k: pytest.fail("scanned"))
+    for bad in ("12", "-64"):
+        with pytest.raises(SystemExit):
+            sm90_kscan_probe.main(["--out", str(tmp_path / "o.json"), "--k", "1024,2048", "--configs", "ws64x128",
+                                   "--pad-m", bad])
+    (tmp_path / "s.json").write_text("{}")
     with pytest.raises(SystemExit):
-        sm90_kscan_probe.main(["--out", str(tmp_path / "o.json"), "--k", "1024,2048", "--configs", "ws64x128",
-                               "--pad-m", "12"])
+        sm90_kscan_probe.main(["--from-json", str(tmp_path / "s.json"), "--out", str(tmp_path / "o.json"), "--pad-m", "64"])

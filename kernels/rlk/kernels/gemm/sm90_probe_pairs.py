@@ -97,8 +97,13 @@ def padded_estimate(doc: dict, pad: int = 64, max_m: int = 512) -> dict:
     is mostly out of bounds streams the weights slowly (docs/results/h100_2026-12-08_session35),
     which this prices from timings the probe already has.
 
+    ``top_vs_cublas`` is the same with M' only M or the multiple itself (where the probe has it):
+    fewer candidates, less of the bias below. Both compare with ``route_vs_cublas``, the best
+    configuration per row (an oracle too), not with a route table's pick.
+
     An estimate, biased low: the minimum over several noisy timings is lower than one timing, so
-    only gains well beyond the probe's spread (a few per cent) mean anything."""
+    only gains well beyond the probe's spread (a few per cent) mean anything; the configuration
+    that wins at M' is often another than at M."""
     if pad < 1:
         raise ValueError(f"padded_estimate: pad must be positive, got {pad}")
     best, cublas = {}, {}
@@ -112,13 +117,17 @@ def padded_estimate(doc: dict, pad: int = 64, max_m: int = 512) -> dict:
         top = -(-m // pad) * pad
         at, t = min(((mm, best[(shape, mm)]) for (sh, mm) in best if sh == shape and m <= mm <= top),
                     key=lambda p: (p[1], p[0]))
+        top_t = min(b, best.get((shape, top), b))
         per_row.append({"shape": shape, "M": m, "route_vs_cublas": b / cublas[(shape, m)],
-                        "padded_vs_cublas": t / cublas[(shape, m)], "padded_m": at})
+                        "padded_vs_cublas": t / cublas[(shape, m)], "padded_m": at,
+                        "top_vs_cublas": top_t / cublas[(shape, m)]})
     before = [r["route_vs_cublas"] for r in per_row]
     after = [r["padded_vs_cublas"] for r in per_row]
+    top = [r["top_vs_cublas"] for r in per_row]
     return {"pad": pad, "max_m": max_m, "rows": len(per_row),
             "over_cublas": sum(v > 1 for v in before), "padded_over_cublas": sum(v > 1 for v in after),
-            "route_vs_cublas": spread(before), "padded_vs_cublas": spread(after),
+            "top_over_cublas": sum(v > 1 for v in top),
+            "route_vs_cublas": spread(before), "padded_vs_cublas": spread(after), "top_vs_cublas": spread(top),
             "padded_rows_used": sum(r["padded_m"] != r["M"] for r in per_row), "per_row": per_row}
 
 
@@ -127,7 +136,8 @@ def print_padded(est: dict) -> None:
         return
     a, b = est["route_vs_cublas"], est["padded_vs_cublas"]
     print(f"padded to a multiple of {est['pad']} rows (estimate from this probe's rows, M <= {est['max_m']}): "
-          f"rows over cuBLAS {est['over_cublas']} -> {est['padded_over_cublas']} of {est['rows']}; "
+          f"rows over cuBLAS {est['over_cublas']} -> {est['padded_over_cublas']} of {est['rows']} "
+          f"({est['top_over_cublas']} with M' only M or the multiple); "
           f"route / cuBLAS median {a['median']:.3f} -> {b['median']:.3f}, max {a['max']:.3f} -> {b['max']:.3f}; "
           f"a larger M is faster at {est['padded_rows_used']} rows", flush=True)
 

@@ -309,6 +309,7 @@ def test_a_probe_stopped_after_a_shape_keeps_it_and_merges_with_a_probe_of_the_r
     assert sm90_probe.main(["--from-json", f"{first},{rest}", "--out", str(tmp_path / "all.json")]) == 0
     merged = json.loads((tmp_path / "all.json").read_text())
     assert "partial" not in merged and {r["shape"] for r in merged["rows"]} == {"tiny_a", "tiny_b", "tiny_c"}
+    assert merged["padded_estimate"]["rows"] == 6  # every probe's JSON prices padded rows (3 shapes x 2 M)
 
 
 def test_padded_estimate_prices_a_larger_m_of_the_same_shape_up_to_the_next_multiple(tmp_path):
@@ -325,23 +326,32 @@ def test_padded_estimate_prices_a_larger_m_of_the_same_shape_up_to_the_next_mult
                             for n, t in configs.items()}}
 
     doc = {"rows": [row("o", 136, 1.0, 1.5, a=1.2),
-                    row("o", 176, 1.0, 1.5, a=1.1, b=-0.5),  # b is faster but its bytes differ
-                    row("o", 192, 1.0, 1.5, a=0.9),
+                    row("o", 176, 2.0, 1.5, a=1.1, b=-0.5),  # b is faster but its bytes differ
+                    row("o", 192, 0.95, 1.5, a=0.9),  # cuBLAS at M' is not the baseline: M's is
                     row("o", 200, 1.0, 1.5, a=1.3),
                     row("o", 1024, 1.0, 1.5, a=0.1),
-                    row("qkv", 136, 2.0, 1.9, a=2.2)]}
+                    row("qkv", 136, 2.0, 1.9, a=2.2),
+                    row("qkv", 160, 2.0, 1.9, a=1.6),  # between M and the multiple, the fastest
+                    row("qkv", 192, 2.0, 2.5, a=2.0),  # exactly cuBLAS's time: not over
+                    row("down", 136, 1.0, 1.5, a=1.1)]}
     est = pairs.padded_estimate(doc, pad=64)
     got = {(r["shape"], r["M"]): r for r in est["per_row"]}
-    assert set(got) == {("o", 136), ("o", 176), ("o", 192), ("o", 200), ("qkv", 136)}
+    assert ("o", 1024) not in got and len(got) == 8
     assert got[("o", 136)]["padded_vs_cublas"] == pytest.approx(0.9) and got[("o", 136)]["padded_m"] == 192
-    assert got[("o", 176)]["route_vs_cublas"] == pytest.approx(1.1)  # not b's 0.5
+    assert got[("o", 176)]["route_vs_cublas"] == pytest.approx(1.1 / 2.0)  # a, not b's 0.5
     assert got[("o", 200)]["padded_m"] == 200  # 256 was not probed and 1024 is past the pad
     assert got[("qkv", 136)]["route_vs_cublas"] == pytest.approx(0.95)  # Triton's 1.9 beats a
-    assert est["over_cublas"] == 3 and est["padded_over_cublas"] == 1 and est["padded_rows_used"] == 2
-    assert pairs.padded_estimate(doc, pad=8)["per_row"][0]["padded_m"] == 136  # 176 is past 144
+    assert got[("qkv", 136)]["padded_vs_cublas"] == pytest.approx(0.8) and got[("qkv", 136)]["padded_m"] == 160
+    assert got[("qkv", 136)]["top_vs_cublas"] == pytest.approx(0.95)  # 192's 2.0 is not faster than 136's 1.9
+    assert got[("down", 136)]["padded_m"] == 136 and got[("down", 136)]["top_vs_cublas"] == pytest.approx(1.1)
+    assert got[("o", 136)]["top_vs_cublas"] == pytest.approx(0.9)
+    # over 1: o 136 (1.2), o 200 (1.3), down 136 (1.1); qkv 192 is exactly 1.0 (a's 2.0 / 2.0), not over
+    assert est["over_cublas"] == 3 and est["padded_over_cublas"] == 2 and est["top_over_cublas"] == 2
+    assert est["padded_rows_used"] == 3  # o 136, o 176 (both at 192), qkv 136 (at 160)
+    assert pairs.padded_estimate(doc, pad=8)["per_row"][0]["padded_m"] == 136  # down 136: nothing up to 136
     with pytest.raises(ValueError):
         pairs.padded_estimate(doc, pad=0)
     (tmp_path / "p.json").write_text(json.dumps(doc))
     assert pairs.main(["padded", "--probe", str(tmp_path / "p.json"), "--out", str(tmp_path / "e.json")]) == 0
-    assert json.loads((tmp_path / "e.json").read_text())["padded_over_cublas"] == 1
+    assert json.loads((tmp_path / "e.json").read_text())["padded_over_cublas"] == 2
     assert pairs.main(["padded", "--probe", str(tmp_path / "missing.json"), "--out", str(tmp_path / "f.json")]) == 2

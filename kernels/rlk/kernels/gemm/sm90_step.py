@@ -133,7 +133,12 @@ def step(m_list, arms, layers: int, shapes=STEP_SHAPES, rounds: int = 5, seed: i
     """Times every arm's decode-step GEMMs at each M; ``dims`` (name -> (K, N)) overrides the
     Qwen3-8B shapes (small ones for the CPU test); ``pad_m`` adds the padded arms
     (:func:`padded_arms`)."""
+    if pad_m < 0:
+        raise ValueError(f"sm90_step: pad_m must be >= 0, got {pad_m}")
+    padded = {a for a, _ in padded_arms(arms, pad_m)} - {a for a, _ in arms}
     arms = padded_arms(arms, pad_m)
+    if len({a for a, _ in arms}) != len(arms):
+        raise SystemExit(f"sm90_step: two arms share a name in {[a for a, _ in arms]} (a table stem ending in +pad?)")
     dims = dims or {n: QWEN3_8B_GEMMS[n] for n in shapes}
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     gen = torch.Generator(device=dev).manual_seed(seed)
@@ -147,7 +152,7 @@ def step(m_list, arms, layers: int, shapes=STEP_SHAPES, rounds: int = 5, seed: i
         xs_pad = {n: torch.cat([xs[n], xs[n].new_zeros((mp - M, dims[n][0]))]) for n in shapes}
         outs, runs, routes = {}, {}, {}
         for arm, table in arms:
-            ys, xin = {}, (xs_pad if "+pad" in arm else xs)
+            ys, xin = {}, (xs_pad if arm in padded else xs)
 
             def fn(arm=arm, ys=ys, xin=xin):
                 for lw in weights:

@@ -91,10 +91,13 @@ def test_padded_arms_run_each_table_over_rows_padded_in_advance_and_compare_the_
         return real(x, w)
 
     monkeypatch.setattr(sm90_step, "gemm", gemm)
+    monkeypatch.setattr(sm90, "route", lambda x, w, M, K, N, split: f"picked at M={M}")
     doc = sm90_step.step([3, 8], arms, layers=1, shapes=("a", "b"), rounds=1, dims=DIMS, pad_m=8)
     assert doc["pad_m"] == 8 and list(doc["arms"]) == ["cublas", "triton", "table:t", "table:t+pad8"]
     for r in doc["rows"]:
         assert r["differing"]["table:t+pad8"] == 0 and set(r["arms"]) == set(doc["arms"])
+    at3 = doc["rows"][0]["routes"]  # the padded arm's route picks at the padded M
+    assert at3["table:t"]["a"] == "picked at M=3" and at3["table:t+pad8"]["a"] == "picked at M=8"
     assert 8 in rows_seen and 3 in rows_seen  # M 3 ran unpadded and padded to 8
 
     def drifting(x, w):  # a kernel whose rows depend on how many rows it is given
@@ -107,6 +110,10 @@ def test_padded_arms_run_each_table_over_rows_padded_in_advance_and_compare_the_
     doc = sm90_step.step([3], arms, layers=1, shapes=("a", "b"), rounds=1, dims=DIMS, pad_m=8)
     assert doc["rows"][0]["differing"] == {"triton": 0, "table:t": 0, "table:t+pad8": 2}
     assert sm90_step.padded_arms(arms, 0) == arms
+    with pytest.raises(ValueError, match="pad_m"):
+        sm90_step.step([3], arms, layers=1, shapes=("a", "b"), rounds=1, dims=DIMS, pad_m=-8)
+    with pytest.raises(SystemExit, match="share a name"):  # a table whose stem looks like a padded arm
+        sm90_step.step([3], arms + [("table:t+pad8", None)], layers=1, shapes=("a",), rounds=1, dims=DIMS, pad_m=8)
     monkeypatch.setattr(sm90_step, "step", lambda *a, **k: pytest.fail("stepped with a bad --pad-m"))
     with pytest.raises(SystemExit, match="--pad-m 12"):
         sm90_step.main(["--out", "/tmp/unused.json", "--pad-m", "12"])

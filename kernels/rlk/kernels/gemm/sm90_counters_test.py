@@ -11,6 +11,7 @@ FILL = "void at::native::vectorized_elementwise_kernel<4, at::native::FillFuncto
 CUTLASS = "void cutlass::device_kernel<GemmUniversal<...>>(Params)"
 GEMV = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize64x128x64"
 SPLITK = "void cublasLt::splitKreduce_kernel<32, 16, int, float>"
+BF16_FILL = "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<c10::BFloat16>, ...>"
 
 # Column names and units as ncu 2025.3 printed them on the H100 (--print-units base).
 HEADER = ('"ID","Process ID","Kernel Name","Grid Size","gpu__time_duration.sum","dram__bytes.sum.per_second",'
@@ -38,7 +39,8 @@ def test_rows_are_read_in_base_units_and_split_into_cases_at_the_marker_fills():
                      row(1, CUTLASS, "25,000", "1,342,177,280,000", hit="40.5", bar="1.25", lsb="0.5"),
                      row(2, FILL, "1,500", "1,000,000"),
                      row(3, SPLITK, "2,000", "500,000,000,000", hit="10", grid="64"),
-                     row(4, GEMV, "18,000", "2,000,000,000,000", hit="60", grid="132")])
+                     row(4, GEMV, "18,000", "2,000,000,000,000", hit="60", grid="132"),
+                     row(5, BF16_FILL, "1,000", "0")])  # another fill is a kernel of the case, not a marker
     cases = sc.group_cases(sc.read_csv(text), ORDER)
     assert [c["route"] for c in cases] == ["ws64x128", "cublas"]
     a, b = cases
@@ -49,8 +51,8 @@ def test_rows_are_read_in_base_units_and_split_into_cases_at_the_marker_fills():
     assert a["weight_tb_s"] == pytest.approx(WEIGHTS / 25e-6 / 1e12)
     assert a["stalls"] == {"barrier": 1.25, "long_scoreboard": 0.5}
     # cuBLAS's two kernels: times and bytes add up; rates and shares come from the longer one.
-    assert b["kernels"] == [SPLITK, GEMV]
-    assert b["time_us"] == pytest.approx(20.0)
+    assert b["kernels"] == [SPLITK, GEMV, BF16_FILL]
+    assert b["time_us"] == pytest.approx(21.0)
     assert b["dram_bytes"] == pytest.approx(5e11 * 2e-6 + 2e12 * 18e-6)
     assert b["l2_hit_pct"] == pytest.approx(60.0) and b["grid_size"] == 132
 

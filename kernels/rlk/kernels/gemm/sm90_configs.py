@@ -174,3 +174,16 @@ CONFIGS = {
     "ws64x128x128m2": (64, 128, 2, 1, 2, 0, 0, 128),
     "pp64x128x128": (64, 128, 1, 1, 0, 0, 0, 128),
 }
+
+
+def token_tile(name: str) -> int:
+    """The rows of tokens one CTA tile covers: tile N for an operand-swapped configuration (the
+    weights are its A operand), else tile M."""
+    f = CONFIGS[name]
+    return f[1] if f[5] else f[0]
+
+
+def padded_rows(M: int, pad: int) -> int:
+    """M rounded up to a multiple of ``pad`` (M itself when ``pad`` is 0): the token rows a GEMM
+    runs over when its input's allocation is padded to the token tile."""
+    return -(-M // pad) * pad if pad else M

@@ -47,6 +47,8 @@ import json
 import sys
 import time
 
+from rlk.kernels.gemm.sm90_configs import padded_rows, token_tile
+
 
 def parse_cases(text: str) -> list[tuple[int, int]]:
     """``"4096x144,6144x200"`` -> [(N, M), ...]: weight rows N (a multiple of 8) and tokens M."""
@@ -152,20 +154,6 @@ def scan(cases, ks, configs, device: str = "cuda", pad_m: int = 0) -> dict:
         raise ValueError(f"sm90_kscan_probe: pad_m must be >= 0, got {pad_m}")
     with determinism.scoped({sm90.MODE_ENV: "off"}):
         return _scan(cases, ks, configs, device, pad_m)
-
-
-def padded_rows(M: int, pad_m: int) -> int:
-    """M rounded up to a multiple of ``pad_m`` (M itself when ``pad_m`` is 0)."""
-    return -(-M // pad_m) * pad_m if pad_m else M
-
-
-def token_tile(name: str) -> int:
-    """The rows of tokens one CTA tile covers: tile N for an operand-swapped configuration (the
-    weights are its A operand), else tile M."""
-    from rlk.kernels.gemm import sm90  # noqa: PLC0415
-
-    f = sm90.CONFIGS[name]
-    return f[1] if f[5] else f[0]
 
 
 def _padded_routes(c: str, x, w, ref, ring, pad_m: int, timed) -> dict:

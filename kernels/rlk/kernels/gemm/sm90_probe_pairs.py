@@ -16,6 +16,7 @@ import statistics
 import sys
 
 from rlk.kernels.gemm import sm90
+from rlk.kernels.gemm.sm90_configs import padded_rows
 
 
 def read_json(path: str):
@@ -114,7 +115,7 @@ def padded_estimate(doc: dict, pad: int = 64, max_m: int = 512) -> dict:
     for (shape, m), b in sorted(best.items()):
         if m > max_m:
             continue
-        top = -(-m // pad) * pad
+        top = padded_rows(m, pad)
         at, t = min(((mm, best[(shape, mm)]) for (sh, mm) in best if sh == shape and m <= mm <= top),
                     key=lambda p: (p[1], p[0]))
         top_t = min(b, best.get((shape, top), b))

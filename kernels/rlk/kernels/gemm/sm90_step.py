@@ -42,6 +42,7 @@ from rlk import determinism
 from rlk.kernels.gemm import sm90
 from rlk.kernels.gemm.contract import split_rule
 from rlk.kernels.gemm.launch import gemm
+from rlk.kernels.gemm.sm90_configs import padded_rows
 from rlk.testing.shapes import QWEN3_8B_GEMMS
 
 # vLLM 0.26's CUDA-graph capture sizes up to 256 (1, 2, 4, then every 8) and prefill-like sizes.
@@ -135,8 +136,9 @@ def step(m_list, arms, layers: int, shapes=STEP_SHAPES, rounds: int = 5, seed: i
     (:func:`padded_arms`)."""
     if pad_m < 0:
         raise ValueError(f"sm90_step: pad_m must be >= 0, got {pad_m}")
-    padded = {a for a, _ in padded_arms(arms, pad_m)} - {a for a, _ in arms}
-    arms = padded_arms(arms, pad_m)
+    extra = padded_arms(arms, pad_m)[len(arms):]
+    padded = {a for a, _ in extra}
+    arms = list(arms) + extra
     if len({a for a, _ in arms}) != len(arms):
         raise SystemExit(f"sm90_step: two arms share a name in {[a for a, _ in arms]} (a table stem ending in +pad?)")
     dims = dims or {n: QWEN3_8B_GEMMS[n] for n in shapes}
@@ -148,7 +150,7 @@ def step(m_list, arms, layers: int, shapes=STEP_SHAPES, rounds: int = 5, seed: i
     rows, t0 = [], time.perf_counter()
     for M in m_list:
         xs = {n: torch.randn((M, dims[n][0]), generator=gen, device=dev).to(torch.bfloat16) for n in shapes}
-        mp = -(-M // pad_m) * pad_m if pad_m else M
+        mp = padded_rows(M, pad_m)
         xs_pad = {n: torch.cat([xs[n], xs[n].new_zeros((mp - M, dims[n][0]))]) for n in shapes}
         outs, runs, routes = {}, {}, {}
         for arm, table in arms:

@@ -55,7 +55,7 @@ stage sm90_step ${SM90_STEP_LIMIT:-180} python3 -m rlk.kernels.gemm.sm90_step --
 # Only when named: each route's time fitted to fixed + per-K cost at fixed N, M (where a configuration
 # loses its time to cuBLAS), e.g. SM90_KSCAN_ARGS="--cases 4096x144 --configs sw64x72m2,sw64x80".
 stage sm90_kscan ${SM90_KSCAN_LIMIT:-240} python3 -m rlk.kernels.gemm.sm90_kscan_probe --out "$R/sm90_kscan.json" ${SM90_KSCAN_ARGS:---configs sw64x72m2,sw64x80}
-# Only when named: Nsight Compute counters (DRAM and L2 bytes, stalls) of sm_90 routes, one launch per
+# Only when named: Nsight Compute counters (DRAM bytes, L2 hit rate, stalls) of sm_90 routes, one launch per
 # (route, M) with cold caches, e.g. COUNTERS_ARGS="--routes ws64x128,cublas --m 144,160 --n 4096 --k 4096".
 stage sm90_counters ${COUNTERS_LIMIT:-240} bash ci/sm90_counters.sh "$R" \
   ${COUNTERS_ARGS:---routes ws64x128,ws64x128x128,cublas --m 136,144,152,160,192,200,208 --n 4096 --k 4096}
